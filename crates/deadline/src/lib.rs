@@ -1,0 +1,152 @@
+//! Every cross-process wait in this workspace goes through [`wait_all`]: it spins briefly, then yields, then
+//! sleeps (so 8 ranks on 2 cores still make progress), and when its [`Deadline`] passes it returns a
+//! [`TimedOut`] that names the ranks that did not arrive.
+
+use std::time::{Duration, Instant};
+
+/// The default for every wait: long enough for a slow CI machine, short enough that a dead peer is noticed.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Environment variable that overrides [`DEFAULT_TIMEOUT`], in seconds (fractions allowed).
+pub const TIMEOUT_ENV: &str = "ALLREDUCE_TIMEOUT_S";
+
+/// The timeout from [`TIMEOUT_ENV`], else [`DEFAULT_TIMEOUT`].
+pub fn timeout_from_env() -> Result<Duration, String> {
+    match std::env::var(TIMEOUT_ENV) {
+        Ok(s) => match s.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
+            _ => Err(format!("{TIMEOUT_ENV}={s:?}: expected seconds in (0, 86400]")),
+        },
+        Err(_) => Ok(DEFAULT_TIMEOUT),
+    }
+}
+
+/// A point in time after which a wait gives up.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    end: Instant,
+    timeout: Duration,
+}
+
+impl Deadline {
+    pub fn after(timeout: Duration) -> Self {
+        Deadline { end: Instant::now() + timeout, timeout }
+    }
+    pub fn expired(&self) -> bool {
+        Instant::now() >= self.end
+    }
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// Spin, then yield, then sleep with growing pauses (capped at 200 us so wake-up latency stays small).
+#[derive(Default)]
+pub struct Backoff {
+    step: u32,
+}
+
+impl Backoff {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn snooze(&mut self) {
+        const SPINS: u32 = 64;
+        const YIELDS: u32 = 64;
+        if self.step < SPINS {
+            std::hint::spin_loop();
+        } else if self.step < SPINS + YIELDS {
+            std::thread::yield_now();
+        } else {
+            let k = (self.step - SPINS - YIELDS).min(4);
+            std::thread::sleep(Duration::from_micros(10 << k));
+        }
+        self.step = self.step.saturating_add(1);
+    }
+}
+
+/// A wait that ran out of time, naming the ranks that never arrived.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: timed out after {timeout:?} waiting for rank(s) {missing:?}")]
+pub struct TimedOut {
+    pub what: String,
+    pub missing: Vec<usize>,
+    pub timeout: Duration,
+}
+
+/// What a wait ended with when it did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    #[error(transparent)]
+    TimedOut(#[from] TimedOut),
+    /// A peer said it gave up; waiting longer is pointless.
+    #[error("{what}: aborted: {reason}")]
+    Aborted { what: String, reason: String },
+}
+
+/// Waits until `arrived(r)` holds for every rank in `ranks`. Ranks that arrived are not polled again.
+/// `aborted` is polled too, so a peer's failure ends the wait at once instead of at the deadline.
+pub fn wait_all(
+    what: &str,
+    ranks: impl IntoIterator<Item = usize>,
+    deadline: &Deadline,
+    mut arrived: impl FnMut(usize) -> bool,
+    mut aborted: impl FnMut() -> Option<String>,
+) -> Result<(), WaitError> {
+    let mut pending: Vec<usize> = ranks.into_iter().collect();
+    let mut backoff = Backoff::new();
+    loop {
+        pending.retain(|&r| !arrived(r));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if let Some(reason) = aborted() {
+            return Err(WaitError::Aborted { what: what.to_string(), reason });
+        }
+        if deadline.expired() {
+            return Err(TimedOut { what: what.to_string(), missing: pending, timeout: deadline.timeout() }.into());
+        }
+        backoff.snooze();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn names_missing_ranks() {
+        let d = Deadline::after(Duration::from_millis(20));
+        let err = wait_all("barrier", 0..4, &d, |r| r % 2 == 0, || None).unwrap_err();
+        match err {
+            WaitError::TimedOut(t) => {
+                assert_eq!(t.missing, vec![1, 3]);
+                assert!(t.to_string().contains("[1, 3]"), "{t}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn returns_when_flag_set_by_another_thread() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let f2 = flag.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            f2.store(true, Ordering::Release);
+        });
+        let d = Deadline::after(Duration::from_secs(5));
+        wait_all("flag", [7], &d, |_| flag.load(Ordering::Acquire), || None).unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn abort_ends_wait_early() {
+        let d = Deadline::after(Duration::from_secs(60));
+        let err = wait_all("x", [0], &d, |_| false, || Some("rank 2 failed".into())).unwrap_err();
+        assert!(matches!(err, WaitError::Aborted { .. }));
+        assert!(err.to_string().contains("rank 2 failed"));
+    }
+}
