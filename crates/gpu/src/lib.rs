@@ -1,1 +1,444 @@
-//! placeholder
+//! One HIP-shaped device API over three drivers: `host` (shared memory and Rust "kernels", runs anywhere),
+//! `cuda` (cudarc, loaded at run time) and `hip` (loaded at run time). Nothing here knows about collectives.
+//!
+//! Drivers implement the object-safe [`Driver`] trait with raw handles; the rest of the workspace uses the RAII
+//! wrappers ([`Gpu`], [`DeviceBuffer`], [`Stream`], [`Event`], [`Kernel`], [`Graph`]) so that every allocation,
+//! mapping and handle is released on every path.
+
+mod error;
+mod host;
+mod hip;
+
+pub use error::{GpuError, Result};
+pub use host::{HostKernel, HostLaunch};
+
+use std::fmt;
+use std::os::fd::OwnedFd;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// An address in the device's (for `host`: the process's) address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    pub fn add(self, bytes: usize) -> DevicePtr {
+        DevicePtr(self.0 + bytes as u64)
+    }
+}
+
+/// Which driver to use; `Auto` takes hip, then cuda, when its library loads and sees a device, else host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto,
+    Host,
+    Cuda,
+    Hip,
+}
+
+impl FromStr for Backend {
+    type Err = GpuError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "host" => Ok(Backend::Host),
+            "cuda" => Ok(Backend::Cuda),
+            "hip" => Ok(Backend::Hip),
+            other => Err(GpuError::BadArgs(format!("unknown backend {other:?} (expected auto, host, cuda or hip)"))),
+        }
+    }
+}
+
+/// The driver actually in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DriverKind {
+    Host,
+    Cuda,
+    Hip,
+}
+
+impl fmt::Display for DriverKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DriverKind::Host => "host",
+            DriverKind::Cuda => "cuda",
+            DriverKind::Hip => "hip",
+        })
+    }
+}
+
+/// What the selected device is.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub kind: DriverKind,
+    pub name: String,
+    pub ordinal: usize,
+    pub count: usize,
+    /// `sm_90`, `gfx942`, or `host`.
+    pub arch: String,
+    pub multiprocessors: usize,
+    /// Elements a comm_bench.py size is rounded up to on this driver (512 on HIP, 256 elsewhere).
+    pub size_align: usize,
+}
+
+/// How an allocation may be shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemKind {
+    /// Private to this process.
+    Device,
+    /// Exportable with [`Gpu::ipc_export`]. `uncached` asks for memory whose stores reach a peer's running kernel
+    /// without cache flushes (ROCm's `hipDeviceMallocUncached`; ignored where the driver has no such type).
+    Ipc { uncached: bool },
+}
+
+/// A kernel's launch shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+}
+
+/// Kernels as one vendor-neutral source (compiled at run time by NVRTC / hipRTC) plus the host driver's Rust
+/// implementations of the same entry points.
+pub struct KernelLibrary {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub host: &'static [(&'static str, HostKernel)],
+}
+
+/// Raw handle of a stream, event, module, kernel or graph; its meaning is the driver's.
+pub type Handle = u64;
+
+/// A piece of memory as the driver sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct RawMem {
+    pub ptr: DevicePtr,
+    pub bytes: usize,
+    /// The driver's own id for it.
+    pub token: u64,
+}
+
+/// The driver interface. Every call's status is checked and turned into a [`GpuError`] naming the call.
+pub trait Driver: Send + Sync {
+    fn info(&self) -> &DeviceInfo;
+
+    fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem>;
+    fn ipc_export(&self, mem: &RawMem) -> Result<Vec<u8>>;
+    fn ipc_import(&self, handle: &[u8], bytes: usize) -> Result<RawMem>;
+    /// A VMM-style allocation (cuMemCreate / hipMemCreate / memfd), mapped here, exportable as a file descriptor.
+    fn vmm_create(&self, bytes: usize) -> Result<RawMem>;
+    fn vmm_export_fd(&self, mem: &RawMem) -> Result<OwnedFd>;
+    fn vmm_import_fd(&self, fd: OwnedFd, bytes: usize) -> Result<RawMem>;
+    /// Frees, unmaps or closes whatever `mem` came from.
+    fn release(&self, mem: &RawMem) -> Result<()>;
+
+    fn stream_create(&self) -> Result<Handle>;
+    fn stream_destroy(&self, stream: Handle) -> Result<()>;
+    fn stream_sync(&self, stream: Handle) -> Result<()>;
+    fn event_create(&self) -> Result<Handle>;
+    fn event_destroy(&self, event: Handle) -> Result<()>;
+    fn event_record(&self, event: Handle, stream: Handle) -> Result<()>;
+    fn event_sync(&self, event: Handle) -> Result<()>;
+    fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32>;
+
+    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
+    /// Host to device; returns once the copy is done.
+    fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()>;
+    /// Device to host; returns once the copy is done.
+    fn memcpy_dtoh(&self, stream: Handle, dst: &mut [u8], src: DevicePtr) -> Result<()>;
+
+    fn module_load(&self, lib: &KernelLibrary) -> Result<Handle>;
+    fn module_unload(&self, module: Handle) -> Result<()>;
+    fn kernel(&self, module: Handle, name: &str) -> Result<Handle>;
+    /// How many blocks of `block` threads of this kernel can be resident on the whole device at once.
+    fn max_resident_blocks(&self, kernel: Handle, block: u32, shared_bytes: u32) -> Result<usize>;
+    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()>;
+
+    fn capture_begin(&self, stream: Handle) -> Result<()>;
+    fn capture_end(&self, stream: Handle) -> Result<Handle>;
+    fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()>;
+    fn graph_destroy(&self, graph: Handle) -> Result<()>;
+}
+
+/// Options for opening a driver.
+#[derive(Clone, Debug)]
+pub struct DriverOptions {
+    /// Device ordinal; `None` takes `LOCAL_RANK % device count` (so ranks spread over GPUs, or share one).
+    pub device: Option<usize>,
+    /// Prefix of every shared-memory name the host driver creates (`/arx-<job>`), so a launcher can sweep them.
+    pub shm_prefix: String,
+}
+
+/// A driver and the reasons the ones tried before it were passed over.
+pub struct Opened {
+    pub gpu: Gpu,
+    pub notes: Vec<String>,
+}
+
+/// Opens the driver `backend` asks for. `Auto` says in `notes` why it passed over each GPU driver.
+pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
+    let mut notes = Vec::new();
+    let driver: Arc<dyn Driver> = match backend {
+        Backend::Host => Arc::new(host::HostDriver::new(&opts.shm_prefix)),
+        Backend::Hip => hip::open(opts)?,
+        Backend::Cuda => cuda_open(opts)?,
+        Backend::Auto => {
+            let tried: [(&str, fn(&DriverOptions) -> Result<Arc<dyn Driver>>); 2] =
+                [("hip", hip::open), ("cuda", cuda_open)];
+            let mut found = None;
+            for (name, open) in tried {
+                match open(opts) {
+                    Ok(d) => {
+                        found = Some(d);
+                        break;
+                    }
+                    Err(e) => notes.push(format!("{name}: {e}")),
+                }
+            }
+            match found {
+                Some(d) => d,
+                None => Arc::new(host::HostDriver::new(&opts.shm_prefix)),
+            }
+        }
+    };
+    Ok(Opened { gpu: Gpu(driver), notes })
+}
+
+fn cuda_open(_opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
+    Err(GpuError::NotAvailable { backend: "cuda", reason: "the cuda driver is not built into this version".into() })
+}
+
+/// Picks the ordinal from the options or `LOCAL_RANK`.
+pub(crate) fn pick_ordinal(opts: &DriverOptions, count: usize) -> Result<usize> {
+    if count == 0 {
+        return Err(GpuError::NotAvailable { backend: "gpu", reason: "no device".into() });
+    }
+    let ordinal = match opts.device {
+        Some(d) => d,
+        None => std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(0) % count,
+    };
+    if ordinal >= count {
+        return Err(GpuError::BadArgs(format!("device {ordinal} requested, {count} present")));
+    }
+    Ok(ordinal)
+}
+
+/// A shared handle to the driver in use.
+#[derive(Clone)]
+pub struct Gpu(Arc<dyn Driver>);
+
+impl Gpu {
+    pub fn info(&self) -> &DeviceInfo {
+        self.0.info()
+    }
+    pub fn kind(&self) -> DriverKind {
+        self.0.info().kind
+    }
+    pub fn driver(&self) -> &dyn Driver {
+        &*self.0
+    }
+
+    fn wrap(&self, raw: RawMem) -> DeviceBuffer {
+        DeviceBuffer { gpu: self.clone(), raw }
+    }
+
+    /// Allocates `bytes` (at least 1) of device memory.
+    pub fn alloc(&self, bytes: usize, kind: MemKind) -> Result<DeviceBuffer> {
+        if bytes == 0 {
+            return Err(GpuError::BadArgs("zero-byte allocation".into()));
+        }
+        Ok(self.wrap(self.0.alloc(bytes, kind)?))
+    }
+    pub fn ipc_export(&self, buf: &DeviceBuffer) -> Result<Vec<u8>> {
+        self.0.ipc_export(&buf.raw)
+    }
+    /// Maps a peer's allocation; the mapping is closed when the returned buffer drops.
+    pub fn ipc_import(&self, handle: &[u8], bytes: usize) -> Result<DeviceBuffer> {
+        Ok(self.wrap(self.0.ipc_import(handle, bytes)?))
+    }
+    pub fn vmm_create(&self, bytes: usize) -> Result<DeviceBuffer> {
+        if bytes == 0 {
+            return Err(GpuError::BadArgs("zero-byte allocation".into()));
+        }
+        Ok(self.wrap(self.0.vmm_create(bytes)?))
+    }
+    pub fn vmm_export_fd(&self, buf: &DeviceBuffer) -> Result<OwnedFd> {
+        self.0.vmm_export_fd(&buf.raw)
+    }
+    pub fn vmm_import_fd(&self, fd: OwnedFd, bytes: usize) -> Result<DeviceBuffer> {
+        Ok(self.wrap(self.0.vmm_import_fd(fd, bytes)?))
+    }
+
+    pub fn stream(&self) -> Result<Stream> {
+        Ok(Stream { gpu: self.clone(), handle: self.0.stream_create()? })
+    }
+    pub fn event(&self) -> Result<Event> {
+        Ok(Event { gpu: self.clone(), handle: self.0.event_create()? })
+    }
+    pub fn load(&self, lib: &KernelLibrary) -> Result<Module> {
+        Ok(Module { gpu: self.clone(), handle: self.0.module_load(lib)? })
+    }
+}
+
+/// Device memory (owned, IPC-mapped or VMM-mapped); released on drop.
+pub struct DeviceBuffer {
+    gpu: Gpu,
+    raw: RawMem,
+}
+
+impl DeviceBuffer {
+    pub fn ptr(&self) -> DevicePtr {
+        self.raw.ptr
+    }
+    pub fn bytes(&self) -> usize {
+        self.raw.bytes
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Err(e) = self.gpu.0.release(&self.raw) {
+            eprintln!("warning: releasing device memory: {e}");
+        }
+    }
+}
+
+/// An ordered queue of device work.
+pub struct Stream {
+    gpu: Gpu,
+    handle: Handle,
+}
+
+impl Stream {
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+    pub fn sync(&self) -> Result<()> {
+        self.gpu.0.stream_sync(self.handle)
+    }
+    pub fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        self.gpu.0.memcpy_dtod(self.handle, dst, src, bytes)
+    }
+    pub fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        self.gpu.0.memset_d8(self.handle, dst, value, bytes)
+    }
+    pub fn upload(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
+        check_range(dst, offset, src.len())?;
+        self.gpu.0.memcpy_htod(self.handle, dst.ptr().add(offset), src)
+    }
+    pub fn download(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range(src, offset, dst.len())?;
+        self.gpu.0.memcpy_dtoh(self.handle, dst, src.ptr().add(offset))
+    }
+    /// Launches `kernel` with one by-value parameter struct (the kernels' ABI in this workspace).
+    pub fn launch<P: bytemuck::Pod>(&self, kernel: &Kernel, dims: LaunchDims, params: &P) -> Result<()> {
+        self.gpu.0.launch(self.handle, kernel.handle, dims, bytemuck::bytes_of(params))
+    }
+    pub fn record(&self, event: &Event) -> Result<()> {
+        self.gpu.0.event_record(event.handle, self.handle)
+    }
+    /// Starts capturing the work issued on this stream into a graph.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.gpu.0.capture_begin(self.handle)
+    }
+    pub fn end_capture(&self) -> Result<Graph> {
+        Ok(Graph { gpu: self.gpu.clone(), handle: self.gpu.0.capture_end(self.handle)? })
+    }
+    pub fn replay(&self, graph: &Graph) -> Result<()> {
+        self.gpu.0.graph_launch(graph.handle, self.handle)
+    }
+}
+
+fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buf.bytes() => Ok(()),
+        _ => Err(GpuError::BadArgs(format!(
+            "copy of {len} bytes at offset {offset} overruns a buffer of {} bytes",
+            buf.bytes()
+        ))),
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Err(e) = self.gpu.0.stream_destroy(self.handle) {
+            eprintln!("warning: destroying stream: {e}");
+        }
+    }
+}
+
+/// A timestamp recorded on a stream.
+pub struct Event {
+    gpu: Gpu,
+    handle: Handle,
+}
+
+impl Event {
+    pub fn sync(&self) -> Result<()> {
+        self.gpu.0.event_sync(self.handle)
+    }
+    /// Milliseconds from `self` to `end`, both recorded and complete.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.gpu.0.event_elapsed_ms(self.handle, end.handle)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Err(e) = self.gpu.0.event_destroy(self.handle) {
+            eprintln!("warning: destroying event: {e}");
+        }
+    }
+}
+
+/// A loaded kernel library.
+pub struct Module {
+    gpu: Gpu,
+    handle: Handle,
+}
+
+impl Module {
+    pub fn kernel(&self, name: &str) -> Result<Kernel> {
+        Ok(Kernel { gpu: self.gpu.clone(), handle: self.gpu.0.kernel(self.handle, name)? })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Err(e) = self.gpu.0.module_unload(self.handle) {
+            eprintln!("warning: unloading module: {e}");
+        }
+    }
+}
+
+/// A kernel entry point. Keep its [`Module`] alive while it is used.
+pub struct Kernel {
+    gpu: Gpu,
+    handle: Handle,
+}
+
+impl Kernel {
+    pub fn max_resident_blocks(&self, block: u32, shared_bytes: u32) -> Result<usize> {
+        self.gpu.0.max_resident_blocks(self.handle, block, shared_bytes)
+    }
+}
+
+/// Captured work, replayable on a stream.
+pub struct Graph {
+    gpu: Gpu,
+    handle: Handle,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if let Err(e) = self.gpu.0.graph_destroy(self.handle) {
+            eprintln!("warning: destroying graph: {e}");
+        }
+    }
+}

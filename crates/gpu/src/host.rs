@@ -1,0 +1,509 @@
+//! The host driver: a real driver whose "device memory" is memory other processes can map (POSIX shared memory
+//! for IPC handles, memfd for VMM-style handles), whose streams run each operation to completion in the calling
+//! thread, and whose "kernels" are Rust functions that run the same algorithms with std atomics.
+
+use crate::{DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result};
+use nix::fcntl::OFlag;
+use nix::sys::mman::{self, MapFlags, ProtFlags};
+use nix::sys::stat::{fstat, Mode};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A host "kernel": the Rust twin of a device kernel, given the same by-value parameter struct.
+pub type HostKernel = fn(&HostLaunch<'_>) -> std::result::Result<(), String>;
+
+/// What a host kernel is launched with.
+pub struct HostLaunch<'a> {
+    pub dims: LaunchDims,
+    params: &'a [u8],
+}
+
+impl HostLaunch<'_> {
+    /// The launch's parameter struct.
+    pub fn params<P: bytemuck::Pod>(&self) -> std::result::Result<P, String> {
+        bytemuck::try_pod_read_unaligned(self.params).map_err(|e| {
+            format!("parameter block of {} bytes does not fit {}: {e}", self.params.len(), std::any::type_name::<P>())
+        })
+    }
+}
+
+enum Backing {
+    Anonymous,
+    Shm { name: String },
+    Memfd(OwnedFd),
+    /// A peer's allocation mapped here (through its shm name or its fd).
+    Imported,
+}
+
+struct Mapping {
+    addr: NonNull<c_void>,
+    len: usize,
+    backing: Backing,
+}
+
+// SAFETY: the mapping's address is only an address; access to the memory goes through raw pointers in kernels.
+unsafe impl Send for Mapping {}
+
+#[derive(Clone)]
+enum Op {
+    Launch { name: String, kernel: HostKernel, dims: LaunchDims, params: Vec<u8> },
+    Copy { dst: DevicePtr, src: DevicePtr, bytes: usize },
+    Set { dst: DevicePtr, value: u8, bytes: usize },
+}
+
+pub(crate) struct HostDriver {
+    info: DeviceInfo,
+    prefix: String,
+    next: AtomicU64,
+    mems: Mutex<HashMap<u64, Mapping>>,
+    /// Per stream: `Some(ops)` while capturing.
+    streams: Mutex<HashMap<Handle, Option<Vec<Op>>>>,
+    events: Mutex<HashMap<Handle, Option<Instant>>>,
+    modules: Mutex<HashMap<Handle, &'static [(&'static str, HostKernel)]>>,
+    kernels: Mutex<HashMap<Handle, (&'static str, HostKernel)>>,
+    graphs: Mutex<HashMap<Handle, Vec<Op>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn nonzero(bytes: usize) -> Result<NonZeroUsize> {
+    NonZeroUsize::new(bytes).ok_or_else(|| GpuError::BadArgs("zero-byte mapping".into()))
+}
+
+impl HostDriver {
+    pub(crate) fn new(shm_prefix: &str) -> HostDriver {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        HostDriver {
+            info: DeviceInfo {
+                kind: DriverKind::Host,
+                name: format!("host ({cores} cores)"),
+                ordinal: 0,
+                count: 1,
+                arch: "host".into(),
+                multiprocessors: cores,
+                size_align: 256,
+            },
+            prefix: if shm_prefix.is_empty() { format!("/arx-p{}", std::process::id()) } else { shm_prefix.into() },
+            next: AtomicU64::new(1),
+            mems: Mutex::default(),
+            streams: Mutex::default(),
+            events: Mutex::default(),
+            modules: Mutex::default(),
+            kernels: Mutex::default(),
+            graphs: Mutex::default(),
+        }
+    }
+
+    fn id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn map_shared(&self, fd: impl AsFd, bytes: usize, backing: Backing) -> Result<RawMem> {
+        // SAFETY: a fresh shared mapping of a file we hold open; nothing else aliases it in this process.
+        let addr = unsafe {
+            mman::mmap(None, nonzero(bytes)?, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd, 0)
+        }
+        .map_err(|e| GpuError::sys("mmap", e))?;
+        Ok(self.insert(Mapping { addr, len: bytes, backing }))
+    }
+
+    fn insert(&self, m: Mapping) -> RawMem {
+        let token = self.id();
+        let raw = RawMem { ptr: DevicePtr(m.addr.as_ptr() as u64), bytes: m.len, token };
+        lock(&self.mems).insert(token, m);
+        raw
+    }
+
+    /// Opens a file for mapping and checks it is ours and large enough.
+    fn check_file(fd: &OwnedFd, bytes: usize, what: &str) -> Result<()> {
+        let st = fstat(fd.as_raw_fd()).map_err(|e| GpuError::sys("fstat", e))?;
+        if st.st_uid != nix::unistd::geteuid().as_raw() {
+            return Err(GpuError::BadArgs(format!("{what} belongs to uid {}, not to us", st.st_uid)));
+        }
+        if (st.st_size as u64) < bytes as u64 {
+            return Err(GpuError::BadArgs(format!("{what} holds {} bytes, {bytes} asked for", st.st_size)));
+        }
+        Ok(())
+    }
+
+    fn with_stream<T>(&self, stream: Handle, f: impl FnOnce(&mut Option<Vec<Op>>) -> T) -> Result<T> {
+        let mut streams = lock(&self.streams);
+        let s = streams.get_mut(&stream).ok_or_else(|| GpuError::BadArgs(format!("unknown stream {stream}")))?;
+        Ok(f(s))
+    }
+
+    /// Runs `op` now, or appends it to the stream's capture.
+    fn submit(&self, stream: Handle, op: Op) -> Result<()> {
+        let pending = self.with_stream(stream, |s| match s {
+            Some(ops) => {
+                ops.push(op);
+                None
+            }
+            None => Some(op),
+        })?;
+        match pending {
+            Some(op) => run(&op),
+            None => Ok(()),
+        }
+    }
+
+    fn not_capturing(&self, stream: Handle, what: &'static str) -> Result<()> {
+        if self.with_stream(stream, |s| s.is_some())? {
+            return Err(GpuError::BadArgs(format!("{what} is not allowed while the stream is capturing")));
+        }
+        Ok(())
+    }
+}
+
+fn run(op: &Op) -> Result<()> {
+    match op {
+        Op::Launch { name, kernel, dims, params } => {
+            kernel(&HostLaunch { dims: *dims, params }).map_err(|msg| GpuError::Kernel { kernel: name.clone(), msg })
+        }
+        // SAFETY: device pointers on the host driver are addresses of live mappings; the caller's ranges were
+        // sized by it from its own buffers, as with cuMemcpy.
+        Op::Copy { dst, src, bytes } => unsafe {
+            std::ptr::copy(src.0 as *const u8, dst.0 as *mut u8, *bytes);
+            Ok(())
+        },
+        // SAFETY: as above.
+        Op::Set { dst, value, bytes } => unsafe {
+            std::ptr::write_bytes(dst.0 as *mut u8, *value, *bytes);
+            Ok(())
+        },
+    }
+}
+
+impl Driver for HostDriver {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem> {
+        match kind {
+            MemKind::Device => {
+                // SAFETY: a fresh anonymous mapping.
+                let addr = unsafe {
+                    mman::mmap_anonymous(
+                        None,
+                        nonzero(bytes)?,
+                        ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                        MapFlags::MAP_PRIVATE,
+                    )
+                }
+                .map_err(|e| GpuError::sys("mmap(anonymous)", e))?;
+                Ok(self.insert(Mapping { addr, len: bytes, backing: Backing::Anonymous }))
+            }
+            MemKind::Ipc { .. } => {
+                let name = format!("{}-h{}-{}", self.prefix, std::process::id(), self.id());
+                let fd = mman::shm_open(
+                    name.as_str(),
+                    OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
+                    Mode::S_IRUSR | Mode::S_IWUSR,
+                )
+                .map_err(|e| GpuError::sys("shm_open", e))?;
+                let mapped = nix::unistd::ftruncate(&fd, bytes as i64)
+                    .map_err(|e| GpuError::sys("ftruncate", e))
+                    .and_then(|_| self.map_shared(&fd, bytes, Backing::Shm { name: name.clone() }));
+                if mapped.is_err() {
+                    let _ = mman::shm_unlink(name.as_str());
+                }
+                mapped
+            }
+        }
+    }
+
+    fn ipc_export(&self, mem: &RawMem) -> Result<Vec<u8>> {
+        match &lock(&self.mems).get(&mem.token).map(|m| &m.backing) {
+            Some(Backing::Shm { name }) => Ok(name.as_bytes().to_vec()),
+            _ => Err(GpuError::BadArgs("ipc_export of memory not allocated with MemKind::Ipc".into())),
+        }
+    }
+
+    fn ipc_import(&self, handle: &[u8], bytes: usize) -> Result<RawMem> {
+        let name = std::str::from_utf8(handle)
+            .ok()
+            .filter(|n| n.starts_with("/arx-") && !n[1..].contains('/') && n.len() < 250)
+            .ok_or_else(|| GpuError::BadArgs(format!("not a host IPC handle: {:?}", String::from_utf8_lossy(handle))))?;
+        let fd = mman::shm_open(name, OFlag::O_RDWR, Mode::empty()).map_err(|e| GpuError::sys("shm_open", e))?;
+        Self::check_file(&fd, bytes, name)?;
+        self.map_shared(&fd, bytes, Backing::Imported)
+    }
+
+    fn vmm_create(&self, bytes: usize) -> Result<RawMem> {
+        let name = CString::new("arx-vmm").expect("no NUL");
+        let fd = nix::sys::memfd::memfd_create(&name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
+            .map_err(|e| GpuError::sys("memfd_create", e))?;
+        nix::unistd::ftruncate(&fd, bytes as i64).map_err(|e| GpuError::sys("ftruncate", e))?;
+        let dup = fd.try_clone().map_err(|e| GpuError::Driver {
+            call: "dup",
+            code: e.raw_os_error().unwrap_or(0) as i64,
+            msg: e.to_string(),
+        })?;
+        self.map_shared(&fd, bytes, Backing::Memfd(dup))
+    }
+
+    fn vmm_export_fd(&self, mem: &RawMem) -> Result<OwnedFd> {
+        match lock(&self.mems).get(&mem.token).map(|m| &m.backing) {
+            Some(Backing::Memfd(fd)) => fd.try_clone().map_err(|e| GpuError::Driver {
+                call: "dup",
+                code: e.raw_os_error().unwrap_or(0) as i64,
+                msg: e.to_string(),
+            }),
+            _ => Err(GpuError::BadArgs("vmm_export_fd of memory not made by vmm_create".into())),
+        }
+    }
+
+    fn vmm_import_fd(&self, fd: OwnedFd, bytes: usize) -> Result<RawMem> {
+        Self::check_file(&fd, bytes, "imported VMM handle")?;
+        self.map_shared(&fd, bytes, Backing::Imported)
+    }
+
+    fn release(&self, mem: &RawMem) -> Result<()> {
+        let m = lock(&self.mems)
+            .remove(&mem.token)
+            .ok_or_else(|| GpuError::BadArgs(format!("release of unknown allocation {}", mem.token)))?;
+        // SAFETY: the mapping was made by this driver with this length and is no longer referenced.
+        let unmapped = unsafe { mman::munmap(m.addr, m.len) }.map_err(|e| GpuError::sys("munmap", e));
+        if let Backing::Shm { name } = &m.backing {
+            mman::shm_unlink(name.as_str()).map_err(|e| GpuError::sys("shm_unlink", e))?;
+        }
+        unmapped
+    }
+
+    fn stream_create(&self) -> Result<Handle> {
+        let h = self.id();
+        lock(&self.streams).insert(h, None);
+        Ok(h)
+    }
+    fn stream_destroy(&self, stream: Handle) -> Result<()> {
+        lock(&self.streams).remove(&stream).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown stream".into()))
+    }
+    fn stream_sync(&self, stream: Handle) -> Result<()> {
+        self.not_capturing(stream, "stream_sync")
+    }
+    fn event_create(&self) -> Result<Handle> {
+        let h = self.id();
+        lock(&self.events).insert(h, None);
+        Ok(h)
+    }
+    fn event_destroy(&self, event: Handle) -> Result<()> {
+        lock(&self.events).remove(&event).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown event".into()))
+    }
+    fn event_record(&self, event: Handle, stream: Handle) -> Result<()> {
+        self.not_capturing(stream, "event_record")?;
+        let mut events = lock(&self.events);
+        let e = events.get_mut(&event).ok_or_else(|| GpuError::BadArgs("unknown event".into()))?;
+        *e = Some(Instant::now());
+        Ok(())
+    }
+    fn event_sync(&self, event: Handle) -> Result<()> {
+        lock(&self.events).get(&event).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown event".into()))
+    }
+    fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32> {
+        let events = lock(&self.events);
+        match (events.get(&start), events.get(&end)) {
+            (Some(Some(a)), Some(Some(b))) => Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3),
+            _ => Err(GpuError::BadArgs("elapsed time of an event that was never recorded".into())),
+        }
+    }
+
+    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        self.submit(stream, Op::Copy { dst, src, bytes })
+    }
+    fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        self.submit(stream, Op::Set { dst, value, bytes })
+    }
+    fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.not_capturing(stream, "memcpy_htod")?;
+        // SAFETY: `dst` was range-checked against its buffer by the caller (Stream::upload).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0 as *mut u8, src.len()) };
+        Ok(())
+    }
+    fn memcpy_dtoh(&self, stream: Handle, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        self.not_capturing(stream, "memcpy_dtoh")?;
+        // SAFETY: as above (Stream::download).
+        unsafe { std::ptr::copy_nonoverlapping(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn module_load(&self, lib: &KernelLibrary) -> Result<Handle> {
+        let h = self.id();
+        lock(&self.modules).insert(h, lib.host);
+        Ok(h)
+    }
+    fn module_unload(&self, module: Handle) -> Result<()> {
+        lock(&self.modules).remove(&module).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown module".into()))
+    }
+    fn kernel(&self, module: Handle, name: &str) -> Result<Handle> {
+        let table = *lock(&self.modules).get(&module).ok_or_else(|| GpuError::BadArgs("unknown module".into()))?;
+        let (n, f) = table
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| GpuError::BadArgs(format!("kernel {name} has no host implementation")))?;
+        let h = self.id();
+        lock(&self.kernels).insert(h, (n, *f));
+        Ok(h)
+    }
+    fn max_resident_blocks(&self, _kernel: Handle, _block: u32, _shared_bytes: u32) -> Result<usize> {
+        // A host kernel runs to completion on its caller's thread: every block is "resident".
+        Ok(usize::MAX)
+    }
+    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()> {
+        let (name, f) = *lock(&self.kernels).get(&kernel).ok_or_else(|| GpuError::BadArgs("unknown kernel".into()))?;
+        self.submit(stream, Op::Launch { name: name.to_string(), kernel: f, dims, params: params.to_vec() })
+    }
+
+    fn capture_begin(&self, stream: Handle) -> Result<()> {
+        self.with_stream(stream, |s| match s {
+            Some(_) => Err(GpuError::BadArgs("stream is already capturing".into())),
+            None => {
+                *s = Some(Vec::new());
+                Ok(())
+            }
+        })?
+    }
+    fn capture_end(&self, stream: Handle) -> Result<Handle> {
+        let ops = self
+            .with_stream(stream, |s| s.take())?
+            .ok_or_else(|| GpuError::BadArgs("capture_end on a stream that is not capturing".into()))?;
+        let h = self.id();
+        lock(&self.graphs).insert(h, ops);
+        Ok(h)
+    }
+    fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()> {
+        self.not_capturing(stream, "graph_launch")?;
+        let ops = lock(&self.graphs).get(&graph).cloned().ok_or_else(|| GpuError::BadArgs("unknown graph".into()))?;
+        ops.iter().try_for_each(run)
+    }
+    fn graph_destroy(&self, graph: Handle) -> Result<()> {
+        lock(&self.graphs).remove(&graph).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown graph".into()))
+    }
+}
+
+impl Drop for HostDriver {
+    fn drop(&mut self) {
+        for (_, m) in lock(&self.mems).drain() {
+            // SAFETY: as in release; the driver is going away, so nothing uses its mappings any more.
+            let _ = unsafe { mman::munmap(m.addr, m.len) };
+            if let Backing::Shm { name } = &m.backing {
+                let _ = mman::shm_unlink(name.as_str());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{open, Backend, DriverOptions, KernelLibrary, LaunchDims, MemKind};
+    use std::os::fd::AsRawFd;
+
+    fn host() -> crate::Gpu {
+        let prefix = format!("/arx-test{}", std::process::id());
+        open(Backend::Host, &DriverOptions { device: None, shm_prefix: prefix }).unwrap().gpu
+    }
+
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    #[repr(C)]
+    struct AddOne {
+        ptr: u64,
+        n: u64,
+    }
+
+    fn add_one(l: &crate::HostLaunch<'_>) -> Result<(), String> {
+        let p: AddOne = l.params()?;
+        // SAFETY: the test passes a live buffer of n bytes.
+        let s = unsafe { std::slice::from_raw_parts_mut(p.ptr as *mut u8, p.n as usize) };
+        s.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+        Ok(())
+    }
+
+    static LIB: KernelLibrary = KernelLibrary { name: "test", source: "", host: &[("add_one", add_one)] };
+
+    #[test]
+    fn copy_set_launch_and_graph_replay() {
+        let gpu = host();
+        let s = gpu.stream().unwrap();
+        let a = gpu.alloc(4096, MemKind::Device).unwrap();
+        let b = gpu.alloc(4096, MemKind::Device).unwrap();
+        let data: Vec<u8> = (0..4096).map(|_| rand::random()).collect();
+        s.upload(&a, 0, &data).unwrap();
+        s.copy(b.ptr(), a.ptr(), 4096).unwrap();
+        let module = gpu.load(&LIB).unwrap();
+        let k = module.kernel("add_one").unwrap();
+        let dims = LaunchDims { grid: 1, block: 1, shared_bytes: 0 };
+        let params = AddOne { ptr: b.ptr().0, n: 4096 };
+        s.begin_capture().unwrap();
+        s.launch(&k, dims, &params).unwrap();
+        s.launch(&k, dims, &params).unwrap();
+        let g = s.end_capture().unwrap();
+        let mut out = vec![0u8; 4096];
+        s.download(&b, 0, &mut out).unwrap();
+        assert_eq!(out, data, "captured work must not run before replay");
+        s.replay(&g).unwrap();
+        s.replay(&g).unwrap();
+        s.download(&b, 0, &mut out).unwrap();
+        let want: Vec<u8> = data.iter().map(|x| x.wrapping_add(4)).collect();
+        assert_eq!(out, want);
+        s.memset(b.ptr(), 7, 4096).unwrap();
+        s.download(&b, 0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 7));
+        assert!(module.kernel("missing").is_err());
+        assert!(s.download(&b, 1, &mut out).is_err(), "overrun must be refused");
+    }
+
+    #[test]
+    fn ipc_and_vmm_mappings_alias_and_are_released() {
+        let gpu = host();
+        let s = gpu.stream().unwrap();
+        let a = gpu.alloc(8192, MemKind::Ipc { uncached: true }).unwrap();
+        let handle = gpu.ipc_export(&a).unwrap();
+        let name = String::from_utf8(handle.clone()).unwrap();
+        assert!(std::path::Path::new(&format!("/dev/shm{name}")).exists());
+        let mapped = gpu.ipc_import(&handle, 8192).unwrap();
+        s.upload(&mapped, 100, b"hello").unwrap();
+        let mut got = [0u8; 5];
+        s.download(&a, 100, &mut got).unwrap();
+        assert_eq!(&got, b"hello");
+        assert!(gpu.ipc_import(&handle, 1 << 20).is_err(), "import larger than the segment must fail");
+        assert!(gpu.ipc_import(b"/etc/passwd", 8).is_err());
+        drop(mapped);
+        drop(a);
+        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists(), "segment must be unlinked on free");
+
+        let v = gpu.vmm_create(4096).unwrap();
+        let fd = gpu.vmm_export_fd(&v).unwrap();
+        assert!(fd.as_raw_fd() >= 0);
+        let w = gpu.vmm_import_fd(fd, 4096).unwrap();
+        s.upload(&v, 0, b"xyz").unwrap();
+        let mut got = [0u8; 3];
+        s.download(&w, 0, &mut got).unwrap();
+        assert_eq!(&got, b"xyz");
+        assert!(gpu.ipc_export(&v).is_err());
+    }
+
+    #[test]
+    fn events_time_and_capture_refuses_sync() {
+        let gpu = host();
+        let s = gpu.stream().unwrap();
+        let (e0, e1) = (gpu.event().unwrap(), gpu.event().unwrap());
+        assert!(e0.elapsed_ms(&e1).is_err(), "unrecorded events have no elapsed time");
+        s.record(&e0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        s.record(&e1).unwrap();
+        assert!(e0.elapsed_ms(&e1).unwrap() >= 1.5);
+        s.begin_capture().unwrap();
+        assert!(s.sync().is_err());
+        assert!(s.begin_capture().is_err());
+        s.end_capture().unwrap();
+        assert!(s.end_capture().is_err());
+    }
+}
