@@ -1,1 +1,506 @@
-//! placeholder
+//! Starting the ranks of a job: either we spawn them ([`run`]) or an external launcher did, and [`detect`]
+//! reads who we are from its environment variables. Either way every rank ends up with the same
+//! [`ipc::JobId`], which names all shared state of the job.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ipc::{JobId, JOB_ENV};
+use nix::sys::signal::{killpg, sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::unistd::{getuid, Pid};
+
+pub const RANK_ENV: &str = "RANK";
+pub const WORLD_ENV: &str = "WORLD_SIZE";
+pub const LOCAL_RANK_ENV: &str = "LOCAL_RANK";
+pub const LOCAL_WORLD_ENV: &str = "LOCAL_WORLD_SIZE";
+
+/// How often the wait loop polls children and the interrupt flag.
+const POLL: Duration = Duration::from_millis(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("{var}: {msg}")]
+    BadEnv { var: String, msg: String },
+    #[error("bad arguments: {0}")]
+    BadArgs(String),
+    #[error("cannot locate our own executable: {0}")]
+    SelfExe(io::Error),
+    #[error("spawning rank {rank}: {source}")]
+    Spawn { rank: usize, source: io::Error },
+    #[error("rank {rank} failed ({status}){}", others_note(others))]
+    RankFailed {
+        rank: usize,
+        status: String,
+        others: Vec<(usize, String)>,
+    },
+    #[error("removing the shared-memory segments of job {job}: {source}")]
+    Sweep { job: JobId, source: io::Error },
+    #[error(transparent)]
+    Ipc(#[from] ipc::IpcError),
+    #[error("interrupted by a signal; all ranks were stopped")]
+    Interrupted,
+}
+
+fn others_note(others: &[(usize, String)]) -> String {
+    let list: Vec<String> = others
+        .iter()
+        .map(|(r, s)| format!("rank {r}: {s}"))
+        .collect();
+    if list.is_empty() {
+        String::new()
+    } else {
+        format!("; then {}", list.join(", "))
+    }
+}
+
+/// Who started this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    Ours,
+    Torchrun,
+    Mpirun,
+    Srun,
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Launcher::Ours => "allreduce launcher",
+            Launcher::Torchrun => "torchrun",
+            Launcher::Mpirun => "mpirun",
+            Launcher::Srun => "srun",
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    pub rank: usize,
+    pub world: usize,
+    pub local_rank: usize,
+    pub job: JobId,
+    pub launcher: Launcher,
+}
+
+/// This process's place in a job, from the environment; `None` when no launcher started it.
+pub fn detect() -> Result<Option<RankInfo>, LaunchError> {
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    detect_from(&env.collect())
+}
+
+/// [`detect`] on an explicit environment, so it can be tested without touching the process's.
+pub fn detect_from(env: &HashMap<String, String>) -> Result<Option<RankInfo>, LaunchError> {
+    let has = |v: &str| env.contains_key(v);
+    // (launcher, rank, world, local rank variables, variables that identify the job)
+    let (launcher, vars, job_vars): (_, [&str; 3], &[&str]) = if has(JOB_ENV) {
+        (Launcher::Ours, [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV], &[])
+    } else if has(RANK_ENV)
+        && (has("TORCHELASTIC_RUN_ID") || (has("MASTER_ADDR") && has("MASTER_PORT")))
+    {
+        (
+            Launcher::Torchrun,
+            [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV],
+            &["TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"],
+        )
+    } else if has("OMPI_COMM_WORLD_RANK") {
+        let vars = [
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ];
+        (
+            Launcher::Mpirun,
+            vars,
+            &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"],
+        )
+    } else if has("SLURM_PROCID") {
+        (
+            Launcher::Srun,
+            ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"],
+            &["SLURM_JOB_ID", "SLURM_STEP_ID"],
+        )
+    } else {
+        return Ok(None);
+    };
+    let num = |var: &str| -> Result<usize, LaunchError> {
+        let bad = |msg: String| LaunchError::BadEnv {
+            var: var.to_string(),
+            msg,
+        };
+        let v = env
+            .get(var)
+            .ok_or_else(|| bad(format!("not set, but the {launcher} variables are")))?;
+        v.trim()
+            .parse()
+            .map_err(|_| bad(format!("{v:?} is not a number")))
+    };
+    let [rank_var, world_var, local_var] = vars;
+    let (rank, world) = (num(rank_var)?, num(world_var)?);
+    // Our launcher always sets LOCAL_RANK, but a hand-written environment may leave it out.
+    let local_rank = if launcher == Launcher::Ours && !has(local_var) {
+        rank
+    } else {
+        num(local_var)?
+    };
+    let bad = |var: &str, msg: String| LaunchError::BadEnv {
+        var: var.to_string(),
+        msg,
+    };
+    if world == 0 {
+        return Err(bad(world_var, "world size 0".into()));
+    }
+    if rank >= world {
+        return Err(bad(rank_var, format!("rank {rank} >= {world_var} {world}")));
+    }
+    if local_rank >= world {
+        return Err(bad(
+            local_var,
+            format!("local rank {local_rank} >= {world_var} {world}"),
+        ));
+    }
+    let job = if launcher == Launcher::Ours {
+        JobId::parse(&env[JOB_ENV]).map_err(|e| bad(JOB_ENV, e.to_string()))?
+    } else {
+        derived_job(launcher, job_vars, env)?
+    };
+    Ok(Some(RankInfo {
+        rank,
+        world,
+        local_rank,
+        job,
+        launcher,
+    }))
+}
+
+/// A job id every rank of an external launcher computes alike: a hash of the launcher, its job variables and
+/// our uid (so two users' jobs never share segment names).
+fn derived_job(
+    launcher: Launcher,
+    vars: &[&str],
+    env: &HashMap<String, String>,
+) -> Result<JobId, LaunchError> {
+    if vars
+        .iter()
+        .all(|v| !env.get(*v).is_some_and(|s| !s.is_empty()))
+    {
+        let msg = format!(
+            "none of {vars:?} is set, so the ranks of this {launcher} job cannot agree on a job id"
+        );
+        return Err(LaunchError::BadEnv {
+            var: vars[0].to_string(),
+            msg,
+        });
+    }
+    let mut text = format!("{launcher}\0{}", getuid());
+    for v in vars {
+        text += &format!("\0{v}={}", env.get(*v).map_or("", String::as_str));
+    }
+    let hex: String = (0u8..2)
+        .map(|round| format!("{:016x}", fnv1a64(round, text.as_bytes())))
+        .collect();
+    JobId::parse(&hex).map_err(LaunchError::from)
+}
+
+/// FNV-1a 64, with the round number hashed first so two rounds give independent halves.
+fn fnv1a64(round: u8, bytes: &[u8]) -> u64 {
+    std::iter::once(round)
+        .chain(bytes.iter().copied())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// Our own executable, for launchers that re-run it as every rank.
+pub fn self_exe() -> Result<PathBuf, LaunchError> {
+    std::env::current_exe().map_err(LaunchError::SelfExe)
+}
+
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    pub world: usize,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    /// Extra environment for every rank (the rank variables always win).
+    pub env: Vec<(String, String)>,
+    /// Time between SIGTERM and SIGKILL when stopping ranks.
+    pub grace: Duration,
+    /// Prefix every output line with "[rank N] "; otherwise children write to our stdout/stderr directly.
+    pub prefix_output: bool,
+}
+
+impl LaunchOptions {
+    pub fn new(world: usize, program: impl Into<PathBuf>) -> LaunchOptions {
+        let program = program.into();
+        LaunchOptions {
+            world,
+            program,
+            args: Vec::new(),
+            env: Vec::new(),
+            grace: Duration::from_secs(2),
+            prefix_output: true,
+        }
+    }
+}
+
+/// Set by SIGINT/SIGTERM while [`run`] has its handler installed.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// How many [`run`]s are active and the handlers they replaced, so the last one out restores them.
+static HANDLERS: Mutex<(usize, Vec<(Signal, SigAction)>)> = Mutex::new((0, Vec::new()));
+
+const STOP_SIGNALS: [Signal; 2] = [Signal::SIGINT, Signal::SIGTERM];
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Our SIGINT/SIGTERM handler for as long as it lives, so an interrupted launcher stops its ranks first.
+struct SignalGuard;
+
+impl SignalGuard {
+    fn install() -> SignalGuard {
+        let mut state = HANDLERS.lock().unwrap_or_else(|e| e.into_inner());
+        if state.0 == 0 {
+            INTERRUPTED.store(false, Ordering::SeqCst);
+            let ours = SigAction::new(
+                SigHandler::Handler(on_signal),
+                SaFlags::SA_RESTART,
+                SigSet::empty(),
+            );
+            // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+            state.1 = STOP_SIGNALS
+                .iter()
+                .filter_map(|&s| Some((s, unsafe { sigaction(s, &ours) }.ok()?)))
+                .collect();
+        }
+        state.0 += 1;
+        SignalGuard
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        let mut state = HANDLERS.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= 1;
+        if state.0 == 0 {
+            for (sig, old) in state.1.drain(..) {
+                // SAFETY: reinstates exactly the disposition that was there before us.
+                let _ = unsafe { sigaction(sig, &old) };
+            }
+        }
+    }
+}
+
+/// One spawned rank: the child (until reaped), its process group and its output pumps.
+struct Rank {
+    child: Option<Child>,
+    pgid: Pid,
+    status: Option<ExitStatus>,
+    pumps: Vec<JoinHandle<()>>,
+}
+
+impl Rank {
+    fn signal(&self, sig: Signal) {
+        if self.child.is_some() {
+            // ESRCH: the group is already gone.
+            let _ = killpg(self.pgid, sig);
+        }
+    }
+}
+
+/// Runs `opts.world` copies of `opts.program` as the ranks of a fresh job and waits for them. The first rank
+/// that fails gets the others stopped (SIGTERM, after `grace` SIGKILL); no child outlives this call, and the
+/// job's shared-memory segments are swept at the end whatever happened.
+pub fn run(opts: &LaunchOptions) -> Result<(), LaunchError> {
+    if !(1..=ipc::MAX_WORLD).contains(&opts.world) {
+        return Err(LaunchError::BadArgs(format!(
+            "world {} not in 1..={}",
+            opts.world,
+            ipc::MAX_WORLD
+        )));
+    }
+    if !program_exists(&opts.program) {
+        return Err(LaunchError::BadArgs(format!(
+            "program {} not found",
+            opts.program.display()
+        )));
+    }
+    let job = JobId::random();
+    let _signals = SignalGuard::install();
+    let mut ranks = Vec::with_capacity(opts.world);
+    let mut outcome = None;
+    for rank in 0..opts.world {
+        match spawn(opts, &job, rank) {
+            Ok(r) => ranks.push(r),
+            Err(source) => {
+                outcome = Some(LaunchError::Spawn { rank, source });
+                break;
+            }
+        }
+    }
+    let outcome = supervise(&mut ranks, opts.grace, outcome);
+    for r in &mut ranks {
+        // Whatever a rank left running in its group (which may hold our pipes open) goes with it.
+        let _ = killpg(r.pgid, Signal::SIGKILL);
+        for pump in r.pumps.drain(..) {
+            let _ = pump.join();
+        }
+    }
+    let swept = ipc::sweep_segments(&job);
+    outcome.map_or(Ok(()), Err)?;
+    swept
+        .map(drop)
+        .map_err(|source| LaunchError::Sweep { job, source })
+}
+
+/// Reaps every rank; on the first failure (or a spawn error passed in as `outcome`, or our own interruption)
+/// stops the rest. Returns what ended the job badly, if anything.
+fn supervise(
+    ranks: &mut [Rank],
+    grace: Duration,
+    mut outcome: Option<LaunchError>,
+) -> Option<LaunchError> {
+    let mut kill_at = outcome.is_some().then(|| stop(ranks, grace));
+    let mut first_failure = None;
+    while ranks.iter().any(|r| r.child.is_some()) {
+        for (rank, r) in ranks.iter_mut().enumerate() {
+            let Some(child) = r.child.as_mut() else {
+                continue;
+            };
+            match child.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(status)) => r.status = Some(status),
+                // The child cannot be waited for (not ours any more); treat it as gone.
+                Err(_) => {}
+            }
+            r.child = None;
+            if r.status.is_some_and(|s| !s.success())
+                && outcome.is_none()
+                && first_failure.is_none()
+            {
+                first_failure = Some(rank);
+            }
+        }
+        if outcome.is_none() && first_failure.is_none() && INTERRUPTED.load(Ordering::SeqCst) {
+            outcome = Some(LaunchError::Interrupted);
+        }
+        if kill_at.is_none() && (outcome.is_some() || first_failure.is_some()) {
+            kill_at = Some(stop(ranks, grace));
+        }
+        if kill_at.is_some_and(|t| Instant::now() >= t) {
+            ranks.iter().for_each(|r| r.signal(Signal::SIGKILL));
+        }
+        std::thread::sleep(POLL);
+    }
+    outcome.or_else(|| {
+        let rank = first_failure?;
+        let describe = |r: &Rank| r.status.map_or("not waitable".to_string(), describe);
+        let others = ranks
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| *i != rank && !r.status.is_some_and(|s| s.success()))
+            .map(|(i, r)| (i, describe(r)))
+            .collect();
+        Some(LaunchError::RankFailed {
+            rank,
+            status: describe(&ranks[rank]),
+            others,
+        })
+    })
+}
+
+/// Sends SIGTERM to every live rank; returns when SIGKILL is due.
+fn stop(ranks: &[Rank], grace: Duration) -> Instant {
+    ranks.iter().for_each(|r| r.signal(Signal::SIGTERM));
+    Instant::now() + grace
+}
+
+/// "exit code 3" or "killed by SIGKILL".
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => match Signal::try_from(sig) {
+            Ok(s) => format!("killed by {}", s.as_str()),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        _ => status.to_string(),
+    }
+}
+
+fn program_exists(program: &Path) -> bool {
+    if program.components().count() > 1 {
+        return program.is_file();
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
+}
+
+fn spawn(opts: &LaunchOptions, job: &JobId, rank: usize) -> io::Result<Rank> {
+    let mut cmd = Command::new(&opts.program);
+    let world = opts.world.to_string();
+    cmd.args(&opts.args)
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
+        .env(RANK_ENV, rank.to_string())
+        .env(WORLD_ENV, &world)
+        .env(LOCAL_RANK_ENV, rank.to_string())
+        .env(LOCAL_WORLD_ENV, &world)
+        .env(JOB_ENV, job.as_str())
+        // Its own group, so stopping a rank also stops whatever it started.
+        .process_group(0);
+    if rank > 0 {
+        cmd.stdin(Stdio::null());
+    }
+    if opts.prefix_output {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    // SAFETY: prctl is async-signal-safe. Dying with us covers the case where we are SIGKILLed ourselves.
+    unsafe {
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from));
+    }
+    let mut child = cmd.spawn()?;
+    let prefix = format!("[rank {rank}] ");
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        let prefix = prefix.clone();
+        pumps.push(std::thread::spawn(move || pump(out, &prefix, io::stdout())));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(std::thread::spawn(move || pump(err, &prefix, io::stderr())));
+    }
+    let pgid = Pid::from_raw(child.id() as i32);
+    Ok(Rank {
+        child: Some(child),
+        pgid,
+        status: None,
+        pumps,
+    })
+}
+
+/// Copies `src` to `dst` line by line, each line prefixed and written in one piece so ranks do not interleave
+/// within a line. Stops quietly when either side closes.
+fn pump(src: impl Read, prefix: &str, mut dst: impl Write) {
+    let mut src = BufReader::new(src);
+    let mut line = prefix.as_bytes().to_vec();
+    while matches!(src.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+        if !line.ends_with(b"\n") {
+            line.push(b'\n');
+        }
+        if dst.write_all(&line).is_err() {
+            return;
+        }
+        line.truncate(prefix.len());
+    }
+}
+
+#[cfg(test)]
+mod tests;

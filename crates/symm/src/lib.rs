@@ -1,1 +1,220 @@
-//! placeholder
+//! symm: symmetric-memory allreduce as PyTorch's `symm_mem` does it. Each rank makes one VMM allocation (data,
+//! then a signal pad at its end), exports it as a file descriptor, passes it to every peer over the rendezvous'
+//! Unix socket, and maps every peer's. Barriers are torch's compare-and-swap handshake on the signal pad, signalled
+//! by every block. As comm_bench.py runs them, one-shot copies the input into the symmetric buffer inside its
+//! kernel (`one_shot_all_reduce_copy_out`) and two-shot and reduce-scatter take a separate, timed memcpy.
+//!
+//! The device kernels are `kernels/symm.cu`; [`host`] holds their Rust twins for the host driver.
+
+mod host;
+
+use collective::{
+    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
+};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, Module, Stream};
+use ipc::Rendezvous;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+
+/// The kernels, as one source for NVRTC / hipRTC and as host functions.
+pub static LIBRARY: KernelLibrary = KernelLibrary {
+    name: "symm",
+    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/symm.cu")),
+    host: host::KERNELS,
+};
+
+/// The kernels' parameter block; layout equals `struct SymmParams` in `kernels/symm.cu`.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct SymmParams {
+    pub bufs: [u64; MAX_RANKS],
+    pub pads: [u64; MAX_RANKS],
+    pub input: u64,
+    pub output: u64,
+    pub count: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub world: u32,
+    pub dtype: u32,
+    pub reserved: u32,
+}
+
+/// Bytes of one signal pad: a u32 per (channel = block, peer).
+pub const PAD_BYTES: usize = MAX_BLOCKS * MAX_RANKS * 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    /// Barrier, every rank sums all buffers, barrier.
+    OneShot,
+    /// Barrier, each rank sums its shard, barrier, every rank gathers all shards, barrier.
+    TwoShot,
+    /// The first half of two-shot with exact `count / world` shards: rank r keeps shard r.
+    ReduceScatter,
+}
+
+impl Algo {
+    /// The method's registry name, also the stem of its kernels' names.
+    pub fn method(self) -> &'static str {
+        match self {
+            Algo::OneShot => "symm_1shot",
+            Algo::TwoShot => "symm_2shot",
+            Algo::ReduceScatter => "symm_rs",
+        }
+    }
+    fn op(self) -> Op {
+        match self {
+            Algo::OneShot | Algo::TwoShot => Op::AllReduce,
+            Algo::ReduceScatter => Op::ReduceScatter,
+        }
+    }
+}
+
+/// Options for [`Symm::new`].
+#[derive(Clone, Copy, Debug)]
+pub struct SymmOptions {
+    pub capacity_bytes: usize,
+    pub rule: Option<LaunchRule>,
+}
+
+/// The default launch rule per driver (torch: up to 24 blocks of 512 threads on CUDA).
+pub fn default_rule(kind: DriverKind) -> LaunchRule {
+    match kind {
+        DriverKind::Host => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
+        DriverKind::Cuda | DriverKind::Hip => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 24 },
+    }
+}
+
+/// One symmetric-memory communicator.
+pub struct Symm {
+    name: &'static str,
+    algo: Algo,
+    capacity: usize,
+    rule: LaunchRule,
+    cap: usize,
+    base: SymmParams,
+    mine: DevicePtr,
+    kernels: HashMap<DType, Kernel>,
+    _module: Module,
+    _peers: Vec<DeviceBuffer>,
+    _buffer: DeviceBuffer,
+}
+
+impl Symm {
+    /// Creates, exchanges and maps the symmetric buffers. Collective: every rank calls it.
+    pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: SymmOptions) -> Result<Symm, CollectiveError> {
+        let name = algo.method();
+        let (rank, world) = (rdv.rank(), rdv.world());
+        check_world(name, world)?;
+        if opts.capacity_bytes == 0 {
+            return Err(CollectiveError::BadArgs("symm capacity must be at least 1 byte".into()));
+        }
+        let data_bytes = opts.capacity_bytes.next_multiple_of(256);
+        let total = data_bytes + PAD_BYTES;
+        let sizes = rdv.all_gather(&format!("{name} sizes"), &(total as u64).to_le_bytes())?;
+        if let Some(r) = sizes.iter().position(|s| s[..] != (total as u64).to_le_bytes()) {
+            return Err(CollectiveError::Mismatch(format!(
+                "{name}: rank {r} asked for a different symmetric buffer size than rank {rank} ({total} bytes)"
+            )));
+        }
+        let buffer = gpu.vmm_create(total)?;
+        let stream = gpu.stream()?;
+        stream.memset(buffer.ptr().add(data_bytes), 0, PAD_BYTES)?;
+        stream.sync()?;
+        let fd = gpu.vmm_export_fd(&buffer)?;
+        let fds = rdv.all_gather_fds(&format!("{name} buffers"), &[fd.as_fd()])?;
+        let mut base = SymmParams {
+            timeout_ns: rdv.timeout().as_nanos().min(u64::MAX as u128) as u64,
+            rank: rank as u32,
+            world: world as u32,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        let mut peers = Vec::new();
+        for (r, peer_fds) in fds.into_iter().enumerate() {
+            let ptr = if r == rank {
+                buffer.ptr()
+            } else {
+                let fd = peer_fds.into_iter().next().ok_or_else(|| {
+                    CollectiveError::Mismatch(format!("{name}: rank {r} sent no buffer handle"))
+                })?;
+                let mapped = gpu.vmm_import_fd(fd, total)?;
+                let ptr = mapped.ptr();
+                peers.push(mapped);
+                ptr
+            };
+            base.bufs[r] = ptr.0;
+            base.pads[r] = ptr.add(data_bytes).0;
+        }
+
+        let module = gpu.load(&LIBRARY)?;
+        let mut kernels = HashMap::new();
+        for dtype in DType::ALL {
+            kernels.insert(dtype, module.kernel(&format!("{name}_{dtype}"))?);
+        }
+        let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
+        let cap = resident_cap(&kernels[&DType::Bf16], rule.threads, world, gpu.info().count)?;
+        if cap == 0 {
+            return Err(CollectiveError::Unsupported(format!(
+                "{name}: not even one block of {} threads per rank fits beside {world} ranks on one device",
+                rule.threads
+            )));
+        }
+        // Every pad is zero before anyone signals.
+        rdv.barrier(&format!("{name} setup"))?;
+        Ok(Symm {
+            name,
+            algo,
+            capacity: opts.capacity_bytes,
+            rule,
+            cap,
+            mine: buffer.ptr(),
+            base,
+            kernels,
+            _module: module,
+            _peers: peers,
+            _buffer: buffer,
+        })
+    }
+}
+
+impl Collective for Symm {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
+        if op == self.algo.op() {
+            Ok(())
+        } else {
+            Err(format!("{} runs {}, not {op}", self.name, self.algo.op()))
+        }
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        self.capacity
+    }
+
+    fn capturable(&self) -> bool {
+        true
+    }
+
+    fn run(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<(), CollectiveError> {
+        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
+        check_args(op, dtype, count, self.base.world as usize, self.capacity)?;
+        if self.algo != Algo::OneShot {
+            stream.copy(self.mine, input, count * dtype.size())?;
+        }
+        let plan = self.rule.plan(count * dtype.size(), self.cap);
+        let params = SymmParams { input: input.0, output: output.0, count: count as u64, dtype: dtype.code(), ..self.base };
+        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
+        stream.launch(&self.kernels[&dtype], dims, &params)?;
+        Ok(())
+    }
+}

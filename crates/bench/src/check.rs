@@ -1,0 +1,128 @@
+//! Result checks: fresh random inputs per check (like torch.rand: uniform in [0, 1), rounded to the dtype), an
+//! output poisoned with NaN before the run, a float64 reference computed from every rank's input, a per-element
+//! bound, and bitwise equality of the allreduce result across ranks.
+
+use collective::{DType, Op};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+/// Byte the output is filled with before a checked run: 0xFFFF is a NaN in bf16 and fp16, 0xFFFFFFFF in fp32.
+pub const POISON: u8 = 0xFF;
+
+/// Rank `rank`'s input for the check seeded `seed`, as f32 values already rounded to `dtype`.
+pub fn input_values(seed: u64, rank: usize, count: usize, dtype: DType) -> Vec<f32> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let raw: Vec<f32> = (0..count).map(|_| rng.gen::<f32>()).collect();
+    dtype.decode(&dtype.encode(&raw)).into_iter().map(|v| v as f32).collect()
+}
+
+/// Elements `[lo, hi)` of the sum of every rank's input, in float64.
+pub fn reference(seed: u64, world: usize, count: usize, dtype: DType, lo: usize, hi: usize) -> Vec<f64> {
+    let mut sum = vec![0f64; hi - lo];
+    for r in 0..world {
+        let x = input_values(seed, r, count, dtype);
+        sum.iter_mut().zip(&x[lo..hi]).for_each(|(s, &v)| *s += v as f64);
+    }
+    sum
+}
+
+/// Largest error allowed relative to |reference|: half an ulp of the output type plus f32 accumulation.
+pub fn tolerance(dtype: DType, world: usize) -> f64 {
+    let half_ulp = match dtype {
+        DType::Bf16 => 2f64.powi(-8),
+        DType::F16 => 2f64.powi(-11),
+        DType::F32 => 2f64.powi(-24),
+    };
+    half_ulp + world as f64 * 2f64.powi(-23)
+}
+
+/// One rank's verdict on one run.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Verdict {
+    /// Elements outside the bound (NaN counts).
+    pub wrong: usize,
+    pub max_rel_err: f64,
+    /// ||out - ref|| / ||ref||.
+    pub rel_norm_err: f64,
+    /// Index of the first wrong element, for the message.
+    pub first_wrong: Option<usize>,
+}
+
+/// Compares `out` (decoded) with `reference`.
+pub fn compare(out: &[f64], reference: &[f64], tol: f64) -> Verdict {
+    let (mut wrong, mut max_rel, mut err2, mut ref2, mut first) = (0, 0f64, 0f64, 0f64, None);
+    for (i, (&o, &r)) in out.iter().zip(reference).enumerate() {
+        let err = (o - r).abs();
+        let rel = if r != 0.0 { err / r.abs() } else { err };
+        if !(err <= tol * r.abs() + 1e-30) {
+            wrong += 1;
+            first.get_or_insert(i);
+        }
+        if rel.is_nan() {
+            max_rel = f64::INFINITY;
+        } else {
+            max_rel = max_rel.max(rel);
+        }
+        err2 += err * err;
+        ref2 += r * r;
+    }
+    let rel_norm_err = if ref2 > 0.0 { (err2 / ref2).sqrt() } else { err2.sqrt() };
+    Verdict { wrong, max_rel_err: max_rel, rel_norm_err, first_wrong: first }
+}
+
+/// Which part of the reference a rank's output holds.
+pub fn output_range(op: Op, count: usize, world: usize, rank: usize) -> (usize, usize) {
+    match op {
+        Op::AllReduce => (0, count),
+        Op::ReduceScatter => {
+            let shard = count / world;
+            (rank * shard, (rank + 1) * shard)
+        }
+    }
+}
+
+/// FNV-1a over the output bytes: ranks compare these to prove bitwise-identical results.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_are_fresh_per_seed_and_rank_and_exact_in_dtype() {
+        let a = input_values(1, 0, 64, DType::Bf16);
+        assert_ne!(a, input_values(2, 0, 64, DType::Bf16));
+        assert_ne!(a, input_values(1, 1, 64, DType::Bf16));
+        assert!(a.iter().all(|&v| (0.0..1.0).contains(&v)));
+        let enc = DType::Bf16.encode(&a);
+        assert_eq!(DType::Bf16.decode(&enc), a.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn compare_catches_missing_peer_nan_and_passes_rounding() {
+        let (seed, world, n) = (7, 4, 1000);
+        let r = reference(seed, world, n, DType::Bf16, 0, n);
+        let rounded: Vec<f64> = DType::Bf16.decode(&DType::Bf16.encode(&r.iter().map(|&v| v as f32).collect::<Vec<_>>()));
+        let tol = tolerance(DType::Bf16, world);
+        assert_eq!(compare(&rounded, &r, tol).wrong, 0);
+        let missing = reference(seed, world - 1, n, DType::Bf16, 0, n);
+        assert!(compare(&missing, &r, tol).wrong > n / 2);
+        let mut nan = rounded.clone();
+        nan[3] = f64::NAN;
+        let v = compare(&nan, &r, tol);
+        assert_eq!((v.wrong, v.first_wrong), (1, Some(3)));
+        let mut off = rounded;
+        off[999] *= 1.01;
+        assert_eq!(compare(&off, &r, tol).first_wrong, Some(999));
+    }
+
+    #[test]
+    fn reduce_scatter_ranges_tile_the_input() {
+        assert_eq!(output_range(Op::ReduceScatter, 12, 3, 2), (8, 12));
+        assert_eq!(output_range(Op::AllReduce, 12, 3, 2), (0, 12));
+        assert_ne!(fingerprint(b"ab"), fingerprint(b"ba"));
+    }
+}

@@ -1,0 +1,175 @@
+//! comm-bench's command line: comm_bench.py's flags (snake_case, with kebab-case aliases) and ours.
+
+use clap::{Args, Parser, Subcommand};
+use collective::{DType, Op};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "comm-bench", version, about = "Allreduce / reduce-scatter sweep, compatible with FBGEMM's comm_bench.py")]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub bench: BenchArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run any command as W ranks (RANK, WORLD_SIZE, LOCAL_RANK and the job id set), like torchrun.
+    Launch {
+        #[arg(short = 'n', long = "num_ranks", alias = "num-ranks", value_parser = clap::value_parser!(u64).range(1..=1024))]
+        num_ranks: u64,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        command: Vec<OsString>,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Directory for comm_ops_benchmark.csv and .json.
+    #[arg(long = "output_dir", alias = "output-dir", default_value = "/tmp")]
+    pub output_dir: PathBuf,
+    /// Write comm_ops_benchmark.csv (comm_bench.py's columns) and comm_ops_benchmark.json (everything).
+    #[arg(long = "export_csv", alias = "export-csv")]
+    pub export_csv: bool,
+    /// Ranks to launch [default: 8 on GPUs, 2 on the host driver].
+    #[arg(long = "num_ranks", alias = "num-ranks", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub num_ranks: Option<u64>,
+    /// Timed calls per measurement.
+    #[arg(long = "num_iters", alias = "num-iters", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub num_iters: u64,
+    /// Untimed calls before each measurement.
+    #[arg(long = "num_warmup_iters", alias = "num-warmup-iters", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub num_warmup_iters: u64,
+    /// Smallest size is 2**min_size elements.
+    #[arg(long = "min_size", alias = "min-size", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=30))]
+    pub min_size: u32,
+    /// Largest size is 2**max_size elements.
+    #[arg(long = "max_size", alias = "max-size", default_value_t = 24, value_parser = clap::value_parser!(u32).range(0..=30))]
+    pub max_size: u32,
+    /// Number of sizes, log-spaced.
+    #[arg(long = "size_steps", alias = "size-steps", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub size_steps: u64,
+    /// allreduce or reduce_scatter.
+    #[arg(long, default_value = "allreduce", value_parser = parse_op)]
+    pub op: Op,
+    /// auto, host, cuda or hip.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    pub backend: gpu::Backend,
+    /// Comma-separated methods [default: all of the op's comm_bench.py methods].
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Option<Vec<String>>,
+    /// Element type.
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    pub dtype: DType,
+    /// Capture the timed calls into a graph once and time its replay.
+    #[arg(long)]
+    pub graph: bool,
+    /// Timed measurements per method and size; the median is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub repeats: u64,
+    /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
+    #[arg(long = "timeout_s", alias = "timeout-s", value_parser = parse_timeout)]
+    pub timeout_s: Option<f64>,
+}
+
+fn parse_op(s: &str) -> Result<Op, String> {
+    s.parse()
+}
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse()
+}
+fn parse_backend(s: &str) -> Result<gpu::Backend, String> {
+    s.parse().map_err(|e: gpu::GpuError| e.to_string())
+}
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 86400]")),
+    }
+}
+
+impl BenchArgs {
+    /// Checks that clap's per-flag ranges cannot express.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_size > self.max_size {
+            return Err(format!("--min_size {} is above --max_size {}", self.min_size, self.max_size));
+        }
+        if let Some(methods) = &self.methods {
+            if methods.is_empty() {
+                return Err("--methods names no method".into());
+            }
+            for m in methods {
+                crate::methods::op_of(m).map_err(|e| e.to_string())?;
+                if crate::methods::op_of(m)? != self.op {
+                    return Err(format!("method {m} does not run --op {}", self.op));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The methods to run, in comm_bench.py's column order.
+    pub fn method_names(&self) -> Vec<String> {
+        match &self.methods {
+            Some(m) => m.clone(),
+            None => crate::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        let cli = Cli::try_parse_from(std::iter::once("comm-bench").chain(args.iter().copied())).map_err(|e| e.to_string())?;
+        cli.bench.validate()?;
+        Ok(cli)
+    }
+
+    #[test]
+    fn accepts_comm_bench_py_flags_and_kebab_aliases() {
+        let c = parse(&["--num_iters", "5", "--num-warmup-iters", "2", "--export_csv", "--min_size", "12", "--max-size", "14", "--size_steps", "3", "--op", "reduce_scatter"]).unwrap();
+        assert_eq!((c.bench.num_iters, c.bench.num_warmup_iters, c.bench.size_steps), (5, 2, 3));
+        assert!(c.bench.export_csv);
+        assert_eq!(c.bench.op, Op::ReduceScatter);
+        assert_eq!(c.bench.method_names(), vec!["car_rs", "symm_rs", "nccl_rs"]);
+    }
+
+    #[test]
+    fn refuses_out_of_range_flags() {
+        for bad in [
+            &["--num_iters", "0"][..],
+            &["--num_ranks", "0"],
+            &["--num_ranks", "2000"],
+            &["--max_size", "31"],
+            &["--min_size", "20", "--max_size", "10"],
+            &["--size_steps", "0"],
+            &["--op", "allgather"],
+            &["--dtype", "int8"],
+            &["--backend", "metal"],
+            &["--methods", "car_9shot"],
+            &["--methods", "car_rs"],
+            &["--timeout_s", "-1"],
+            &["--repeats", "0"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn launch_subcommand_takes_the_rest() {
+        let c = parse(&["launch", "-n", "3", "--", "sh", "-c", "true"]).unwrap();
+        match c.command {
+            Some(Command::Launch { num_ranks, command }) => {
+                assert_eq!(num_ranks, 3);
+                assert_eq!(command, vec!["sh", "-c", "true"]);
+            }
+            None => panic!("no subcommand"),
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! `comm-bench`: launches its ranks (or runs as one, under our launcher, torchrun, mpirun or srun) and sweeps.
+
+use bench::cli::{BenchArgs, Cli, Command};
+use bench::BenchError;
+use clap::Parser;
+use std::process::ExitCode;
+use std::time::Duration;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
+        None => bench(&cli.bench),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("comm-bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn launch_command(world: usize, mut command: Vec<std::ffi::OsString>) -> Result<(), BenchError> {
+    let program = command.remove(0);
+    let program = which(&program).ok_or_else(|| BenchError::Config(format!("{program:?}: no such program")))?;
+    launch::run(&launch::LaunchOptions {
+        world,
+        program,
+        args: command,
+        env: Vec::new(),
+        grace: Duration::from_secs(2),
+        prefix_output: true,
+    })?;
+    Ok(())
+}
+
+/// Resolves a program name through PATH, as a shell would.
+fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(program);
+    if p.components().count() > 1 {
+        return p.exists().then(|| p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
+}
+
+fn bench(args: &BenchArgs) -> Result<(), BenchError> {
+    args.validate().map_err(BenchError::Config)?;
+    match launch::detect()? {
+        Some(info) => {
+            if let Some(outcome) = bench::run::run_rank(args, &info)? {
+                if args.export_csv {
+                    let (csv, json) = outcome.export(&args.output_dir, args.op)?;
+                    println!("# wrote {} and {}", csv.display(), json.display());
+                }
+                let failed = outcome.rows.iter().filter(|r| matches!(r.status, bench::report::Status::Failed(_))).count();
+                if failed > 0 {
+                    return Err(BenchError::Config(format!("{failed} measurement(s) failed their check")));
+                }
+            }
+            Ok(())
+        }
+        None => {
+            let world = match args.num_ranks {
+                Some(n) => n as usize,
+                None => default_world(args.backend)?,
+            };
+            launch::run(&launch::LaunchOptions {
+                world,
+                program: launch::self_exe()?,
+                args: std::env::args_os().skip(1).collect(),
+                env: Vec::new(),
+                grace: Duration::from_secs(2),
+                prefix_output: true,
+            })?;
+            Ok(())
+        }
+    }
+}
+
+/// comm_bench.py's 8 ranks on a GPU driver; 2 on the host driver, where ranks share the CPU cores.
+fn default_world(backend: gpu::Backend) -> Result<usize, BenchError> {
+    let opened = gpu::open(backend, &gpu::DriverOptions { device: None, shm_prefix: String::new() })?;
+    let world = if opened.gpu.kind() == gpu::DriverKind::Host { 2 } else { 8 };
+    println!("# {} driver: launching {world} ranks (--num_ranks overrides)", opened.gpu.kind());
+    Ok(world)
+}

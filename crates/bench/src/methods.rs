@@ -1,0 +1,78 @@
+//! The registry of methods by name: the benchmark knows implementations only through it and the
+//! [`Collective`] trait.
+
+use collective::{Collective, CollectiveError, Op};
+use gpu::Gpu;
+use ipc::Rendezvous;
+
+/// Every method, with the op it runs and the comm_bench.py column it fills (if any).
+pub const METHODS: &[(&str, Op, Option<&str>)] = &[
+    ("car_1shot", Op::AllReduce, Some("fbgemm_1shot")),
+    ("symm_1shot", Op::AllReduce, Some("symm_1shot")),
+    ("car_2shot", Op::AllReduce, Some("fbgemm_2shot")),
+    ("symm_2shot", Op::AllReduce, Some("symm_2shot")),
+    ("nccl", Op::AllReduce, Some("nccl")),
+    ("car_rs", Op::ReduceScatter, Some("fbgemm_rs")),
+    ("symm_rs", Op::ReduceScatter, Some("symm_rs")),
+    ("nccl_rs", Op::ReduceScatter, Some("nccl_rs")),
+];
+
+/// comm_bench.py's methods for `op`, in its column order.
+pub fn defaults(op: Op) -> Vec<&'static str> {
+    METHODS.iter().filter(|m| m.1 == op && m.2.is_some()).map(|m| m.0).collect()
+}
+
+/// The comm_bench.py column stems of `op`, in order.
+pub fn csv_columns(op: Op) -> Vec<&'static str> {
+    METHODS.iter().filter(|m| m.1 == op).filter_map(|m| m.2).collect()
+}
+
+/// The comm_bench.py column that `method` fills.
+pub fn csv_column(method: &str) -> Option<&'static str> {
+    METHODS.iter().find(|m| m.0 == method).and_then(|m| m.2)
+}
+
+/// The op a method runs; unknown names are refused with the list of known ones.
+pub fn op_of(name: &str) -> Result<Op, String> {
+    METHODS.iter().find(|m| m.0 == name).map(|m| m.1).ok_or_else(|| {
+        let known: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
+        format!("unknown method {name:?}; known: {}", known.join(", "))
+    })
+}
+
+/// Builds a method. Collective: every rank calls it with the same arguments, in the same order.
+pub fn build(name: &str, gpu: &Gpu, rdv: &Rendezvous, capacity_bytes: usize) -> Result<Box<dyn Collective>, CollectiveError> {
+    let car = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
+        let opts = car::CarOptions { capacity_bytes, uncached: true, rule: None };
+        Ok(Box::new(car::Car::new(gpu, rdv, algo, opts)?))
+    };
+    let symm = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
+        let opts = symm::SymmOptions { capacity_bytes, rule: None };
+        Ok(Box::new(symm::Symm::new(gpu, rdv, algo, opts)?))
+    };
+    match name {
+        "car_1shot" => car(car::Algo::OneShot),
+        "car_2shot" => car(car::Algo::TwoShot),
+        "car_rs" => car(car::Algo::ReduceScatter),
+        "symm_1shot" => symm(symm::Algo::OneShot),
+        "symm_2shot" => symm(symm::Algo::TwoShot),
+        "symm_rs" => symm(symm::Algo::ReduceScatter),
+        "nccl" | "nccl_rs" => Err(CollectiveError::Unsupported(format!(
+            "{name}: this build has no NCCL/RCCL wrapper ({} driver)",
+            gpu.kind()
+        ))),
+        other => Err(CollectiveError::BadArgs(op_of(other).err().unwrap_or_default())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_match_comm_bench_py() {
+        assert_eq!(csv_columns(Op::AllReduce), ["fbgemm_1shot", "symm_1shot", "fbgemm_2shot", "symm_2shot", "nccl"]);
+        assert_eq!(csv_columns(Op::ReduceScatter), ["fbgemm_rs", "symm_rs", "nccl_rs"]);
+        assert!(op_of("car_9shot").unwrap_err().contains("car_1shot"));
+    }
+}

@@ -1,0 +1,177 @@
+//! What a sweep produced, and its three renderings: the terminal table (nccl-tests style), comm_bench.py's CSV
+//! (same columns, same bandwidth formula) and a JSON file with everything.
+
+use crate::cli::BenchArgs;
+use crate::methods::{csv_column, csv_columns};
+use collective::Op;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(tag = "status", content = "reason", rename_all = "lowercase")]
+pub enum Status {
+    Passed,
+    Failed(String),
+    Skipped(String),
+}
+
+/// One method at one size.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub method: String,
+    pub op: String,
+    pub dtype: String,
+    /// Elements of the input (comm_bench.py's N).
+    pub count: usize,
+    pub bytes: usize,
+    #[serde(flatten)]
+    pub status: Status,
+    /// Median over repeats of the slowest rank's time per call.
+    pub time_ms: Option<f64>,
+    /// Every repeat's slowest-rank time per call.
+    pub repeats_ms: Vec<f64>,
+    /// Rank 0's first measurement: what comm_bench.py itself would have reported.
+    pub rank0_ms: Option<f64>,
+    /// comm_bench.py's `bwidth`: input bytes / time.
+    pub algbw_gbs: Option<f64>,
+    /// nccl-tests' bus bandwidth: algbw x 2(W-1)/W for allreduce, x (W-1)/W for reduce-scatter.
+    pub busbw_gbs: Option<f64>,
+    #[serde(skip)]
+    world: usize,
+}
+
+impl Row {
+    pub fn new(method: &str, args: &BenchArgs, count: usize, world: usize, status: Status) -> Row {
+        Row {
+            method: method.into(),
+            op: args.op.name().into(),
+            dtype: args.dtype.name().into(),
+            count,
+            bytes: count * args.dtype.size(),
+            status,
+            time_ms: None,
+            repeats_ms: Vec::new(),
+            rank0_ms: None,
+            algbw_gbs: None,
+            busbw_gbs: None,
+            world,
+        }
+    }
+
+    /// Adds the timings (median of `repeats`).
+    pub fn timed(mut self, mut repeats: Vec<f64>, rank0: f64) -> Row {
+        let mut sorted = repeats.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = if sorted.is_empty() {
+            f64::NAN
+        } else if sorted.len() % 2 == 1 {
+            sorted[sorted.len() / 2]
+        } else {
+            (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+        };
+        let algbw = self.bytes as f64 / (median * 1e-3) / 1e9;
+        let w = self.world as f64;
+        let factor = if self.op == Op::AllReduce.name() { 2.0 * (w - 1.0) / w } else { (w - 1.0) / w };
+        self.time_ms = Some(median);
+        self.rank0_ms = Some(rank0);
+        self.algbw_gbs = Some(algbw);
+        self.busbw_gbs = Some(algbw * factor);
+        self.repeats_ms = std::mem::take(&mut repeats);
+        self
+    }
+
+    pub fn print(&self) {
+        let fmt = |v: Option<f64>, scale: f64| v.map_or("-".to_string(), |x| format!("{:.2}", x * scale));
+        let (wrong, status) = match &self.status {
+            Status::Passed => ("0".to_string(), "ok".to_string()),
+            Status::Failed(r) => ("FAIL".to_string(), format!("FAILED: {r}")),
+            Status::Skipped(r) => ("-".to_string(), format!("skipped: {r}")),
+        };
+        println!(
+            "  {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  {status}",
+            self.bytes,
+            self.count,
+            self.dtype,
+            self.method,
+            fmt(self.time_ms, 1e3),
+            fmt(self.algbw_gbs, 1.0),
+            fmt(self.busbw_gbs, 1.0),
+            wrong
+        );
+    }
+}
+
+/// The whole sweep, as rank 0 reports it.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    pub driver: String,
+    pub device: String,
+    pub arch: String,
+    pub world: usize,
+    pub op: String,
+    pub dtype: String,
+    pub graph: bool,
+    pub num_iters: u64,
+    pub num_warmup_iters: u64,
+    pub repeats: u64,
+    /// Seconds since the Unix epoch when the sweep ended.
+    pub unix_time: u64,
+    pub rows: Vec<Row>,
+}
+
+impl Outcome {
+    pub fn new(info: &gpu::DeviceInfo, world: usize, args: &BenchArgs, rows: Vec<Row>) -> Outcome {
+        Outcome {
+            driver: info.kind.to_string(),
+            device: info.name.clone(),
+            arch: info.arch.clone(),
+            world,
+            op: args.op.name().into(),
+            dtype: args.dtype.name().into(),
+            graph: args.graph,
+            num_iters: args.num_iters,
+            num_warmup_iters: args.num_warmup_iters,
+            repeats: args.repeats,
+            unix_time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            rows,
+        }
+    }
+
+    /// comm_bench.py's CSV: `N` then `<label>_time` (ms) and `<label>_bwidth` (GB/s) per label; a method that
+    /// did not run or failed leaves its cells empty (the JSON says why).
+    pub fn csv(&self, op: Op) -> String {
+        let labels = csv_columns(op);
+        let mut out = String::from("N");
+        for l in &labels {
+            write!(out, ",{l}_time,{l}_bwidth").expect("write to String");
+        }
+        out.push('\n');
+        let mut counts: Vec<usize> = self.rows.iter().map(|r| r.count).collect();
+        counts.dedup();
+        for n in counts {
+            write!(out, "{n}").expect("write to String");
+            for l in &labels {
+                let row = self.rows.iter().find(|r| r.count == n && csv_column(&r.method) == Some(l));
+                match row.filter(|r| r.status == Status::Passed).and_then(|r| r.time_ms.zip(r.algbw_gbs)) {
+                    Some((t, bw)) => write!(out, ",{t},{bw}").expect("write to String"),
+                    None => out.push_str(",,"),
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Writes `comm_ops_benchmark.csv` and `comm_ops_benchmark.json` into `dir`.
+    pub fn export(&self, dir: &Path, op: Op) -> std::io::Result<(PathBuf, PathBuf)> {
+        std::fs::create_dir_all(dir)?;
+        let csv = dir.join("comm_ops_benchmark.csv");
+        let json = dir.join("comm_ops_benchmark.json");
+        std::fs::write(&csv, self.csv(op))?;
+        std::fs::write(&json, serde_json::to_string_pretty(self).map_err(std::io::Error::other)?)?;
+        Ok((csv, json))
+    }
+}

@@ -1,0 +1,246 @@
+//! What every collective implementation shares: the [`Collective`] trait the benchmark drives, element types,
+//! argument checks, and the work partition ([`shard_range`], [`block_range`]) that the device kernels in
+//! `kernels/common.h` and the host kernels compute identically, so each block of each rank touches the same
+//! elements on every driver.
+
+mod elem;
+mod plan;
+
+pub use elem::{Element, HostElem};
+pub use plan::{resident_cap, LaunchPlan, LaunchRule};
+
+use gpu::{DevicePtr, Stream};
+use std::fmt;
+use std::str::FromStr;
+
+/// Most ranks the custom kernels (car, symm) address: their parameter blocks hold 8 peer pointers.
+pub const MAX_RANKS: usize = 8;
+/// Most blocks a custom kernel launches; flag and signal arrays have one slot per block.
+pub const MAX_BLOCKS: usize = 64;
+/// Bytes of one vector load or store.
+pub const VEC_BYTES: usize = 16;
+
+/// Element type of a collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::Bf16, DType::F16, DType::F32];
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 | DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+    /// Elements per 16-byte vector.
+    pub fn vec(self) -> usize {
+        VEC_BYTES / self.size()
+    }
+    /// The code the kernels' parameter blocks carry.
+    pub fn code(self) -> u32 {
+        match self {
+            DType::Bf16 => 0,
+            DType::F16 => 1,
+            DType::F32 => 2,
+        }
+    }
+    pub fn from_code(code: u32) -> Result<DType, String> {
+        DType::ALL.into_iter().find(|d| d.code() == code).ok_or_else(|| format!("unknown dtype code {code}"))
+    }
+    /// Also the suffix of the kernels' entry points (`car_1shot_bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F16 => "fp16",
+            DType::F32 => "fp32",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bf16" | "bfloat16" => Ok(DType::Bf16),
+            "fp16" | "f16" | "half" | "float16" => Ok(DType::F16),
+            "fp32" | "f32" | "float" | "float32" => Ok(DType::F32),
+            _ => Err(format!("unknown dtype {s:?} (expected bf16, fp16 or fp32)")),
+        }
+    }
+}
+
+/// The collective operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Every rank gets the sum of all inputs (`count` elements).
+    AllReduce,
+    /// Rank r gets elements `[r * count / W, (r + 1) * count / W)` of the sum.
+    ReduceScatter,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "allreduce",
+            Op::ReduceScatter => "reduce_scatter",
+        }
+    }
+    /// Elements of the output on each rank.
+    pub fn output_count(self, count: usize, world: usize) -> usize {
+        match self {
+            Op::AllReduce => count,
+            Op::ReduceScatter => count / world,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Op {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "allreduce" | "all_reduce" => Ok(Op::AllReduce),
+            "reduce_scatter" | "reducescatter" | "reduce-scatter" => Ok(Op::ReduceScatter),
+            _ => Err(format!("unknown op {s:?} (expected allreduce or reduce_scatter)")),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectiveError {
+    #[error(transparent)]
+    Gpu(#[from] gpu::GpuError),
+    #[error(transparent)]
+    Ipc(#[from] ipc::IpcError),
+    #[error("{0}")]
+    BadArgs(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("ranks disagree: {0}")]
+    Mismatch(String),
+}
+
+/// One allreduce / reduce-scatter implementation, driven by the benchmark through this trait alone.
+pub trait Collective {
+    /// The method's registry name (`car_1shot`, `symm_2shot`, `nccl`, ...).
+    fn name(&self) -> &str;
+    /// `Err(reason)` when this method cannot run `op` on `dtype`.
+    fn supports(&self, op: Op, dtype: DType) -> Result<(), String>;
+    /// Largest input, in bytes, that `run` accepts.
+    fn capacity_bytes(&self) -> usize;
+    /// Whether `run` may be captured into a graph and replayed.
+    fn capturable(&self) -> bool;
+    /// Enqueues `op` on `stream`: `input` holds `count` elements, `output` receives
+    /// [`Op::output_count`] elements. Every rank must call with the same arguments, in the same order.
+    fn run(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<(), CollectiveError>;
+}
+
+/// The checks every implementation makes before it touches memory.
+pub fn check_args(op: Op, dtype: DType, count: usize, world: usize, capacity_bytes: usize) -> Result<(), CollectiveError> {
+    if count == 0 {
+        return Err(CollectiveError::BadArgs("count must be at least 1".into()));
+    }
+    let bytes = count.checked_mul(dtype.size()).unwrap_or(usize::MAX);
+    if bytes > capacity_bytes {
+        return Err(CollectiveError::BadArgs(format!(
+            "{count} {dtype} elements ({bytes} bytes) exceed the registered buffer of {capacity_bytes} bytes"
+        )));
+    }
+    if op == Op::ReduceScatter && count % world != 0 {
+        return Err(CollectiveError::BadArgs(format!(
+            "reduce_scatter needs count divisible by the world size: {count} % {world} != 0"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses world sizes the custom kernels cannot address.
+pub fn check_world(method: &str, world: usize) -> Result<(), CollectiveError> {
+    if world == 0 || world > MAX_RANKS {
+        return Err(CollectiveError::Unsupported(format!(
+            "{method} supports 1 to {MAX_RANKS} ranks, not {world}"
+        )));
+    }
+    Ok(())
+}
+
+/// Elements of one shard of a two-shot allreduce: whole vectors, so shards start vector-aligned; the last
+/// shard may be shorter or empty. Reduce-scatter uses exact `count / world` shards instead.
+pub fn shard_elems(count: usize, world: usize, vec: usize) -> usize {
+    count.div_ceil(vec).div_ceil(world) * vec
+}
+
+/// Shard `s` of `[0, count)` for shards of `shard` elements.
+pub fn shard_range(count: usize, shard: usize, s: usize) -> (usize, usize) {
+    let lo = (s * shard).min(count);
+    (lo, (lo + shard).min(count))
+}
+
+/// The part of `[lo, hi)` that block `b` of `grid` handles: contiguous chunks of whole vectors.
+pub fn block_range(lo: usize, hi: usize, b: usize, grid: usize, vec: usize) -> (usize, usize) {
+    let per = (hi - lo).div_ceil(grid).div_ceil(vec) * vec;
+    let start = (lo + b * per).min(hi);
+    (start, (start + per).min(hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_each_shard_exactly_once() {
+        for &(count, world, grid) in &[(1, 1, 1), (8, 3, 2), (1000, 8, 7), (1 << 20, 8, 24), (4099, 3, 64), (17, 8, 5)] {
+            for dtype in DType::ALL {
+                let vec = dtype.vec();
+                let shard = shard_elems(count, world, vec);
+                let mut seen = vec![0u8; count];
+                for s in 0..world {
+                    let (lo, hi) = shard_range(count, shard, s);
+                    assert!(lo % vec == 0 || lo == count);
+                    for b in 0..grid {
+                        let (a, z) = block_range(lo, hi, b, grid, vec);
+                        assert!(lo <= a && a <= z && z <= hi);
+                        seen[a..z].iter_mut().for_each(|x| *x += 1);
+                    }
+                }
+                assert!(seen.iter().all(|&x| x == 1), "count {count} world {world} grid {grid}");
+            }
+        }
+    }
+
+    #[test]
+    fn argument_checks() {
+        assert!(check_args(Op::AllReduce, DType::Bf16, 0, 2, 1024).is_err());
+        assert!(check_args(Op::AllReduce, DType::Bf16, 512, 2, 1024).is_ok());
+        assert!(check_args(Op::AllReduce, DType::Bf16, 513, 2, 1024).is_err());
+        assert!(check_args(Op::ReduceScatter, DType::F32, 9, 2, 1024).is_err());
+        assert!(check_world("car_1shot", 9).is_err());
+        assert!(check_world("car_1shot", 8).is_ok());
+        assert_eq!("bf16".parse::<DType>().unwrap(), DType::Bf16);
+        assert!("int8".parse::<DType>().is_err());
+        assert_eq!("reduce_scatter".parse::<Op>().unwrap(), Op::ReduceScatter);
+    }
+}

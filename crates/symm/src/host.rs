@@ -1,0 +1,118 @@
+//! Host twins of `kernels/symm.cu`: torch's compare-and-swap handshake on the shared signal pads, one channel per
+//! block, with std atomics. Blocks run one after another in the same order on every rank.
+
+use crate::SymmParams;
+use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
+use deadline::{wait_all, Deadline};
+use gpu::{HostKernel, HostLaunch};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
+    ("symm_1shot_bf16", one_shot),
+    ("symm_1shot_fp16", one_shot),
+    ("symm_1shot_fp32", one_shot),
+    ("symm_2shot_bf16", two_shot),
+    ("symm_2shot_fp16", two_shot),
+    ("symm_2shot_fp32", two_shot),
+    ("symm_rs_bf16", reduce_scatter),
+    ("symm_rs_fp16", reduce_scatter),
+    ("symm_rs_fp32", reduce_scatter),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    OneShot,
+    TwoShot,
+    ReduceScatter,
+}
+
+fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, Kind::OneShot)
+}
+fn two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, Kind::TwoShot)
+}
+fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, Kind::ReduceScatter)
+}
+
+/// # Safety
+/// `pad` is a live signal pad of `MAX_BLOCKS * MAX_RANKS` u32.
+unsafe fn slot<'a>(pad: u64, channel: usize, peer: usize) -> &'a AtomicU32 {
+    // SAFETY: the caller's contract; AtomicU32 has u32's layout and the pad is 4-aligned.
+    unsafe { &*(pad as *const AtomicU32).add(channel * MAX_RANKS + peer) }
+}
+
+fn cas(a: &AtomicU32, from: u32, to: u32) -> bool {
+    a.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
+}
+
+fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> Result<(), String> {
+    let (rank, world) = (p.rank as usize, p.world as usize);
+    let peers = (0..world).filter(|&t| t != rank);
+    // SAFETY: pads[r] for r < world are live signal pads, mapped at setup.
+    unsafe {
+        wait_all(&format!("{what}: signal"), peers.clone(), deadline, |t| cas(slot(p.pads[t], channel, rank), 0, 1), || None)
+            .map_err(|e| e.to_string())?;
+        wait_all(&format!("{what}: wait"), peers, deadline, |t| cas(slot(p.pads[rank], channel, t), 1, 0), || None)
+            .map_err(|e| e.to_string())
+    }
+}
+
+fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
+    let p: SymmParams = l.params()?;
+    let dtype = DType::from_code(p.dtype)?;
+    let deadline = Deadline::after(Duration::from_nanos(p.timeout_ns));
+    let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, dtype.vec(), dtype.size());
+    let (rank, world) = (p.rank as usize, p.world as usize);
+    let srcs: Vec<*const u8> = p.bufs[..world].iter().map(|&a| a as *const u8).collect();
+    let name = match kind {
+        Kind::OneShot => "symm_1shot",
+        Kind::TwoShot => "symm_2shot",
+        Kind::ReduceScatter => "symm_rs",
+    };
+    for b in 0..grid {
+        let what = |n: usize| format!("{name} rank {rank} block {b} barrier {n}");
+        if kind == Kind::OneShot {
+            let (lo, hi) = block_range(0, count, b, grid, vec);
+            // SAFETY: the input and this rank's buffer hold `count` elements.
+            unsafe { HostElem::copy(dtype, p.input as *const u8, p.bufs[rank] as *mut u8, lo, hi) };
+        }
+        barrier(&p, b, &deadline, &what(0))?;
+        match kind {
+            Kind::OneShot => {
+                let (lo, hi) = block_range(0, count, b, grid, vec);
+                // SAFETY: every buffer holds `count` elements, the output too.
+                unsafe { HostElem::reduce(dtype, &srcs, lo, hi, (p.output as *mut u8).add(lo * size)) };
+            }
+            Kind::TwoShot => {
+                let shard = shard_elems(count, world, vec);
+                let sub = |s: usize| {
+                    let (lo, hi) = shard_range(count, shard, s);
+                    block_range(lo, hi, b, grid, vec)
+                };
+                let (lo, hi) = sub(rank);
+                // SAFETY: in place into this rank's own shard of its own buffer.
+                unsafe { HostElem::reduce(dtype, &srcs, lo, hi, (p.bufs[rank] as *mut u8).add(lo * size)) };
+                barrier(&p, b, &deadline, &what(1))?;
+                for s in 0..world {
+                    let (lo, hi) = sub(s);
+                    // SAFETY: buffers and output hold `count` elements; peer s finished its shard (barrier 1).
+                    unsafe { HostElem::copy(dtype, p.bufs[s] as *const u8, p.output as *mut u8, lo, hi) };
+                }
+            }
+            Kind::ReduceScatter => {
+                let shard = count / world;
+                let (lo, hi) = shard_range(count, shard, rank);
+                let (lo, hi) = block_range(lo, hi, b, grid, vec);
+                let dst = (p.output as *mut u8).wrapping_add((lo - rank * shard) * size);
+                // SAFETY: the output holds `shard` elements; [lo, hi) lies in this rank's shard.
+                unsafe { HostElem::reduce(dtype, &srcs, lo, hi, dst) };
+            }
+        }
+        let last = if kind == Kind::TwoShot { 2 } else { 1 };
+        barrier(&p, b, &deadline, &what(last))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,66 @@
+// symm: PyTorch symmetric-memory allreduce, reproduced. One VMM allocation per rank, mapped by every peer, with
+// a signal pad at its end. A barrier is torch's handshake: signal = remote compare-and-swap 0 -> 1 (which waits
+// until the peer consumed the previous signal), wait = local compare-and-swap 1 -> 0. Every block signals every
+// peer on its own channel. As in comm_bench.py, one-shot copies the input into the symmetric buffer inside the
+// kernel (each block its own slice, before it signals) and the others take a separate memcpy before the kernel. Sums run in rank order, so every rank gets the same bits.
+
+struct SymmParams {
+    u64 bufs[ARX_MAX_RANKS];  // every rank's symmetric buffer, mapped here
+    u64 pads[ARX_MAX_RANKS];  // every rank's signal pad: u32 [ARX_MAX_BLOCKS channels][ARX_MAX_RANKS]
+    u64 input;   // symm_1shot copies it in itself (torch's one_shot_all_reduce_copy_out); others take a memcpy
+    u64 output;
+    u64 count;
+    u64 timeout_ns;
+    u32 rank;
+    u32 world;
+    u32 dtype;
+    u32 reserved;
+};
+
+ARX_DEV void symm_barrier(const SymmParams& p) {
+    __syncthreads();
+    u32 t = threadIdx.x;
+    if (t < p.world && t != p.rank) {
+        u32* remote = (u32*)p.pads[t] + blockIdx.x * ARX_MAX_RANKS + p.rank;
+        u32* local = (u32*)p.pads[p.rank] + blockIdx.x * ARX_MAX_RANKS + t;
+        Spin s = spin_start(p.timeout_ns);
+        while (cas_acq_rel_sys(remote, 0u, 1u) != 0u) s.check();
+        while (cas_acq_rel_sys(local, 1u, 0u) != 1u) s.check();
+    }
+    __syncthreads();
+}
+
+template <int DT> ARX_DEV void symm_1shot(SymmParams p) {
+    typedef Elem<DT> E;
+    Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
+    copy_range<DT>((const void*)p.input, (void*)p.bufs[p.rank], r);
+    symm_barrier(p);  // block b of every rank copied slice b
+    reduce_range<DT>(p.bufs, p.world, (void*)p.output, r);
+    symm_barrier(p);  // nobody's next copy-in overwrites a buffer this call still reads
+}
+
+template <int DT> ARX_DEV void symm_2shot(SymmParams p) {
+    typedef Elem<DT> E;
+    u64 shard = shard_elems(p.count, p.world, E::VEC);
+    symm_barrier(p);
+    Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
+    reduce_range<DT>(p.bufs, p.world, (void*)p.bufs[p.rank], mine);
+    symm_barrier(p);
+    for (u32 s = 0; s < p.world; ++s)
+        copy_range<DT>((const void*)p.bufs[s], (void*)p.output,
+                       block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
+    symm_barrier(p);
+}
+
+template <int DT> ARX_DEV void symm_rs(SymmParams p) {
+    typedef Elem<DT> E;
+    u64 shard = p.count / p.world;
+    symm_barrier(p);
+    Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
+    reduce_range<DT>(p.bufs, p.world, (void*)(p.output - (u64)p.rank * shard * E::SIZE), mine);
+    symm_barrier(p);
+}
+
+ARX_INSTANTIATE(symm_1shot, SymmParams)
+ARX_INSTANTIATE(symm_2shot, SymmParams)
+ARX_INSTANTIATE(symm_rs, SymmParams)
