@@ -189,9 +189,9 @@ fn derived_job(
     vars: &[&str],
     env: &HashMap<String, String>,
 ) -> Result<JobId, LaunchError> {
-    if vars
+    if !vars
         .iter()
-        .all(|v| !env.get(*v).is_some_and(|s| !s.is_empty()))
+        .any(|v| env.get(*v).is_some_and(|s| !s.is_empty()))
     {
         let msg = format!(
             "none of {vars:?} is set, so the ranks of this {launcher} job cannot agree on a job id"

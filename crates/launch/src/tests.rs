@@ -324,7 +324,9 @@ fn rank_killed_by_signal_is_named() {
 fn stubborn_rank_is_killed_after_grace() {
     let _shared = SIGNALS.read().unwrap();
     let dir = TempDir::new();
-    let script = r#"if [ "$RANK" = 0 ]; then exit 1; fi; trap '' TERM; echo $$ >> "$DIR/pids"; while :; do sleep 0.05; done"#;
+    // Rank 0 fails only once rank 1 ignores SIGTERM.
+    let script = r#"if [ "$RANK" = 0 ]; then while [ ! -s "$DIR/pids" ]; do sleep 0.01; done; exit 1; fi
+        trap '' TERM; echo $$ >> "$DIR/pids"; while :; do sleep 0.05; done"#;
     let mut opts = sh(2, &dir, script);
     opts.prefix_output = false;
     match run(&opts).unwrap_err() {
