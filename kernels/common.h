@@ -186,7 +186,7 @@ template <int DT> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* ds
 struct Spin {
     u64 start, timeout;
     u32 n;
-    ARX_DEV void check() {
+    __device__ __forceinline__ void check() {
         if ((++n & 1023u) == 0 && timer_ns() - start > timeout) arx_trap();
     }
 };

@@ -6,7 +6,11 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "comm-bench", version, about = "Allreduce / reduce-scatter sweep, compatible with FBGEMM's comm_bench.py")]
+#[command(
+    name = "comm-bench",
+    version,
+    about = "Allreduce / reduce-scatter sweep, compatible with FBGEMM's comm_bench.py"
+)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
@@ -53,6 +57,9 @@ pub struct BenchArgs {
     /// Number of sizes, log-spaced.
     #[arg(long = "size_steps", alias = "size-steps", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub size_steps: u64,
+    /// Exact element counts to run instead of the log-spaced sweep (comma-separated, any value >= 1).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["min_size", "max_size", "size_steps"], value_parser = clap::value_parser!(u64).range(1..=(1u64 << 30)))]
+    pub counts: Option<Vec<u64>>,
     /// allreduce or reduce_scatter.
     #[arg(long, default_value = "allreduce", value_parser = parse_op)]
     pub op: Op,
@@ -96,7 +103,10 @@ impl BenchArgs {
     /// Checks that clap's per-flag ranges cannot express.
     pub fn validate(&self) -> Result<(), String> {
         if self.min_size > self.max_size {
-            return Err(format!("--min_size {} is above --max_size {}", self.min_size, self.max_size));
+            return Err(format!(
+                "--min_size {} is above --max_size {}",
+                self.min_size, self.max_size
+            ));
         }
         if let Some(methods) = &self.methods {
             if methods.is_empty() {
@@ -112,11 +122,27 @@ impl BenchArgs {
         Ok(())
     }
 
+    /// The element counts of the sweep on a driver that rounds comm_bench.py's sizes to `align`.
+    pub fn sizes(&self, align: usize) -> Vec<usize> {
+        match &self.counts {
+            Some(c) => c.iter().map(|&n| n as usize).collect(),
+            None => crate::sizes::comm_bench_sizes(
+                self.min_size,
+                self.max_size,
+                self.size_steps as usize,
+                align,
+            ),
+        }
+    }
+
     /// The methods to run, in comm_bench.py's column order.
     pub fn method_names(&self) -> Vec<String> {
         match &self.methods {
             Some(m) => m.clone(),
-            None => crate::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
+            None => crate::methods::defaults(self.op)
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         }
     }
 }
@@ -126,18 +152,44 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Cli, String> {
-        let cli = Cli::try_parse_from(std::iter::once("comm-bench").chain(args.iter().copied())).map_err(|e| e.to_string())?;
+        let cli = Cli::try_parse_from(std::iter::once("comm-bench").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
         cli.bench.validate()?;
         Ok(cli)
     }
 
     #[test]
     fn accepts_comm_bench_py_flags_and_kebab_aliases() {
-        let c = parse(&["--num_iters", "5", "--num-warmup-iters", "2", "--export_csv", "--min_size", "12", "--max-size", "14", "--size_steps", "3", "--op", "reduce_scatter"]).unwrap();
-        assert_eq!((c.bench.num_iters, c.bench.num_warmup_iters, c.bench.size_steps), (5, 2, 3));
+        let c = parse(&[
+            "--num_iters",
+            "5",
+            "--num-warmup-iters",
+            "2",
+            "--export_csv",
+            "--min_size",
+            "12",
+            "--max-size",
+            "14",
+            "--size_steps",
+            "3",
+            "--op",
+            "reduce_scatter",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                c.bench.num_iters,
+                c.bench.num_warmup_iters,
+                c.bench.size_steps
+            ),
+            (5, 2, 3)
+        );
         assert!(c.bench.export_csv);
         assert_eq!(c.bench.op, Op::ReduceScatter);
-        assert_eq!(c.bench.method_names(), vec!["car_rs", "symm_rs", "nccl_rs"]);
+        assert_eq!(
+            c.bench.method_names(),
+            vec!["car_rs", "symm_rs", "nccl_rs", "nccl_symm_rs"]
+        );
     }
 
     #[test]
@@ -156,6 +208,8 @@ mod tests {
             &["--methods", "car_rs"],
             &["--timeout_s", "-1"],
             &["--repeats", "0"],
+            &["--counts", "0"],
+            &["--counts", "8", "--min_size", "3"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} must be refused");
         }

@@ -2,10 +2,11 @@
 //! methods, then per size and method: check, time (ranks aligned by a barrier before the start event, max over
 //! ranks, median of repeats), check again after the timed calls, and report.
 
-use crate::check::{compare, fingerprint, input_values, output_range, reference, tolerance, POISON};
+use crate::check::{
+    compare, fingerprint, input_values, output_range, reference, tolerance, POISON,
+};
 use crate::cli::BenchArgs;
 use crate::report::{Outcome, Row, Status};
-use crate::sizes::comm_bench_sizes;
 use crate::{methods, BenchError};
 use collective::{Collective, DType, Op};
 use gpu::{DeviceBuffer, Event, Gpu, MemKind, Stream};
@@ -21,10 +22,21 @@ pub fn run_rank(args: &BenchArgs, info: &RankInfo) -> Result<Option<Outcome>, Be
     };
     let opened = gpu::open(
         args.backend,
-        &gpu::DriverOptions { device: None, shm_prefix: info.job.shm_name("g") },
+        &gpu::DriverOptions {
+            device: None,
+            shm_prefix: info.job.shm_name("g"),
+        },
     )?;
     let gpu = opened.gpu;
-    let rdv = Rendezvous::join(&info.job, info.rank, info.world, RendezvousOptions { timeout, ..Default::default() })?;
+    let rdv = Rendezvous::join(
+        &info.job,
+        info.rank,
+        info.world,
+        RendezvousOptions {
+            timeout,
+            ..Default::default()
+        },
+    )?;
     let result = sweep(args, &gpu, &rdv, &opened.notes);
     if let Err(e) = &result {
         rdv.abort(&e.to_string());
@@ -51,10 +63,16 @@ fn agree(rdv: &Rendezvous, mine: &str) -> Result<(), BenchError> {
     let root = rdv.broadcast("configuration", 0, mine.as_bytes())?;
     let root = String::from_utf8_lossy(&root);
     if let Some((a, b)) = root.lines().zip(mine.lines()).find(|(a, b)| a != b) {
-        return Err(BenchError::Config(format!("rank {} disagrees with rank 0: it has {b}, rank 0 has {a}", rdv.rank())));
+        return Err(BenchError::Config(format!(
+            "rank {} disagrees with rank 0: it has {b}, rank 0 has {a}",
+            rdv.rank()
+        )));
     }
     Ok(())
 }
+
+/// A method, or why it could not be built on some rank.
+type Built = Result<Box<dyn Collective>, String>;
 
 struct Buffers {
     input: DeviceBuffer,
@@ -64,27 +82,53 @@ struct Buffers {
     end: Event,
 }
 
-fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Result<Option<Outcome>, BenchError> {
+fn sweep(
+    args: &BenchArgs,
+    gpu: &Gpu,
+    rdv: &Rendezvous,
+    notes: &[String],
+) -> Result<Option<Outcome>, BenchError> {
     let (rank, world) = (rdv.rank(), rdv.world());
-    let sizes = comm_bench_sizes(args.min_size, args.max_size, args.size_steps as usize, gpu.info().size_align);
+    let sizes = args.sizes(gpu.info().size_align);
     let names = args.method_names();
     agree(rdv, &fingerprint_config(args, gpu, &sizes, &names))?;
     let capacity = sizes.iter().max().copied().unwrap_or(1) * args.dtype.size();
     if rank == 0 {
         let i = gpu.info();
-        println!("# comm-bench: {} ranks, {} driver ({}, {}), {} {}, {} sizes", world, i.kind, i.name, i.arch, args.op, args.dtype, sizes.len());
+        println!(
+            "# comm-bench: {} ranks, {} driver ({}, {}), {} {}, {} sizes",
+            world,
+            i.kind,
+            i.name,
+            i.arch,
+            args.op,
+            args.dtype,
+            sizes.len()
+        );
         notes.iter().for_each(|n| println!("# passed over {n}"));
-        println!("# {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  status", "size(B)", "count", "type", "method", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        println!(
+            "# {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  status",
+            "size(B)",
+            "count",
+            "type",
+            "method",
+            "time(us)",
+            "algbw(GB/s)",
+            "busbw(GB/s)",
+            "#wrong"
+        );
     }
 
-    let mut built: Vec<(String, Result<Box<dyn Collective>, String>)> = Vec::new();
+    let mut built: Vec<(String, Built)> = Vec::new();
     for name in &names {
         let m = methods::build(name, gpu, rdv, capacity).map_err(|e| e.to_string());
         // Every rank learns whether every rank built it, so all skip it together.
         let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
         let m = match ok.iter().position(|v| v[..] != [1]) {
             None => m,
-            Some(r) => Err(m.err().unwrap_or_else(|| format!("rank {r} could not build it"))),
+            Some(r) => Err(m
+                .err()
+                .unwrap_or_else(|| format!("rank {r} could not build it"))),
         };
         built.push((name.clone(), m));
     }
@@ -117,18 +161,33 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
     Ok((rank == 0).then(|| Outcome::new(i, world, args, rows)))
 }
 
-fn measure(args: &BenchArgs, rdv: &Rendezvous, b: &Buffers, m: &mut dyn Collective, count: usize) -> Result<Row, BenchError> {
+fn measure(
+    args: &BenchArgs,
+    rdv: &Rendezvous,
+    b: &Buffers,
+    m: &mut dyn Collective,
+    count: usize,
+) -> Result<Row, BenchError> {
     let (op, dtype, world) = (args.op, args.dtype, rdv.world());
     let name = m.name().to_string();
     let row = |status| Row::new(&name, args, count, world, status);
     if let Err(reason) = m.supports(op, dtype) {
         return Ok(row(Status::Skipped(reason)));
     }
+    if op == Op::ReduceScatter && !count.is_multiple_of(world) {
+        return Ok(row(Status::Skipped(format!(
+            "{count} elements do not split into {world} equal shards"
+        ))));
+    }
     if args.graph && !m.capturable() {
-        return Ok(row(Status::Skipped("cannot be captured into a graph".into())));
+        return Ok(row(Status::Skipped(
+            "cannot be captured into a graph".into(),
+        )));
     }
     let seed = u64::from_le_bytes(
-        rdv.broadcast("check seed", 0, &rand::random::<u64>().to_le_bytes())?.try_into().map_err(|_| BenchError::Config("bad seed".into()))?,
+        rdv.broadcast("check seed", 0, &rand::random::<u64>().to_le_bytes())?
+            .try_into()
+            .map_err(|_| BenchError::Config("bad seed".into()))?,
     );
     let values = input_values(seed, rdv.rank(), count, dtype);
     b.stream.upload(&b.input, 0, &dtype.encode(&values))?;
@@ -143,7 +202,8 @@ fn measure(args: &BenchArgs, rdv: &Rendezvous, b: &Buffers, m: &mut dyn Collecti
 
     let graph = if args.graph {
         b.stream.begin_capture()?;
-        let captured = (0..args.num_iters).try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream));
+        let captured = (0..args.num_iters)
+            .try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream));
         let graph = b.stream.end_capture()?;
         captured?;
         Some(graph)
@@ -153,7 +213,9 @@ fn measure(args: &BenchArgs, rdv: &Rendezvous, b: &Buffers, m: &mut dyn Collecti
     let mut call = |n: u64| -> Result<(), BenchError> {
         match &graph {
             Some(g) => (0..n.div_ceil(args.num_iters)).try_for_each(|_| b.stream.replay(g))?,
-            None => (0..n).try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream))?,
+            None => (0..n).try_for_each(|_| {
+                m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream)
+            })?,
         }
         Ok(())
     };
@@ -169,7 +231,10 @@ fn measure(args: &BenchArgs, rdv: &Rendezvous, b: &Buffers, m: &mut dyn Collecti
         b.end.sync()?;
         let ms = b.start.elapsed_ms(&b.end)? as f64 / args.num_iters as f64;
         let all = rdv.all_gather("times", &ms.to_le_bytes())?;
-        let times: Vec<f64> = all.iter().map(|t| f64::from_le_bytes(t[..8].try_into().expect("8 bytes"))).collect();
+        let times: Vec<f64> = all
+            .iter()
+            .map(|t| f64::from_le_bytes(t[..8].try_into().expect("8 bytes")))
+            .collect();
         rank0.get_or_insert(times[0]);
         repeats.push(times.iter().copied().fold(0.0, f64::max));
     }
@@ -181,7 +246,15 @@ fn measure(args: &BenchArgs, rdv: &Rendezvous, b: &Buffers, m: &mut dyn Collecti
 }
 
 /// Downloads and checks this rank's output; every rank learns every rank's verdict, so all agree.
-fn verify(rdv: &Rendezvous, b: &Buffers, op: Op, dtype: DType, want: &[f64], bytes: usize, when: &str) -> Result<Option<String>, BenchError> {
+fn verify(
+    rdv: &Rendezvous,
+    b: &Buffers,
+    op: Op,
+    dtype: DType,
+    want: &[f64],
+    bytes: usize,
+    when: &str,
+) -> Result<Option<String>, BenchError> {
     let mut out = vec![0u8; bytes];
     b.stream.download(&b.output, 0, &mut out)?;
     let v = compare(&dtype.decode(&out), want, tolerance(dtype, rdv.world()));
@@ -190,7 +263,8 @@ fn verify(rdv: &Rendezvous, b: &Buffers, op: Op, dtype: DType, want: &[f64], byt
     blob.extend(v.max_rel_err.to_le_bytes());
     blob.extend((v.first_wrong.map_or(u64::MAX, |i| i as u64)).to_le_bytes());
     let all = rdv.all_gather(&format!("check {when}"), &blob)?;
-    let field = |r: &[u8], k: usize| u64::from_le_bytes(r[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+    let field =
+        |r: &[u8], k: usize| u64::from_le_bytes(r[8 * k..8 * k + 8].try_into().expect("8 bytes"));
     for (r, blob) in all.iter().enumerate() {
         let wrong = field(blob, 0);
         if wrong > 0 {
@@ -202,8 +276,13 @@ fn verify(rdv: &Rendezvous, b: &Buffers, op: Op, dtype: DType, want: &[f64], byt
         }
     }
     if op == Op::AllReduce {
-        if let Some(r) = all.iter().position(|blob| field(blob, 1) != field(&all[0], 1)) {
-            return Ok(Some(format!("{when}: rank {r}'s result differs bitwise from rank 0's")));
+        if let Some(r) = all
+            .iter()
+            .position(|blob| field(blob, 1) != field(&all[0], 1))
+        {
+            return Ok(Some(format!(
+                "{when}: rank {r}'s result differs bitwise from rank 0's"
+            )));
         }
     }
     Ok(None)

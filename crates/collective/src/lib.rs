@@ -49,7 +49,10 @@ impl DType {
         }
     }
     pub fn from_code(code: u32) -> Result<DType, String> {
-        DType::ALL.into_iter().find(|d| d.code() == code).ok_or_else(|| format!("unknown dtype code {code}"))
+        DType::ALL
+            .into_iter()
+            .find(|d| d.code() == code)
+            .ok_or_else(|| format!("unknown dtype code {code}"))
     }
     /// Also the suffix of the kernels' entry points (`car_1shot_bf16`).
     pub fn name(self) -> &'static str {
@@ -116,7 +119,9 @@ impl FromStr for Op {
         match s {
             "allreduce" | "all_reduce" => Ok(Op::AllReduce),
             "reduce_scatter" | "reducescatter" | "reduce-scatter" => Ok(Op::ReduceScatter),
-            _ => Err(format!("unknown op {s:?} (expected allreduce or reduce_scatter)")),
+            _ => Err(format!(
+                "unknown op {s:?} (expected allreduce or reduce_scatter)"
+            )),
         }
     }
 }
@@ -159,17 +164,23 @@ pub trait Collective {
 }
 
 /// The checks every implementation makes before it touches memory.
-pub fn check_args(op: Op, dtype: DType, count: usize, world: usize, capacity_bytes: usize) -> Result<(), CollectiveError> {
+pub fn check_args(
+    op: Op,
+    dtype: DType,
+    count: usize,
+    world: usize,
+    capacity_bytes: usize,
+) -> Result<(), CollectiveError> {
     if count == 0 {
         return Err(CollectiveError::BadArgs("count must be at least 1".into()));
     }
-    let bytes = count.checked_mul(dtype.size()).unwrap_or(usize::MAX);
+    let bytes = count.saturating_mul(dtype.size());
     if bytes > capacity_bytes {
         return Err(CollectiveError::BadArgs(format!(
             "{count} {dtype} elements ({bytes} bytes) exceed the registered buffer of {capacity_bytes} bytes"
         )));
     }
-    if op == Op::ReduceScatter && count % world != 0 {
+    if op == Op::ReduceScatter && !count.is_multiple_of(world) {
         return Err(CollectiveError::BadArgs(format!(
             "reduce_scatter needs count divisible by the world size: {count} % {world} != 0"
         )));
@@ -212,7 +223,14 @@ mod tests {
 
     #[test]
     fn blocks_cover_each_shard_exactly_once() {
-        for &(count, world, grid) in &[(1, 1, 1), (8, 3, 2), (1000, 8, 7), (1 << 20, 8, 24), (4099, 3, 64), (17, 8, 5)] {
+        for &(count, world, grid) in &[
+            (1, 1, 1),
+            (8, 3, 2),
+            (1000, 8, 7),
+            (1 << 20, 8, 24),
+            (4099, 3, 64),
+            (17, 8, 5),
+        ] {
             for dtype in DType::ALL {
                 let vec = dtype.vec();
                 let shard = shard_elems(count, world, vec);
@@ -226,7 +244,10 @@ mod tests {
                         seen[a..z].iter_mut().for_each(|x| *x += 1);
                     }
                 }
-                assert!(seen.iter().all(|&x| x == 1), "count {count} world {world} grid {grid}");
+                assert!(
+                    seen.iter().all(|&x| x == 1),
+                    "count {count} world {world} grid {grid}"
+                );
             }
         }
     }

@@ -5,9 +5,10 @@
 //! wrappers ([`Gpu`], [`DeviceBuffer`], [`Stream`], [`Event`], [`Kernel`], [`Graph`]) so that every allocation,
 //! mapping and handle is released on every path.
 
+mod cuda;
 mod error;
-mod host;
 mod hip;
+mod host;
 
 pub use error::{GpuError, Result};
 pub use host::{HostKernel, HostLaunch};
@@ -23,7 +24,7 @@ use std::sync::Arc;
 pub struct DevicePtr(pub u64);
 
 impl DevicePtr {
-    pub fn add(self, bytes: usize) -> DevicePtr {
+    pub fn offset(self, bytes: usize) -> DevicePtr {
         DevicePtr(self.0 + bytes as u64)
     }
 }
@@ -45,7 +46,9 @@ impl FromStr for Backend {
             "host" => Ok(Backend::Host),
             "cuda" => Ok(Backend::Cuda),
             "hip" => Ok(Backend::Hip),
-            other => Err(GpuError::BadArgs(format!("unknown backend {other:?} (expected auto, host, cuda or hip)"))),
+            other => Err(GpuError::BadArgs(format!(
+                "unknown backend {other:?} (expected auto, host, cuda or hip)"
+            ))),
         }
     }
 }
@@ -143,7 +146,13 @@ pub trait Driver: Send + Sync {
     fn event_sync(&self, event: Handle) -> Result<()>;
     fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32>;
 
-    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    fn memcpy_dtod(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Result<()>;
     fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Host to device; returns once the copy is done.
     fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()>;
@@ -155,7 +164,8 @@ pub trait Driver: Send + Sync {
     fn kernel(&self, module: Handle, name: &str) -> Result<Handle>;
     /// How many blocks of `block` threads of this kernel can be resident on the whole device at once.
     fn max_resident_blocks(&self, kernel: Handle, block: u32, shared_bytes: u32) -> Result<usize>;
-    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()>;
+    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8])
+        -> Result<()>;
 
     fn capture_begin(&self, stream: Handle) -> Result<()>;
     fn capture_end(&self, stream: Handle) -> Result<Handle>;
@@ -178,6 +188,8 @@ pub struct Opened {
     pub notes: Vec<String>,
 }
 
+type OpenFn = fn(&DriverOptions) -> Result<Arc<dyn Driver>>;
+
 /// Opens the driver `backend` asks for. `Auto` says in `notes` why it passed over each GPU driver.
 pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
     let mut notes = Vec::new();
@@ -186,8 +198,7 @@ pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
         Backend::Hip => hip::open(opts)?,
         Backend::Cuda => cuda_open(opts)?,
         Backend::Auto => {
-            let tried: [(&str, fn(&DriverOptions) -> Result<Arc<dyn Driver>>); 2] =
-                [("hip", hip::open), ("cuda", cuda_open)];
+            let tried: [(&str, OpenFn); 2] = [("hip", hip::open), ("cuda", cuda_open)];
             let mut found = None;
             for (name, open) in tried {
                 match open(opts) {
@@ -195,7 +206,9 @@ pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
                         found = Some(d);
                         break;
                     }
-                    Err(e) => notes.push(format!("{name}: {e}")),
+                    // Only a missing library or device moves on; a driver that loaded and then failed is an error.
+                    Err(e @ GpuError::NotAvailable { .. }) => notes.push(format!("{name}: {e}")),
+                    Err(e) => return Err(e),
                 }
             }
             match found {
@@ -204,24 +217,38 @@ pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
             }
         }
     };
-    Ok(Opened { gpu: Gpu(driver), notes })
+    Ok(Opened {
+        gpu: Gpu(driver),
+        notes,
+    })
 }
 
-fn cuda_open(_opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
-    Err(GpuError::NotAvailable { backend: "cuda", reason: "the cuda driver is not built into this version".into() })
+fn cuda_open(opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
+    cuda::open(opts)
 }
 
 /// Picks the ordinal from the options or `LOCAL_RANK`.
 pub(crate) fn pick_ordinal(opts: &DriverOptions, count: usize) -> Result<usize> {
     if count == 0 {
-        return Err(GpuError::NotAvailable { backend: "gpu", reason: "no device".into() });
+        return Err(GpuError::NotAvailable {
+            backend: "gpu",
+            reason: "no device".into(),
+        });
     }
     let ordinal = match opts.device {
         Some(d) => d,
-        None => std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(0) % count,
+        None => {
+            std::env::var("LOCAL_RANK")
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+                .unwrap_or(0)
+                % count
+        }
     };
     if ordinal >= count {
-        return Err(GpuError::BadArgs(format!("device {ordinal} requested, {count} present")));
+        return Err(GpuError::BadArgs(format!(
+            "device {ordinal} requested, {count} present"
+        )));
     }
     Ok(ordinal)
 }
@@ -242,7 +269,10 @@ impl Gpu {
     }
 
     fn wrap(&self, raw: RawMem) -> DeviceBuffer {
-        DeviceBuffer { gpu: self.clone(), raw }
+        DeviceBuffer {
+            gpu: self.clone(),
+            raw,
+        }
     }
 
     /// Allocates `bytes` (at least 1) of device memory.
@@ -273,13 +303,22 @@ impl Gpu {
     }
 
     pub fn stream(&self) -> Result<Stream> {
-        Ok(Stream { gpu: self.clone(), handle: self.0.stream_create()? })
+        Ok(Stream {
+            gpu: self.clone(),
+            handle: self.0.stream_create()?,
+        })
     }
     pub fn event(&self) -> Result<Event> {
-        Ok(Event { gpu: self.clone(), handle: self.0.event_create()? })
+        Ok(Event {
+            gpu: self.clone(),
+            handle: self.0.event_create()?,
+        })
     }
     pub fn load(&self, lib: &KernelLibrary) -> Result<Module> {
-        Ok(Module { gpu: self.clone(), handle: self.0.module_load(lib)? })
+        Ok(Module {
+            gpu: self.clone(),
+            handle: self.0.module_load(lib)?,
+        })
     }
 }
 
@@ -330,15 +369,26 @@ impl Stream {
     }
     pub fn upload(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
         check_range(dst, offset, src.len())?;
-        self.gpu.0.memcpy_htod(self.handle, dst.ptr().add(offset), src)
+        self.gpu
+            .0
+            .memcpy_htod(self.handle, dst.ptr().offset(offset), src)
     }
     pub fn download(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range(src, offset, dst.len())?;
-        self.gpu.0.memcpy_dtoh(self.handle, dst, src.ptr().add(offset))
+        self.gpu
+            .0
+            .memcpy_dtoh(self.handle, dst, src.ptr().offset(offset))
     }
     /// Launches `kernel` with one by-value parameter struct (the kernels' ABI in this workspace).
-    pub fn launch<P: bytemuck::Pod>(&self, kernel: &Kernel, dims: LaunchDims, params: &P) -> Result<()> {
-        self.gpu.0.launch(self.handle, kernel.handle, dims, bytemuck::bytes_of(params))
+    pub fn launch<P: bytemuck::Pod>(
+        &self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        params: &P,
+    ) -> Result<()> {
+        self.gpu
+            .0
+            .launch(self.handle, kernel.handle, dims, bytemuck::bytes_of(params))
     }
     pub fn record(&self, event: &Event) -> Result<()> {
         self.gpu.0.event_record(event.handle, self.handle)
@@ -348,7 +398,10 @@ impl Stream {
         self.gpu.0.capture_begin(self.handle)
     }
     pub fn end_capture(&self) -> Result<Graph> {
-        Ok(Graph { gpu: self.gpu.clone(), handle: self.gpu.0.capture_end(self.handle)? })
+        Ok(Graph {
+            gpu: self.gpu.clone(),
+            handle: self.gpu.0.capture_end(self.handle)?,
+        })
     }
     pub fn replay(&self, graph: &Graph) -> Result<()> {
         self.gpu.0.graph_launch(graph.handle, self.handle)
@@ -405,7 +458,10 @@ pub struct Module {
 
 impl Module {
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
-        Ok(Kernel { gpu: self.gpu.clone(), handle: self.gpu.0.kernel(self.handle, name)? })
+        Ok(Kernel {
+            gpu: self.gpu.clone(),
+            handle: self.gpu.0.kernel(self.handle, name)?,
+        })
     }
 }
 
@@ -425,7 +481,9 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn max_resident_blocks(&self, block: u32, shared_bytes: u32) -> Result<usize> {
-        self.gpu.0.max_resident_blocks(self.handle, block, shared_bytes)
+        self.gpu
+            .0
+            .max_resident_blocks(self.handle, block, shared_bytes)
     }
 }
 

@@ -1,1 +1,480 @@
-//! placeholder
+//! The vendor baseline: NCCL on the cuda driver, RCCL on the hip driver, behind [`Collective`].
+//!
+//! With [`NcclOptions::symmetric`] the collective runs between two staging buffers from `ncclMemAlloc`
+//! registered as symmetric windows (NCCL 2.27+), which lets NCCL pick its symmetric-memory kernels; the
+//! caller's buffers are copied in and out on the same stream, so the method accepts any device pointers like
+//! the others do.
+
+use collective::{check_args, Collective, CollectiveError, DType, Op};
+use gpu::{DevicePtr, DriverKind, Gpu, GpuError, Stream};
+use ipc::Rendezvous;
+use rccl_sys::{
+    ncclCommWindowDeregisterFn, ncclCommWindowRegisterFn, ncclComm_t, ncclDataType_t,
+    ncclMemAllocFn, ncclMemFreeFn, ncclResult_t, ncclStream_t, ncclUniqueId, ncclWindow_t, Flavor,
+    NcclError, NcclLib, NCCL_WIN_COLL_SYMMETRIC,
+};
+use std::ffi::{c_int, c_void};
+use std::ptr;
+
+/// How to build a [`Nccl`].
+#[derive(Clone, Copy, Debug)]
+pub struct NcclOptions {
+    /// The one op this instance runs, so each method name maps to one instance.
+    pub op: Op,
+    /// Run between registered symmetric windows (`nccl_symm`, `nccl_symm_rs`).
+    pub symmetric: bool,
+    /// Largest input in bytes; also the size of each staging buffer when `symmetric`.
+    pub capacity_bytes: usize,
+}
+
+/// The registry name of the method built from these options.
+pub fn method_name(op: Op, symmetric: bool) -> &'static str {
+    match (op, symmetric) {
+        (Op::AllReduce, false) => "nccl",
+        (Op::AllReduce, true) => "nccl_symm",
+        (Op::ReduceScatter, false) => "nccl_rs",
+        (Op::ReduceScatter, true) => "nccl_symm_rs",
+    }
+}
+
+/// NCCL's code for `dtype`.
+pub fn nccl_dtype(dtype: DType) -> ncclDataType_t {
+    match dtype {
+        DType::Bf16 => rccl_sys::ncclBfloat16,
+        DType::F16 => rccl_sys::ncclFloat16,
+        DType::F32 => rccl_sys::ncclFloat32,
+    }
+}
+
+/// The library that matches the driver: the host driver's memory is not device memory, so NCCL cannot use it.
+fn flavor_for(kind: DriverKind) -> Result<Flavor, CollectiveError> {
+    match kind {
+        DriverKind::Cuda => Ok(Flavor::Nccl),
+        DriverKind::Hip => Ok(Flavor::Rccl),
+        DriverKind::Host => Err(CollectiveError::Unsupported(
+            "nccl needs a GPU driver; the host driver has no NCCL".into(),
+        )),
+    }
+}
+
+/// NCCL refuses two ranks of one communicator on one GPU (init fails or hangs), so this is checked first.
+fn check_devices(method: &str, devices: usize, world: usize) -> Result<(), CollectiveError> {
+    if devices < world {
+        return Err(CollectiveError::Unsupported(format!(
+            "{method}: NCCL needs one GPU per rank, and {world} ranks share {devices} visible device(s)"
+        )));
+    }
+    Ok(())
+}
+
+fn nccl_err(e: NcclError) -> CollectiveError {
+    CollectiveError::Gpu(GpuError::Driver {
+        call: e.call,
+        code: i64::from(e.code),
+        msg: e.msg,
+    })
+}
+
+/// The entry points the symmetric path needs; all optional in the library, so found together or not at all.
+#[derive(Clone, Copy)]
+struct SymmFns {
+    alloc: ncclMemAllocFn,
+    free: ncclMemFreeFn,
+    register: ncclCommWindowRegisterFn,
+    deregister: ncclCommWindowDeregisterFn,
+}
+
+/// A staging buffer from `ncclMemAlloc` and its window (null until registered).
+struct Staging {
+    ptr: *mut c_void,
+    win: ncclWindow_t,
+}
+
+/// Opens the library and checks it can run the method; `Err` is the reason, for every rank to see.
+fn open(
+    flavor: Flavor,
+    method: &str,
+    symmetric: bool,
+) -> Result<(NcclLib, Option<SymmFns>), String> {
+    let lib = NcclLib::load(flavor).map_err(|e| format!("{method}: {e}"))?;
+    if !symmetric {
+        return Ok((lib, None));
+    }
+    match (
+        lib.ncclMemAlloc,
+        lib.ncclMemFree,
+        lib.ncclCommWindowRegister,
+        lib.ncclCommWindowDeregister,
+    ) {
+        (Some(alloc), Some(free), Some(register), Some(deregister)) => Ok((
+            lib,
+            Some(SymmFns {
+                alloc,
+                free,
+                register,
+                deregister,
+            }),
+        )),
+        _ => {
+            let (major, minor, patch) = lib.version();
+            Err(format!(
+                "{method}: {} is {flavor} {major}.{minor}.{patch}, which lacks ncclMemAlloc / ncclCommWindowRegister; \
+                 symmetric windows need NCCL 2.27+",
+                lib.library()
+            ))
+        }
+    }
+}
+
+/// A communicator over all ranks of the rendezvous, running one op.
+pub struct Nccl {
+    lib: NcclLib,
+    comm: ncclComm_t,
+    name: &'static str,
+    op: Op,
+    world: usize,
+    capacity: usize,
+    symm: Option<SymmFns>,
+    /// Input then output staging buffer when symmetric; empty otherwise.
+    staging: Vec<Staging>,
+}
+
+impl Nccl {
+    /// Creates the communicator. Collective: every rank calls it, with the same options.
+    ///
+    /// NCCL binds the communicator to the calling thread's current device, which the GPU driver selected.
+    pub fn new(gpu: &Gpu, rdv: &Rendezvous, opts: NcclOptions) -> Result<Nccl, CollectiveError> {
+        let name = method_name(opts.op, opts.symmetric);
+        let flavor = flavor_for(gpu.kind())?;
+        let (rank, world) = (rdv.rank(), rdv.world());
+        if opts.capacity_bytes == 0 {
+            return Err(CollectiveError::BadArgs(format!(
+                "{name} capacity must be at least 1 byte"
+            )));
+        }
+        check_devices(name, gpu.info().count, world)?;
+
+        // Every rank reports whether it can go on, so that one rank without a usable library fails them all
+        // here instead of leaving the others waiting in NCCL's bootstrap.
+        let local = open(flavor, name, opts.symmetric);
+        let capacity = (opts.capacity_bytes as u64).to_le_bytes();
+        let mut blob = capacity.to_vec();
+        if let Err(reason) = &local {
+            blob.extend_from_slice(reason.as_bytes());
+        }
+        let reports = rdv.all_gather(&format!("{name} load"), &blob)?;
+        let (lib, symm) = local.map_err(CollectiveError::Unsupported)?;
+        for (r, report) in reports.iter().enumerate() {
+            if report.len() > capacity.len() {
+                let reason = String::from_utf8_lossy(&report[capacity.len()..]);
+                return Err(CollectiveError::Unsupported(format!("rank {r}: {reason}")));
+            }
+            if report[..] != capacity {
+                return Err(CollectiveError::Mismatch(format!(
+                    "{name}: rank {r} asked for a different capacity than rank {rank} ({} bytes)",
+                    opts.capacity_bytes
+                )));
+            }
+        }
+
+        // Rank 0 sends an empty blob when it cannot create the id, so the others fail instead of waiting.
+        let created = if rank == 0 {
+            let mut id = ncclUniqueId::zeroed();
+            // SAFETY: ncclGetUniqueId writes one id.
+            lib.check(unsafe { (lib.ncclGetUniqueId)(&mut id) }, "ncclGetUniqueId")
+                .map(|()| id.as_bytes().to_vec())
+        } else {
+            Ok(Vec::new())
+        };
+        let sent = created.as_deref().unwrap_or_default();
+        let got = rdv.broadcast("nccl unique id", 0, sent)?;
+        created.map_err(nccl_err)?;
+        let id = ncclUniqueId::from_bytes(&got).ok_or_else(|| {
+            CollectiveError::Unsupported(format!(
+                "{name}: rank 0 could not create the NCCL unique id"
+            ))
+        })?;
+
+        let mut comm: ncclComm_t = ptr::null_mut();
+        // SAFETY: `comm` receives the new communicator; world and rank come from the rendezvous, so they agree.
+        let status =
+            unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
+        lib.check(status, "ncclCommInitRank").map_err(nccl_err)?;
+        let mut nccl = Nccl {
+            lib,
+            comm,
+            name,
+            op: opts.op,
+            world,
+            capacity: opts.capacity_bytes,
+            symm,
+            staging: Vec::new(),
+        };
+        if let Some(fns) = symm {
+            nccl.register_staging(rdv, fns)?;
+        }
+        Ok(nccl)
+    }
+
+    /// The library's (major, minor, patch).
+    pub fn version(&self) -> (u32, u32, u32) {
+        self.lib.version()
+    }
+
+    /// Allocates and registers the input and output windows; on error, drop releases what was made.
+    fn register_staging(&mut self, rdv: &Rendezvous, fns: SymmFns) -> Result<(), CollectiveError> {
+        let mut failed = None;
+        for _ in 0..2 {
+            let mut ptr = ptr::null_mut();
+            // SAFETY: ncclMemAlloc writes one pointer.
+            match self.lib.check(
+                unsafe { (fns.alloc)(&mut ptr, self.capacity) },
+                "ncclMemAlloc",
+            ) {
+                Ok(()) => self.staging.push(Staging {
+                    ptr,
+                    win: ptr::null_mut(),
+                }),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        // Registration is collective: no rank may start it unless every rank has its buffers.
+        let flags = rdv.all_gather(
+            &format!("{} staging", self.name),
+            &[u8::from(failed.is_none())],
+        )?;
+        if let Some(e) = failed {
+            return Err(nccl_err(e));
+        }
+        if let Some(r) = flags.iter().position(|f| f[..] != [1]) {
+            return Err(CollectiveError::Unsupported(format!(
+                "{}: rank {r} could not allocate its staging buffers",
+                self.name
+            )));
+        }
+        for buf in &mut self.staging {
+            // SAFETY: `buf.ptr` holds `capacity` bytes from ncclMemAlloc; `buf.win` receives the window.
+            let status = unsafe {
+                (fns.register)(
+                    self.comm,
+                    buf.ptr,
+                    self.capacity,
+                    &mut buf.win,
+                    NCCL_WIN_COLL_SYMMETRIC,
+                )
+            };
+            self.lib
+                .check(status, "ncclCommWindowRegister")
+                .map_err(nccl_err)?;
+        }
+        Ok(())
+    }
+
+    /// The error a failed asynchronous operation left on the communicator, if any.
+    fn async_error(&self) -> Result<(), NcclError> {
+        let mut pending: ncclResult_t = rccl_sys::ncclSuccess;
+        // SAFETY: `comm` is live; the call writes one status.
+        let status = unsafe { (self.lib.ncclCommGetAsyncError)(self.comm, &mut pending) };
+        self.lib.check(status, "ncclCommGetAsyncError")?;
+        self.lib
+            .check(pending, "an earlier NCCL operation (ncclCommGetAsyncError)")
+    }
+}
+
+impl Collective for Nccl {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
+        if op == self.op {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} runs {} only; {op} is method {}",
+                self.name,
+                self.op,
+                method_name(op, self.symm.is_some())
+            ))
+        }
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        self.capacity
+    }
+
+    fn capturable(&self) -> bool {
+        true
+    }
+
+    fn run(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<(), CollectiveError> {
+        self.supports(op, dtype)
+            .map_err(CollectiveError::Unsupported)?;
+        check_args(op, dtype, count, self.world, self.capacity)?;
+        self.async_error().map_err(nccl_err)?;
+        let out_count = op.output_count(count, self.world);
+        let staged = match self.staging.as_slice() {
+            [inp, out] => Some((DevicePtr(inp.ptr as u64), DevicePtr(out.ptr as u64))),
+            _ => None,
+        };
+        let (send, recv) = match staged {
+            Some((inp, out)) => {
+                stream.copy(inp, input, count * dtype.size())?;
+                (inp, out)
+            }
+            None => (input, output),
+        };
+        let (send, recv) = (
+            send.0 as usize as *const c_void,
+            recv.0 as usize as *mut c_void,
+        );
+        let handle = stream.handle() as usize as ncclStream_t;
+        let dt = nccl_dtype(dtype);
+        let sum = rccl_sys::ncclSum;
+        // SAFETY: check_args bounded `count` by the capacity; the buffers are device memory of this GPU and the
+        // stream is its driver's handle (CUstream / hipStream_t).
+        let (status, call) = unsafe {
+            match op {
+                Op::AllReduce => (
+                    (self.lib.ncclAllReduce)(send, recv, count, dt, sum, self.comm, handle),
+                    "ncclAllReduce",
+                ),
+                Op::ReduceScatter => (
+                    (self.lib.ncclReduceScatter)(send, recv, out_count, dt, sum, self.comm, handle),
+                    "ncclReduceScatter",
+                ),
+            }
+        };
+        self.lib.check(status, call).map_err(nccl_err)?;
+        if let Some((_, out)) = staged {
+            stream.copy(output, out, out_count * dtype.size())?;
+        }
+        Ok(())
+    }
+}
+
+/// Drop only once the streams it ran on are idle: the staging buffers are freed here.
+impl Drop for Nccl {
+    fn drop(&mut self) {
+        let warn = |r: Result<(), NcclError>| {
+            if let Err(e) = r {
+                eprintln!("warning: {}: {e}", self.name);
+            }
+        };
+        // A communicator with a failed operation may never finish a collective teardown, so it is aborted.
+        let broken = self.async_error().is_err();
+        if let Some(fns) = self.symm {
+            for buf in &self.staging {
+                if !broken && !buf.win.is_null() {
+                    // SAFETY: the window was registered on this communicator and is deregistered once.
+                    warn(self.lib.check(
+                        unsafe { (fns.deregister)(self.comm, buf.win) },
+                        "ncclCommWindowDeregister",
+                    ));
+                }
+            }
+        }
+        // SAFETY: `comm` is live and released exactly once.
+        if broken {
+            warn(self.lib.check(
+                unsafe { (self.lib.ncclCommAbort)(self.comm) },
+                "ncclCommAbort",
+            ));
+        } else {
+            warn(self.lib.check(
+                unsafe { (self.lib.ncclCommDestroy)(self.comm) },
+                "ncclCommDestroy",
+            ));
+        }
+        if let Some(fns) = self.symm {
+            for buf in &self.staging {
+                // SAFETY: from ncclMemAlloc, no longer registered, freed once.
+                warn(
+                    self.lib
+                        .check(unsafe { (fns.free)(buf.ptr) }, "ncclMemFree"),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_gpu() -> Gpu {
+        let opts = gpu::DriverOptions {
+            device: None,
+            shm_prefix: format!("/arx-t{}", std::process::id()),
+        };
+        gpu::open(gpu::Backend::Host, &opts).unwrap().gpu
+    }
+
+    #[test]
+    fn host_driver_is_unsupported() {
+        let gpu = host_gpu();
+        let rdv = ipc::Rendezvous::join(
+            &ipc::JobId::random(),
+            0,
+            1,
+            ipc::RendezvousOptions::default(),
+        )
+        .unwrap();
+        for symmetric in [false, true] {
+            for op in [Op::AllReduce, Op::ReduceScatter] {
+                let opts = NcclOptions {
+                    op,
+                    symmetric,
+                    capacity_bytes: 1 << 20,
+                };
+                match Nccl::new(&gpu, &rdv, opts) {
+                    Err(CollectiveError::Unsupported(msg)) => {
+                        assert_eq!(msg, "nccl needs a GPU driver; the host driver has no NCCL")
+                    }
+                    Err(e) => panic!("expected Unsupported, got {e}"),
+                    Ok(_) => panic!("nccl opened on the host driver"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_gpu_per_rank() {
+        assert!(check_devices("nccl", 8, 8).is_ok());
+        assert!(check_devices("nccl", 8, 2).is_ok());
+        match check_devices("nccl_rs", 1, 2) {
+            Err(CollectiveError::Unsupported(msg)) => {
+                assert!(
+                    msg.contains("one GPU per rank") && msg.contains("nccl_rs"),
+                    "{msg}"
+                )
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_and_types() {
+        assert_eq!(method_name(Op::AllReduce, false), "nccl");
+        assert_eq!(method_name(Op::AllReduce, true), "nccl_symm");
+        assert_eq!(method_name(Op::ReduceScatter, false), "nccl_rs");
+        assert_eq!(method_name(Op::ReduceScatter, true), "nccl_symm_rs");
+        assert_eq!(nccl_dtype(DType::F16), 6);
+        assert_eq!(nccl_dtype(DType::F32), 7);
+        assert_eq!(nccl_dtype(DType::Bf16), 9);
+        assert_eq!(flavor_for(DriverKind::Cuda).unwrap(), Flavor::Nccl);
+        assert_eq!(flavor_for(DriverKind::Hip).unwrap(), Flavor::Rccl);
+        assert!(flavor_for(DriverKind::Host).is_err());
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs the GPU sweep on a GPU node from the binaries `cargo xtask bundle` put into dist/ (nothing is built here).
+#   gpu_node.sh OUT_DIR [comm-bench args...]
+# With fewer GPUs than ranks (e.g. 8 ranks on one H200) it runs the ranks under MPS, so their kernels run
+# concurrently (without MPS they time-slice and every cross-rank barrier takes milliseconds).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: gpu_node.sh OUT_DIR [comm-bench args...]}
+shift
+mkdir -p "$out"
+# Never NVLink multicast: it can take a shared host's GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$out/kernel-cache}
+ranks=${RANKS:-8}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
+mps_started=0
+stop_mps() {
+    if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
+}
+trap stop_mps EXIT
+if [ "$gpus" -lt "$ranks" ] && [ "${NO_MPS:-0}" != 1 ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/arx-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/arx-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d
+    mps_started=1
+    echo "# $ranks ranks on $gpus GPU(s): MPS started"
+fi
+{
+    echo "date: $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
+} | tee "$out/machine.txt"
+"$here/gpu_smoke" --backend cuda 2>&1 | tee "$out/gpu_smoke.txt"
+for mode in eager graph; do
+    flag=(); [ "$mode" = graph ] && flag=(--graph)
+    "$here/comm-bench" --backend cuda --num_ranks "$ranks" --export_csv --output_dir "$out/$mode" "${flag[@]}" "$@" \
+        2>&1 | tee "$out/$mode.txt"
+done
