@@ -25,10 +25,7 @@ enum Task {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {
@@ -62,31 +59,24 @@ fn bundle() -> Result<(), String> {
     let dist = root().join("dist");
     std::fs::create_dir_all(&dist).map_err(|e| e.to_string())?;
     let release = root().join("target/release");
-    for (from, to) in [
-        (release.join("comm-bench"), "comm-bench"),
-        (release.join("examples/gpu_smoke"), "gpu_smoke"),
-    ] {
+    for (from, to) in [(release.join("comm-bench"), "comm-bench"), (release.join("examples/gpu_smoke"), "gpu_smoke")] {
         std::fs::copy(&from, dist.join(to)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
     let script = root().join("scripts/gpu_node.sh");
-    std::fs::copy(&script, dist.join("gpu_node.sh"))
-        .map_err(|e| format!("copy {}: {e}", script.display()))?;
+    std::fs::copy(&script, dist.join("gpu_node.sh")).map_err(|e| format!("copy {}: {e}", script.display()))?;
     println!("dist/ holds comm-bench, gpu_smoke and gpu_node.sh");
     Ok(())
 }
 
 fn kernel_check() -> Result<(), String> {
-    let clang = which_clang()
-        .ok_or("no clang on PATH: `apt-get install clang` (Debian 12 ships clang 14)")?;
+    let clang = which_clang().ok_or("no clang on PATH: `apt-get install clang` (Debian 12 ships clang 14)")?;
     let kernels = root().join("kernels");
     let out = std::env::temp_dir().join(format!("arx-kernel-check-{}", std::process::id()));
     std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
     for lib in ["car", "symm"] {
         // The Rust side concatenates common.h and the library the same way (include_str! + concat!).
-        let mut src =
-            std::fs::read_to_string(kernels.join("common.h")).map_err(|e| e.to_string())?;
-        src += &std::fs::read_to_string(kernels.join(format!("{lib}.cu")))
-            .map_err(|e| e.to_string())?;
+        let mut src = std::fs::read_to_string(kernels.join("common.h")).map_err(|e| e.to_string())?;
+        src += &std::fs::read_to_string(kernels.join(format!("{lib}.cu"))).map_err(|e| e.to_string())?;
         let cu = out.join(format!("{lib}.cu"));
         std::fs::write(&cu, src).map_err(|e| e.to_string())?;
         let ptx = out.join(format!("{lib}.ptx"));
@@ -106,14 +96,9 @@ fn kernel_check() -> Result<(), String> {
             .arg(&ptx)
             .arg(&cu))?;
         let text = std::fs::read_to_string(&ptx).map_err(|e| e.to_string())?;
-        let entries = text
-            .lines()
-            .filter(|l| l.starts_with(".visible .entry"))
-            .count();
+        let entries = text.lines().filter(|l| l.starts_with(".visible .entry")).count();
         if entries != 9 {
-            return Err(format!(
-                "{lib}: expected 9 kernel entry points (3 algorithms x 3 dtypes), found {entries}"
-            ));
+            return Err(format!("{lib}: expected 9 kernel entry points (3 algorithms x 3 dtypes), found {entries}"));
         }
         println!("{lib}: {entries} entry points compile for sm_80 (PTX)");
     }
@@ -132,17 +117,9 @@ fn which_clang() -> Option<PathBuf> {
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Bundle => bundle(),
-        Task::Bench { args } => run(cargo()
-            .args([
-                "run",
-                "--release",
-                "-p",
-                "bench",
-                "--bin",
-                "comm-bench",
-                "--",
-            ])
-            .args(args)),
+        Task::Bench { args } => {
+            run(cargo().args(["run", "--release", "-p", "bench", "--bin", "comm-bench", "--"]).args(args))
+        }
         Task::KernelCheck => kernel_check(),
     };
     match result {

@@ -12,31 +12,17 @@ pub const POISON: u8 = 0xFF;
 
 /// Rank `rank`'s input for the check seeded `seed`, as f32 values already rounded to `dtype`.
 pub fn input_values(seed: u64, rank: usize, count: usize, dtype: DType) -> Vec<f32> {
-    let mut rng =
-        SmallRng::seed_from_u64(seed ^ (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = SmallRng::seed_from_u64(seed ^ (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let raw: Vec<f32> = (0..count).map(|_| rng.gen::<f32>()).collect();
-    dtype
-        .decode(&dtype.encode(&raw))
-        .into_iter()
-        .map(|v| v as f32)
-        .collect()
+    dtype.decode(&dtype.encode(&raw)).into_iter().map(|v| v as f32).collect()
 }
 
 /// Elements `[lo, hi)` of the sum of every rank's input, in float64.
-pub fn reference(
-    seed: u64,
-    world: usize,
-    count: usize,
-    dtype: DType,
-    lo: usize,
-    hi: usize,
-) -> Vec<f64> {
+pub fn reference(seed: u64, world: usize, count: usize, dtype: DType, lo: usize, hi: usize) -> Vec<f64> {
     let mut sum = vec![0f64; hi - lo];
     for r in 0..world {
         let x = input_values(seed, r, count, dtype);
-        sum.iter_mut()
-            .zip(&x[lo..hi])
-            .for_each(|(s, &v)| *s += v as f64);
+        sum.iter_mut().zip(&x[lo..hi]).for_each(|(s, &v)| *s += v as f64);
     }
     sum
 }
@@ -81,17 +67,8 @@ pub fn compare(out: &[f64], reference: &[f64], tol: f64) -> Verdict {
         err2 += err * err;
         ref2 += r * r;
     }
-    let rel_norm_err = if ref2 > 0.0 {
-        (err2 / ref2).sqrt()
-    } else {
-        err2.sqrt()
-    };
-    Verdict {
-        wrong,
-        max_rel_err: max_rel,
-        rel_norm_err,
-        first_wrong: first,
-    }
+    let rel_norm_err = if ref2 > 0.0 { (err2 / ref2).sqrt() } else { err2.sqrt() };
+    Verdict { wrong, max_rel_err: max_rel, rel_norm_err, first_wrong: first }
 }
 
 /// Which part of the reference a rank's output holds.
@@ -107,9 +84,7 @@ pub fn output_range(op: Op, count: usize, world: usize, rank: usize) -> (usize, 
 
 /// FNV-1a over the output bytes: ranks compare these to prove bitwise-identical results.
 pub fn fingerprint(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 #[cfg(test)]
@@ -123,18 +98,15 @@ mod tests {
         assert_ne!(a, input_values(1, 1, 64, DType::Bf16));
         assert!(a.iter().all(|&v| (0.0..1.0).contains(&v)));
         let enc = DType::Bf16.encode(&a);
-        assert_eq!(
-            DType::Bf16.decode(&enc),
-            a.iter().map(|&v| v as f64).collect::<Vec<_>>()
-        );
+        assert_eq!(DType::Bf16.decode(&enc), a.iter().map(|&v| v as f64).collect::<Vec<_>>());
     }
 
     #[test]
     fn compare_catches_missing_peer_nan_and_passes_rounding() {
         let (seed, world, n) = (7, 4, 1000);
         let r = reference(seed, world, n, DType::Bf16, 0, n);
-        let rounded: Vec<f64> = DType::Bf16
-            .decode(&DType::Bf16.encode(&r.iter().map(|&v| v as f32).collect::<Vec<_>>()));
+        let rounded: Vec<f64> =
+            DType::Bf16.decode(&DType::Bf16.encode(&r.iter().map(|&v| v as f32).collect::<Vec<_>>()));
         let tol = tolerance(DType::Bf16, world);
         assert_eq!(compare(&rounded, &r, tol).wrong, 0);
         let missing = reference(seed, world - 1, n, DType::Bf16, 0, n);

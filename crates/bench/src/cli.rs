@@ -103,10 +103,7 @@ impl BenchArgs {
     /// Checks that clap's per-flag ranges cannot express.
     pub fn validate(&self) -> Result<(), String> {
         if self.min_size > self.max_size {
-            return Err(format!(
-                "--min_size {} is above --max_size {}",
-                self.min_size, self.max_size
-            ));
+            return Err(format!("--min_size {} is above --max_size {}", self.min_size, self.max_size));
         }
         if let Some(methods) = &self.methods {
             if methods.is_empty() {
@@ -126,12 +123,7 @@ impl BenchArgs {
     pub fn sizes(&self, align: usize) -> Vec<usize> {
         match &self.counts {
             Some(c) => c.iter().map(|&n| n as usize).collect(),
-            None => crate::sizes::comm_bench_sizes(
-                self.min_size,
-                self.max_size,
-                self.size_steps as usize,
-                align,
-            ),
+            None => crate::sizes::comm_bench_sizes(self.min_size, self.max_size, self.size_steps as usize, align),
         }
     }
 
@@ -139,10 +131,7 @@ impl BenchArgs {
     pub fn method_names(&self) -> Vec<String> {
         match &self.methods {
             Some(m) => m.clone(),
-            None => crate::methods::defaults(self.op)
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            None => crate::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
         }
     }
 }
@@ -176,20 +165,10 @@ mod tests {
             "reduce_scatter",
         ])
         .unwrap();
-        assert_eq!(
-            (
-                c.bench.num_iters,
-                c.bench.num_warmup_iters,
-                c.bench.size_steps
-            ),
-            (5, 2, 3)
-        );
+        assert_eq!((c.bench.num_iters, c.bench.num_warmup_iters, c.bench.size_steps), (5, 2, 3));
         assert!(c.bench.export_csv);
         assert_eq!(c.bench.op, Op::ReduceScatter);
-        assert_eq!(
-            c.bench.method_names(),
-            vec!["car_rs", "symm_rs", "nccl_rs", "nccl_symm_rs"]
-        );
+        assert_eq!(c.bench.method_names(), vec!["car_rs", "symm_rs", "nccl_rs", "nccl_symm_rs"]);
     }
 
     #[test]

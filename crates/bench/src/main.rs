@@ -23,8 +23,7 @@ fn main() -> ExitCode {
 
 fn launch_command(world: usize, mut command: Vec<std::ffi::OsString>) -> Result<(), BenchError> {
     let program = command.remove(0);
-    let program = which(&program)
-        .ok_or_else(|| BenchError::Config(format!("{program:?}: no such program")))?;
+    let program = which(&program).ok_or_else(|| BenchError::Config(format!("{program:?}: no such program")))?;
     launch::run(&launch::LaunchOptions {
         world,
         program,
@@ -42,9 +41,7 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
     if p.components().count() > 1 {
         return p.exists().then(|| p.to_path_buf());
     }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(p))
-        .find(|c| c.is_file())
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
 fn bench(args: &BenchArgs) -> Result<(), BenchError> {
@@ -56,15 +53,10 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
                     let (csv, json) = outcome.export(&args.output_dir, args.op)?;
                     println!("# wrote {} and {}", csv.display(), json.display());
                 }
-                let failed = outcome
-                    .rows
-                    .iter()
-                    .filter(|r| matches!(r.status, bench::report::Status::Failed(_)))
-                    .count();
+                let failed =
+                    outcome.rows.iter().filter(|r| matches!(r.status, bench::report::Status::Failed(_))).count();
                 if failed > 0 {
-                    return Err(BenchError::Config(format!(
-                        "{failed} measurement(s) failed their check"
-                    )));
+                    return Err(BenchError::Config(format!("{failed} measurement(s) failed their check")));
                 }
             }
             Ok(())
@@ -89,21 +81,8 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
 
 /// comm_bench.py's 8 ranks on a GPU driver; 2 on the host driver, where ranks share the CPU cores.
 fn default_world(backend: gpu::Backend) -> Result<usize, BenchError> {
-    let opened = gpu::open(
-        backend,
-        &gpu::DriverOptions {
-            device: None,
-            shm_prefix: String::new(),
-        },
-    )?;
-    let world = if opened.gpu.kind() == gpu::DriverKind::Host {
-        2
-    } else {
-        8
-    };
-    println!(
-        "# {} driver: launching {world} ranks (--num_ranks overrides)",
-        opened.gpu.kind()
-    );
+    let opened = gpu::open(backend, &gpu::DriverOptions { device: None, shm_prefix: String::new() })?;
+    let world = if opened.gpu.kind() == gpu::DriverKind::Host { 2 } else { 8 };
+    println!("# {} driver: launching {world} ranks (--num_ranks overrides)", opened.gpu.kind());
     Ok(world)
 }

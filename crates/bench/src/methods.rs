@@ -26,11 +26,7 @@ pub fn defaults(op: Op) -> Vec<&'static str> {
 
 /// The comm_bench.py column stems of `op`, in order.
 pub fn csv_columns(op: Op) -> Vec<&'static str> {
-    METHODS
-        .iter()
-        .filter(|m| m.1 == op)
-        .filter_map(|m| m.2)
-        .collect()
+    METHODS.iter().filter(|m| m.1 == op).filter_map(|m| m.2).collect()
 }
 
 /// The comm_bench.py column that `method` fills.
@@ -40,14 +36,10 @@ pub fn csv_column(method: &str) -> Option<&'static str> {
 
 /// The op a method runs; unknown names are refused with the list of known ones.
 pub fn op_of(name: &str) -> Result<Op, String> {
-    METHODS
-        .iter()
-        .find(|m| m.0 == name)
-        .map(|m| m.1)
-        .ok_or_else(|| {
-            let known: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
-            format!("unknown method {name:?}; known: {}", known.join(", "))
-        })
+    METHODS.iter().find(|m| m.0 == name).map(|m| m.1).ok_or_else(|| {
+        let known: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
+        format!("unknown method {name:?}; known: {}", known.join(", "))
+    })
 }
 
 /// Builds a method. Collective: every rank calls it with the same arguments, in the same order.
@@ -58,18 +50,11 @@ pub fn build(
     capacity_bytes: usize,
 ) -> Result<Box<dyn Collective>, CollectiveError> {
     let car = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
-        let opts = car::CarOptions {
-            capacity_bytes,
-            uncached: true,
-            rule: None,
-        };
+        let opts = car::CarOptions { capacity_bytes, uncached: true, rule: None };
         Ok(Box::new(car::Car::new(gpu, rdv, algo, opts)?))
     };
     let symm = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
-        let opts = symm::SymmOptions {
-            capacity_bytes,
-            rule: None,
-        };
+        let opts = symm::SymmOptions { capacity_bytes, rule: None };
         Ok(Box::new(symm::Symm::new(gpu, rdv, algo, opts)?))
     };
     match name {
@@ -81,16 +66,10 @@ pub fn build(
         "symm_rs" => symm(symm::Algo::ReduceScatter),
         "nccl" | "nccl_symm" | "nccl_rs" | "nccl_symm_rs" => {
             let op = op_of(name).map_err(CollectiveError::BadArgs)?;
-            let opts = rccl::NcclOptions {
-                op,
-                symmetric: name.contains("symm"),
-                capacity_bytes,
-            };
+            let opts = rccl::NcclOptions { op, symmetric: name.contains("symm"), capacity_bytes };
             Ok(Box::new(rccl::Nccl::new(gpu, rdv, opts)?))
         }
-        other => Err(CollectiveError::BadArgs(
-            op_of(other).err().unwrap_or_default(),
-        )),
+        other => Err(CollectiveError::BadArgs(op_of(other).err().unwrap_or_default())),
     }
 }
 
@@ -100,20 +79,8 @@ mod tests {
 
     #[test]
     fn columns_match_comm_bench_py() {
-        assert_eq!(
-            csv_columns(Op::AllReduce),
-            [
-                "fbgemm_1shot",
-                "symm_1shot",
-                "fbgemm_2shot",
-                "symm_2shot",
-                "nccl"
-            ]
-        );
-        assert_eq!(
-            csv_columns(Op::ReduceScatter),
-            ["fbgemm_rs", "symm_rs", "nccl_rs"]
-        );
+        assert_eq!(csv_columns(Op::AllReduce), ["fbgemm_1shot", "symm_1shot", "fbgemm_2shot", "symm_2shot", "nccl"]);
+        assert_eq!(csv_columns(Op::ReduceScatter), ["fbgemm_rs", "symm_rs", "nccl_rs"]);
         assert!(op_of("car_9shot").unwrap_err().contains("car_1shot"));
     }
 }

@@ -72,11 +72,7 @@ impl Row {
         };
         let algbw = self.bytes as f64 / (median * 1e-3) / 1e9;
         let w = self.world as f64;
-        let factor = if self.op == Op::AllReduce.name() {
-            2.0 * (w - 1.0) / w
-        } else {
-            (w - 1.0) / w
-        };
+        let factor = if self.op == Op::AllReduce.name() { 2.0 * (w - 1.0) / w } else { (w - 1.0) / w };
         self.time_ms = Some(median);
         self.rank0_ms = Some(rank0);
         self.algbw_gbs = Some(algbw);
@@ -86,8 +82,7 @@ impl Row {
     }
 
     pub fn print(&self) {
-        let fmt =
-            |v: Option<f64>, scale: f64| v.map_or("-".to_string(), |x| format!("{:.2}", x * scale));
+        let fmt = |v: Option<f64>, scale: f64| v.map_or("-".to_string(), |x| format!("{:.2}", x * scale));
         let (wrong, status) = match &self.status {
             Status::Passed => ("0".to_string(), "ok".to_string()),
             Status::Failed(r) => ("FAIL".to_string(), format!("FAILED: {r}")),
@@ -138,9 +133,7 @@ impl Outcome {
             num_iters: args.num_iters,
             num_warmup_iters: args.num_warmup_iters,
             repeats: args.repeats,
-            unix_time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             rows,
         }
     }
@@ -159,14 +152,8 @@ impl Outcome {
         for n in counts {
             write!(out, "{n}").expect("write to String");
             for l in &labels {
-                let row = self
-                    .rows
-                    .iter()
-                    .find(|r| r.count == n && csv_column(&r.method) == Some(l));
-                match row
-                    .filter(|r| r.status == Status::Passed)
-                    .and_then(|r| r.time_ms.zip(r.algbw_gbs))
-                {
+                let row = self.rows.iter().find(|r| r.count == n && csv_column(&r.method) == Some(l));
+                match row.filter(|r| r.status == Status::Passed).and_then(|r| r.time_ms.zip(r.algbw_gbs)) {
                     Some((t, bw)) => write!(out, ",{t},{bw}").expect("write to String"),
                     None => out.push_str(",,"),
                 }
@@ -182,10 +169,7 @@ impl Outcome {
         let csv = dir.join("comm_ops_benchmark.csv");
         let json = dir.join("comm_ops_benchmark.json");
         std::fs::write(&csv, self.csv(op))?;
-        std::fs::write(
-            &json,
-            serde_json::to_string_pretty(self).map_err(std::io::Error::other)?,
-        )?;
+        std::fs::write(&json, serde_json::to_string_pretty(self).map_err(std::io::Error::other)?)?;
         Ok((csv, json))
     }
 }

@@ -2,9 +2,7 @@
 //! methods, then per size and method: check, time (ranks aligned by a barrier before the start event, max over
 //! ranks, median of repeats), check again after the timed calls, and report.
 
-use crate::check::{
-    compare, fingerprint, input_values, output_range, reference, tolerance, POISON,
-};
+use crate::check::{compare, fingerprint, input_values, output_range, reference, tolerance, POISON};
 use crate::cli::BenchArgs;
 use crate::report::{Outcome, Row, Status};
 use crate::{methods, BenchError};
@@ -20,23 +18,9 @@ pub fn run_rank(args: &BenchArgs, info: &RankInfo) -> Result<Option<Outcome>, Be
         Some(s) => Duration::from_secs_f64(s),
         None => deadline::timeout_from_env().map_err(BenchError::Config)?,
     };
-    let opened = gpu::open(
-        args.backend,
-        &gpu::DriverOptions {
-            device: None,
-            shm_prefix: info.job.shm_name("g"),
-        },
-    )?;
+    let opened = gpu::open(args.backend, &gpu::DriverOptions { device: None, shm_prefix: info.job.shm_name("g") })?;
     let gpu = opened.gpu;
-    let rdv = Rendezvous::join(
-        &info.job,
-        info.rank,
-        info.world,
-        RendezvousOptions {
-            timeout,
-            ..Default::default()
-        },
-    )?;
+    let rdv = Rendezvous::join(&info.job, info.rank, info.world, RendezvousOptions { timeout, ..Default::default() })?;
     let result = sweep(args, &gpu, &rdv, &opened.notes);
     if let Err(e) = &result {
         rdv.abort(&e.to_string());
@@ -82,12 +66,7 @@ struct Buffers {
     end: Event,
 }
 
-fn sweep(
-    args: &BenchArgs,
-    gpu: &Gpu,
-    rdv: &Rendezvous,
-    notes: &[String],
-) -> Result<Option<Outcome>, BenchError> {
+fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Result<Option<Outcome>, BenchError> {
     let (rank, world) = (rdv.rank(), rdv.world());
     let sizes = args.sizes(gpu.info().size_align);
     let names = args.method_names();
@@ -108,14 +87,7 @@ fn sweep(
         notes.iter().for_each(|n| println!("# passed over {n}"));
         println!(
             "# {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  status",
-            "size(B)",
-            "count",
-            "type",
-            "method",
-            "time(us)",
-            "algbw(GB/s)",
-            "busbw(GB/s)",
-            "#wrong"
+            "size(B)", "count", "type", "method", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
         );
     }
 
@@ -126,9 +98,7 @@ fn sweep(
         let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
         let m = match ok.iter().position(|v| v[..] != [1]) {
             None => m,
-            Some(r) => Err(m
-                .err()
-                .unwrap_or_else(|| format!("rank {r} could not build it"))),
+            Some(r) => Err(m.err().unwrap_or_else(|| format!("rank {r} could not build it"))),
         };
         built.push((name.clone(), m));
     }
@@ -175,14 +145,10 @@ fn measure(
         return Ok(row(Status::Skipped(reason)));
     }
     if op == Op::ReduceScatter && !count.is_multiple_of(world) {
-        return Ok(row(Status::Skipped(format!(
-            "{count} elements do not split into {world} equal shards"
-        ))));
+        return Ok(row(Status::Skipped(format!("{count} elements do not split into {world} equal shards"))));
     }
     if args.graph && !m.capturable() {
-        return Ok(row(Status::Skipped(
-            "cannot be captured into a graph".into(),
-        )));
+        return Ok(row(Status::Skipped("cannot be captured into a graph".into())));
     }
     let seed = u64::from_le_bytes(
         rdv.broadcast("check seed", 0, &rand::random::<u64>().to_le_bytes())?
@@ -202,8 +168,8 @@ fn measure(
 
     let graph = if args.graph {
         b.stream.begin_capture()?;
-        let captured = (0..args.num_iters)
-            .try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream));
+        let captured =
+            (0..args.num_iters).try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream));
         let graph = b.stream.end_capture()?;
         captured?;
         Some(graph)
@@ -213,9 +179,7 @@ fn measure(
     let mut call = |n: u64| -> Result<(), BenchError> {
         match &graph {
             Some(g) => (0..n.div_ceil(args.num_iters)).try_for_each(|_| b.stream.replay(g))?,
-            None => (0..n).try_for_each(|_| {
-                m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream)
-            })?,
+            None => (0..n).try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream))?,
         }
         Ok(())
     };
@@ -231,10 +195,7 @@ fn measure(
         b.end.sync()?;
         let ms = b.start.elapsed_ms(&b.end)? as f64 / args.num_iters as f64;
         let all = rdv.all_gather("times", &ms.to_le_bytes())?;
-        let times: Vec<f64> = all
-            .iter()
-            .map(|t| f64::from_le_bytes(t[..8].try_into().expect("8 bytes")))
-            .collect();
+        let times: Vec<f64> = all.iter().map(|t| f64::from_le_bytes(t[..8].try_into().expect("8 bytes"))).collect();
         rank0.get_or_insert(times[0]);
         repeats.push(times.iter().copied().fold(0.0, f64::max));
     }
@@ -263,8 +224,7 @@ fn verify(
     blob.extend(v.max_rel_err.to_le_bytes());
     blob.extend((v.first_wrong.map_or(u64::MAX, |i| i as u64)).to_le_bytes());
     let all = rdv.all_gather(&format!("check {when}"), &blob)?;
-    let field =
-        |r: &[u8], k: usize| u64::from_le_bytes(r[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+    let field = |r: &[u8], k: usize| u64::from_le_bytes(r[8 * k..8 * k + 8].try_into().expect("8 bytes"));
     for (r, blob) in all.iter().enumerate() {
         let wrong = field(blob, 0);
         if wrong > 0 {
@@ -276,13 +236,8 @@ fn verify(
         }
     }
     if op == Op::AllReduce {
-        if let Some(r) = all
-            .iter()
-            .position(|blob| field(blob, 1) != field(&all[0], 1))
-        {
-            return Ok(Some(format!(
-                "{when}: rank {r}'s result differs bitwise from rank 0's"
-            )));
+        if let Some(r) = all.iter().position(|blob| field(blob, 1) != field(&all[0], 1)) {
+            return Ok(Some(format!("{when}: rank {r}'s result differs bitwise from rank 0's")));
         }
     }
     Ok(None)

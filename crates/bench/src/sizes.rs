@@ -6,11 +6,7 @@ pub fn comm_bench_sizes(min_exp: u32, max_exp: u32, steps: usize, align: usize) 
     let (lo, hi) = (min_exp as f64, max_exp as f64);
     (0..steps)
         .map(|i| {
-            let x = if steps == 1 {
-                lo
-            } else {
-                lo + (hi - lo) * i as f64 / (steps - 1) as f64
-            };
+            let x = if steps == 1 { lo } else { lo + (hi - lo) * i as f64 / (steps - 1) as f64 };
             (2f64.powf(x) as usize).next_multiple_of(align)
         })
         .collect()
@@ -24,8 +20,8 @@ mod tests {
     #[test]
     fn equals_comm_bench_py() {
         let hip = [
-            1024, 2048, 3072, 5120, 8192, 13312, 22016, 36864, 60928, 101888, 169472, 282112,
-            470016, 783360, 1305600, 2175488, 3624960, 6041088, 10067456, 16777216,
+            1024, 2048, 3072, 5120, 8192, 13312, 22016, 36864, 60928, 101888, 169472, 282112, 470016, 783360, 1305600,
+            2175488, 3624960, 6041088, 10067456, 16777216,
         ];
         assert_eq!(comm_bench_sizes(10, 24, 20, 512), hip);
         let cuda = comm_bench_sizes(10, 24, 20, 256);

@@ -8,48 +8,26 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_comm-bench");
 
 fn comm_bench(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(["--backend", "host"])
-        .args(args)
-        .output()
-        .expect("comm-bench runs")
+    Command::new(BIN).args(["--backend", "host"]).args(args).output().expect("comm-bench runs")
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// Runs a sweep and returns its JSON rows, after asserting success.
 fn sweep(world: usize, extra: &[&str]) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let w = world.to_string();
-    let mut args = vec![
-        "--num_ranks",
-        &w,
-        "--num_iters",
-        "3",
-        "--num_warmup_iters",
-        "1",
-        "--repeats",
-        "1",
-        "--export_csv",
-    ];
+    let mut args =
+        vec!["--num_ranks", &w, "--num_iters", "3", "--num_warmup_iters", "1", "--repeats", "1", "--export_csv"];
     let out_dir = dir.path().to_str().unwrap().to_string();
     args.extend(["--output_dir", &out_dir]);
     args.extend(extra);
     let o = comm_bench(&args);
-    assert!(
-        o.status.success(),
-        "comm-bench {args:?} failed:\n{}",
-        text(&o)
-    );
+    assert!(o.status.success(), "comm-bench {args:?} failed:\n{}", text(&o));
     let json: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("comm_ops_benchmark.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(dir.path().join("comm_ops_benchmark.json")).unwrap()).unwrap();
     assert_eq!(json["world"], world);
     json["rows"].as_array().unwrap().clone()
 }
@@ -57,10 +35,8 @@ fn sweep(world: usize, extra: &[&str]) -> Vec<Value> {
 fn assert_passed(rows: &[Value], methods: &[&str], counts: &[usize]) {
     for m in methods {
         for &n in counts {
-            let row = rows
-                .iter()
-                .find(|r| r["method"] == *m && r["count"] == n)
-                .unwrap_or_else(|| panic!("no row {m} {n}"));
+            let row =
+                rows.iter().find(|r| r["method"] == *m && r["count"] == n).unwrap_or_else(|| panic!("no row {m} {n}"));
             assert_eq!(row["status"], "passed", "{m} at {n}: {row}");
             assert!(row["time_ms"].as_f64().unwrap() > 0.0);
         }
@@ -71,18 +47,10 @@ const COUNTS: &[usize] = &[8, 13, 1000, 4099, 65536, 1_048_583];
 
 #[test]
 fn allreduce_every_world_size_and_odd_counts() {
-    let counts = COUNTS
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let counts = COUNTS.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
     for world in [1, 2, 3, 4, 8] {
         let rows = sweep(world, &["--counts", &counts]);
-        assert_passed(
-            &rows,
-            &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"],
-            COUNTS,
-        );
+        assert_passed(&rows, &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"], COUNTS);
         let nccl = rows.iter().find(|r| r["method"] == "nccl").unwrap();
         assert_eq!(nccl["status"], "skipped", "the host driver has no NCCL");
     }
@@ -92,18 +60,10 @@ fn allreduce_every_world_size_and_odd_counts() {
 fn allreduce_fp16_fp32_and_graph_mode() {
     for dtype in ["fp16", "fp32"] {
         let rows = sweep(3, &["--counts", "8,4099,70001", "--dtype", dtype]);
-        assert_passed(
-            &rows,
-            &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"],
-            &[8, 4099, 70001],
-        );
+        assert_passed(&rows, &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"], &[8, 4099, 70001]);
     }
     let rows = sweep(4, &["--counts", "1000,300000", "--graph"]);
-    assert_passed(
-        &rows,
-        &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"],
-        &[1000, 300000],
-    );
+    assert_passed(&rows, &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"], &[1000, 300000]);
 }
 
 #[test]
@@ -149,17 +109,11 @@ fn csv_has_comm_bench_py_columns_and_sizes() {
         "N,fbgemm_1shot_time,fbgemm_1shot_bwidth,symm_1shot_time,symm_1shot_bwidth,fbgemm_2shot_time,\
          fbgemm_2shot_bwidth,symm_2shot_time,symm_2shot_bwidth,nccl_time,nccl_bwidth"
     );
-    let ns: Vec<usize> = lines
-        .map(|l| l.split(',').next().unwrap().parse().unwrap())
-        .collect();
+    let ns: Vec<usize> = lines.map(|l| l.split(',').next().unwrap().parse().unwrap()).collect();
     assert_eq!(ns, bench::sizes::comm_bench_sizes(10, 14, 5, 256));
     // bwidth = N * 2 bytes / time.
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
-    let (n, t, bw): (f64, f64, f64) = (
-        row[0].parse().unwrap(),
-        row[1].parse().unwrap(),
-        row[2].parse().unwrap(),
-    );
+    let (n, t, bw): (f64, f64, f64) = (row[0].parse().unwrap(), row[1].parse().unwrap(), row[2].parse().unwrap());
     assert!((n * 2.0 / (t * 1e-3) / 1e9 - bw).abs() <= 1e-9 * bw);
     assert_eq!(row[9], "", "nccl cells stay empty on the host driver");
 }
@@ -170,10 +124,7 @@ fn world_above_eight_is_refused_by_car_and_symm_with_a_reason() {
     for m in ["car_1shot", "symm_2shot"] {
         let row = rows.iter().find(|r| r["method"] == m).unwrap();
         assert_eq!(row["status"], "skipped");
-        assert!(
-            row["reason"].as_str().unwrap().contains("1 to 8 ranks"),
-            "{row}"
-        );
+        assert!(row["reason"].as_str().unwrap().contains("1 to 8 ranks"), "{row}");
     }
 }
 
@@ -199,16 +150,7 @@ fn ranks_that_disagree_are_refused() {
     let job = ipc::JobId::random();
     let spawn = |rank: &str, dtype: &str| {
         Command::new(BIN)
-            .args([
-                "--backend",
-                "host",
-                "--counts",
-                "64",
-                "--timeout_s",
-                "5",
-                "--dtype",
-                dtype,
-            ])
+            .args(["--backend", "host", "--counts", "64", "--timeout_s", "5", "--dtype", dtype])
             .env("RANK", rank)
             .env("WORLD_SIZE", "2")
             .env("LOCAL_RANK", rank)
@@ -222,48 +164,27 @@ fn ranks_that_disagree_are_refused() {
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     assert!(!a.status.success() && !b.status.success());
     let t = text(&b);
-    assert!(
-        t.contains("disagrees with rank 0") && t.contains("dtype=fp32"),
-        "{t}"
-    );
+    assert!(t.contains("disagrees with rank 0") && t.contains("dtype=fp32"), "{t}");
 }
 
 #[test]
 fn a_failing_rank_stops_the_launch() {
     let start = Instant::now();
     let o = Command::new(BIN)
-        .args([
-            "launch",
-            "-n",
-            "3",
-            "--",
-            "sh",
-            "-c",
-            "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 30",
-        ])
+        .args(["launch", "-n", "3", "--", "sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 30"])
         .output()
         .unwrap();
     assert!(!o.status.success());
     let t = text(&o);
     assert!(t.contains("rank 1") && t.contains("exit code 3"), "{t}");
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "the other ranks must be stopped"
-    );
+    assert!(start.elapsed() < Duration::from_secs(10), "the other ranks must be stopped");
 }
 
 #[test]
 fn bad_flags_get_a_clear_error_and_no_launch() {
-    for bad in [
-        &["--num_iters", "0"][..],
-        &["--methods", "car_9shot"],
-        &["--min_size", "20", "--max_size", "10"],
-    ] {
+    for bad in [&["--num_iters", "0"][..], &["--methods", "car_9shot"], &["--min_size", "20", "--max_size", "10"]] {
         let o = comm_bench(bad);
         assert!(!o.status.success());
-        assert!(
-            !text(&o).contains("[rank"),
-            "nothing may be launched for {bad:?}"
-        );
+        assert!(!text(&o).contains("[rank"), "nothing may be launched for {bad:?}");
     }
 }

@@ -89,12 +89,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
         world: p.world as usize,
         deadline: Deadline::after(Duration::from_nanos(p.timeout_ns)),
     };
-    let (count, grid, vec, size) = (
-        p.count as usize,
-        l.dims.grid as usize,
-        call.dtype.vec(),
-        call.dtype.size(),
-    );
+    let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, call.dtype.vec(), call.dtype.size());
     let name = match kind {
         Kind::OneShot => "car_1shot",
         Kind::TwoShot => "car_2shot",
@@ -120,22 +115,11 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                 call.copy(p.input, mine, r);
                 call.barrier(b, 0, epoch, name)?;
                 // SAFETY: all views hold `count` elements, the output too.
-                unsafe {
-                    HostElem::reduce(
-                        call.dtype,
-                        &srcs,
-                        r.0,
-                        r.1,
-                        (p.output as *mut u8).add(r.0 * size),
-                    )
-                };
+                unsafe { HostElem::reduce(call.dtype, &srcs, r.0, r.1, (p.output as *mut u8).add(r.0 * size)) };
             }
             Kind::TwoShot | Kind::ReduceScatter => {
-                let shard = if kind == Kind::TwoShot {
-                    shard_elems(count, call.world, vec)
-                } else {
-                    count / call.world
-                };
+                let shard =
+                    if kind == Kind::TwoShot { shard_elems(count, call.world, vec) } else { count / call.world };
                 let sub = |s: usize| {
                     let (lo, hi) = shard_range(count, shard, s);
                     block_range(lo, hi, b, grid, vec)
@@ -152,9 +136,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                     continue;
                 }
                 // SAFETY: in place into this rank's own shard of its own buffer.
-                unsafe {
-                    HostElem::reduce(call.dtype, &srcs, lo, hi, (mine as *mut u8).add(lo * size))
-                };
+                unsafe { HostElem::reduce(call.dtype, &srcs, lo, hi, (mine as *mut u8).add(lo * size)) };
                 call.barrier(b, 1, epoch, name)?;
                 for (s, &view) in views.iter().enumerate() {
                     call.copy(view, p.output, sub(s));

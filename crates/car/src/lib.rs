@@ -9,23 +9,16 @@
 mod host;
 
 use collective::{
-    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op,
-    MAX_BLOCKS, MAX_RANKS,
+    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{
-    DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module,
-    Stream,
-};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 use ipc::Rendezvous;
 use std::collections::HashMap;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "car",
-    source: concat!(
-        include_str!("../../../kernels/common.h"),
-        include_str!("../../../kernels/car.cu")
-    ),
+    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/car.cu")),
     host: host::KERNELS,
 };
 
@@ -92,16 +85,8 @@ pub struct CarOptions {
 pub fn default_rule(kind: DriverKind) -> LaunchRule {
     match kind {
         // One host "block" is a sequential pass; a few of them exercise the per-block protocol.
-        DriverKind::Host => LaunchRule {
-            threads: 1,
-            bytes_per_block: 256 << 10,
-            max_grid: 4,
-        },
-        DriverKind::Cuda | DriverKind::Hip => LaunchRule {
-            threads: 512,
-            bytes_per_block: 16 << 10,
-            max_grid: 32,
-        },
+        DriverKind::Host => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
+        DriverKind::Cuda | DriverKind::Hip => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
     }
 }
 
@@ -123,24 +108,15 @@ pub struct Car {
 
 impl Car {
     /// Allocates and registers this rank's buffers and maps every peer's. Collective: every rank calls it.
-    pub fn new(
-        gpu: &Gpu,
-        rdv: &Rendezvous,
-        algo: Algo,
-        opts: CarOptions,
-    ) -> Result<Car, CollectiveError> {
+    pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: CarOptions) -> Result<Car, CollectiveError> {
         let name = algo.method();
         let (rank, world) = (rdv.rank(), rdv.world());
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {
-            return Err(CollectiveError::BadArgs(
-                "car capacity must be at least 1 byte".into(),
-            ));
+            return Err(CollectiveError::BadArgs("car capacity must be at least 1 byte".into()));
         }
         let half = opts.capacity_bytes.next_multiple_of(256);
-        let kind = MemKind::Ipc {
-            uncached: opts.uncached,
-        };
+        let kind = MemKind::Ipc { uncached: opts.uncached };
         let data = gpu.alloc(2 * half, kind)?;
         let flags = gpu.alloc(FLAG_SLOTS * 8, kind)?;
         let counters = gpu.alloc(MAX_BLOCKS * 8, MemKind::Device)?;
@@ -153,14 +129,11 @@ impl Car {
         let mut blob = (opts.capacity_bytes as u64).to_le_bytes().to_vec();
         blob.extend(gpu.ipc_export(&data)?);
         let data_handles = rdv.all_gather(&format!("{name} data handles"), &blob)?;
-        let flag_handles =
-            rdv.all_gather(&format!("{name} flag handles"), &gpu.ipc_export(&flags)?)?;
+        let flag_handles = rdv.all_gather(&format!("{name} flag handles"), &gpu.ipc_export(&flags)?)?;
         let mut base = CarParams::zeroed_with(rank, world, half, rdv.timeout());
         let mut peers = Vec::new();
         for (r, (dh, fh)) in data_handles.iter().zip(&flag_handles).enumerate() {
-            let theirs = dh
-                .get(..8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+            let theirs = dh.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
             if theirs != Some(opts.capacity_bytes as u64) {
                 return Err(CollectiveError::Mismatch(format!(
                     "{name}: rank {r} registered {theirs:?} bytes, rank {rank} {}",
@@ -213,12 +186,7 @@ impl Car {
 }
 
 impl CarParams {
-    fn zeroed_with(
-        rank: usize,
-        world: usize,
-        half: usize,
-        timeout: std::time::Duration,
-    ) -> CarParams {
+    fn zeroed_with(rank: usize, world: usize, half: usize, timeout: std::time::Duration) -> CarParams {
         CarParams {
             half_bytes: half as u64,
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
@@ -259,22 +227,12 @@ impl Collective for Car {
         count: usize,
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype)
-            .map_err(CollectiveError::Unsupported)?;
+        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
         check_args(op, dtype, count, self.base.world as usize, self.capacity)?;
         let plan = self.rule.plan(count * dtype.size(), self.cap);
-        let params = CarParams {
-            input: input.0,
-            output: output.0,
-            count: count as u64,
-            dtype: dtype.code(),
-            ..self.base
-        };
-        let dims = LaunchDims {
-            grid: plan.grid,
-            block: plan.threads,
-            shared_bytes: 0,
-        };
+        let params =
+            CarParams { input: input.0, output: output.0, count: count as u64, dtype: dtype.code(), ..self.base };
+        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         stream.launch(&self.kernels[&dtype], dims, &params)?;
         Ok(())
     }

@@ -37,16 +37,8 @@ macro_rules! element {
     };
 }
 
-element!(
-    Bf16,
-    DType::Bf16,
-    u16,
-    |r| bf16::from_bits(r).to_f32(),
-    |v| bf16::from_f32(v).to_bits()
-);
-element!(F16, DType::F16, u16, |r| f16::from_bits(r).to_f32(), |v| {
-    f16::from_f32(v).to_bits()
-});
+element!(Bf16, DType::Bf16, u16, |r| bf16::from_bits(r).to_f32(), |v| bf16::from_f32(v).to_bits());
+element!(F16, DType::F16, u16, |r| f16::from_bits(r).to_f32(), |v| { f16::from_f32(v).to_bits() });
 element!(F32, DType::F32, f32, |r| r, |v| v);
 
 impl DType {
@@ -153,15 +145,7 @@ mod tests {
         let b = DType::F32.encode(&[10.0, 20.0, 30.0]);
         let mut out = vec![0u8; 12];
         // SAFETY: all three hold 3 f32.
-        unsafe {
-            HostElem::reduce(
-                DType::F32,
-                &[a.as_ptr(), b.as_ptr()],
-                1,
-                3,
-                out.as_mut_ptr(),
-            )
-        };
+        unsafe { HostElem::reduce(DType::F32, &[a.as_ptr(), b.as_ptr()], 1, 3, out.as_mut_ptr()) };
         assert_eq!(DType::F32.decode(&out), vec![22.0, 33.0, 0.0]);
     }
 }

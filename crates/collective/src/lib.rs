@@ -49,10 +49,7 @@ impl DType {
         }
     }
     pub fn from_code(code: u32) -> Result<DType, String> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.code() == code)
-            .ok_or_else(|| format!("unknown dtype code {code}"))
+        DType::ALL.into_iter().find(|d| d.code() == code).ok_or_else(|| format!("unknown dtype code {code}"))
     }
     /// Also the suffix of the kernels' entry points (`car_1shot_bf16`).
     pub fn name(self) -> &'static str {
@@ -119,9 +116,7 @@ impl FromStr for Op {
         match s {
             "allreduce" | "all_reduce" => Ok(Op::AllReduce),
             "reduce_scatter" | "reducescatter" | "reduce-scatter" => Ok(Op::ReduceScatter),
-            _ => Err(format!(
-                "unknown op {s:?} (expected allreduce or reduce_scatter)"
-            )),
+            _ => Err(format!("unknown op {s:?} (expected allreduce or reduce_scatter)")),
         }
     }
 }
@@ -191,9 +186,7 @@ pub fn check_args(
 /// Refuses world sizes the custom kernels cannot address.
 pub fn check_world(method: &str, world: usize) -> Result<(), CollectiveError> {
     if world == 0 || world > MAX_RANKS {
-        return Err(CollectiveError::Unsupported(format!(
-            "{method} supports 1 to {MAX_RANKS} ranks, not {world}"
-        )));
+        return Err(CollectiveError::Unsupported(format!("{method} supports 1 to {MAX_RANKS} ranks, not {world}")));
     }
     Ok(())
 }
@@ -223,14 +216,8 @@ mod tests {
 
     #[test]
     fn blocks_cover_each_shard_exactly_once() {
-        for &(count, world, grid) in &[
-            (1, 1, 1),
-            (8, 3, 2),
-            (1000, 8, 7),
-            (1 << 20, 8, 24),
-            (4099, 3, 64),
-            (17, 8, 5),
-        ] {
+        for &(count, world, grid) in &[(1, 1, 1), (8, 3, 2), (1000, 8, 7), (1 << 20, 8, 24), (4099, 3, 64), (17, 8, 5)]
+        {
             for dtype in DType::ALL {
                 let vec = dtype.vec();
                 let shard = shard_elems(count, world, vec);
@@ -244,10 +231,7 @@ mod tests {
                         seen[a..z].iter_mut().for_each(|x| *x += 1);
                     }
                 }
-                assert!(
-                    seen.iter().all(|&x| x == 1),
-                    "count {count} world {world} grid {grid}"
-                );
+                assert!(seen.iter().all(|&x| x == 1), "count {count} world {world} grid {grid}");
             }
         }
     }

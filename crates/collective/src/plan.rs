@@ -23,23 +23,13 @@ impl LaunchRule {
     /// The shape for a message of `bytes`, with at most `resident_cap` blocks (what fits beside the other ranks).
     pub fn plan(&self, bytes: usize, resident_cap: usize) -> LaunchPlan {
         let want = bytes.div_ceil(self.bytes_per_block.max(1)).max(1);
-        let cap = (self.max_grid as usize)
-            .min(MAX_BLOCKS)
-            .clamp(1, resident_cap.max(1));
-        LaunchPlan {
-            grid: want.min(cap) as u32,
-            threads: self.threads,
-        }
+        let cap = (self.max_grid as usize).min(MAX_BLOCKS).clamp(1, resident_cap.max(1));
+        LaunchPlan { grid: want.min(cap) as u32, threads: self.threads }
     }
 }
 
 /// Blocks of `kernel` one rank may launch so that the blocks of every rank sharing its device fit at once.
-pub fn resident_cap(
-    kernel: &gpu::Kernel,
-    threads: u32,
-    world: usize,
-    devices: usize,
-) -> gpu::Result<usize> {
+pub fn resident_cap(kernel: &gpu::Kernel, threads: u32, world: usize, devices: usize) -> gpu::Result<usize> {
     let ranks_per_device = world.div_ceil(devices.max(1)).max(1);
     Ok(kernel.max_resident_blocks(threads, 0)? / ranks_per_device)
 }
@@ -50,11 +40,7 @@ mod tests {
 
     #[test]
     fn grid_grows_with_size_and_respects_caps() {
-        let r = LaunchRule {
-            threads: 512,
-            bytes_per_block: 64 << 10,
-            max_grid: 32,
-        };
+        let r = LaunchRule { threads: 512, bytes_per_block: 64 << 10, max_grid: 32 };
         assert_eq!(r.plan(2048, 1000).grid, 1);
         assert_eq!(r.plan(256 << 10, 1000).grid, 4);
         assert_eq!(r.plan(1 << 30, 1000).grid, 32);

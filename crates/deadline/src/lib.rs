@@ -15,9 +15,7 @@ pub fn timeout_from_env() -> Result<Duration, String> {
     match std::env::var(TIMEOUT_ENV) {
         Ok(s) => match s.trim().parse::<f64>() {
             Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
-            _ => Err(format!(
-                "{TIMEOUT_ENV}={s:?}: expected seconds in (0, 86400]"
-            )),
+            _ => Err(format!("{TIMEOUT_ENV}={s:?}: expected seconds in (0, 86400]")),
         },
         Err(_) => Ok(DEFAULT_TIMEOUT),
     }
@@ -32,10 +30,7 @@ pub struct Deadline {
 
 impl Deadline {
     pub fn after(timeout: Duration) -> Self {
-        Deadline {
-            end: Instant::now() + timeout,
-            timeout,
-        }
+        Deadline { end: Instant::now() + timeout, timeout }
     }
     pub fn expired(&self) -> bool {
         Instant::now() >= self.end
@@ -106,18 +101,10 @@ pub fn wait_all(
             return Ok(());
         }
         if let Some(reason) = aborted() {
-            return Err(WaitError::Aborted {
-                what: what.to_string(),
-                reason,
-            });
+            return Err(WaitError::Aborted { what: what.to_string(), reason });
         }
         if deadline.expired() {
-            return Err(TimedOut {
-                what: what.to_string(),
-                missing: pending,
-                timeout: deadline.timeout(),
-            }
-            .into());
+            return Err(TimedOut { what: what.to_string(), missing: pending, timeout: deadline.timeout() }.into());
         }
         backoff.snooze();
     }

@@ -4,9 +4,7 @@
 //! `cargo run -p gpu --example gpu_smoke -- [--backend auto|host|cuda|hip] [--device N]`
 //! Exits non-zero on any mismatch or driver error.
 
-use gpu::{
-    open, Backend, DriverKind, DriverOptions, Gpu, HostLaunch, KernelLibrary, LaunchDims, MemKind,
-};
+use gpu::{open, Backend, DriverKind, DriverOptions, Gpu, HostLaunch, KernelLibrary, LaunchDims, MemKind};
 use rand::RngCore;
 use std::process::ExitCode;
 
@@ -46,11 +44,8 @@ fn host_empty(l: &HostLaunch<'_>) -> Result<(), String> {
     l.params::<Params>().map(|_| ())
 }
 
-static SMOKE: KernelLibrary = KernelLibrary {
-    name: "gpu_smoke",
-    source: SOURCE,
-    host: &[("add_one", host_add_one), ("empty", host_empty)],
-};
+static SMOKE: KernelLibrary =
+    KernelLibrary { name: "gpu_smoke", source: SOURCE, host: &[("add_one", host_add_one), ("empty", host_empty)] };
 
 const BYTES: usize = (1 << 20) + 17;
 const LAUNCHES: usize = 1000;
@@ -63,11 +58,7 @@ struct Args {
 }
 
 fn parse_args() -> Res<Args> {
-    let mut args = Args {
-        backend: Backend::Auto,
-        device: None,
-        ipc_child: None,
-    };
+    let mut args = Args { backend: Backend::Auto, device: None, ipc_child: None };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |what: &str| it.next().ok_or_else(|| format!("{a} needs {what}"));
@@ -128,10 +119,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Res<()> {
-    let opts = DriverOptions {
-        device: args.device,
-        shm_prefix: format!("/arx-smoke{}", std::process::id()),
-    };
+    let opts = DriverOptions { device: args.device, shm_prefix: format!("/arx-smoke{}", std::process::id()) };
     let opened = open(args.backend, &opts)?;
     let gpu = opened.gpu;
     if let Some((handle, bytes)) = args.ipc_child {
@@ -168,19 +156,13 @@ fn memory(gpu: &Gpu) -> Res<()> {
     check(out == data, "upload, device copy, download")?;
     s.memset(b.ptr().offset(100), 0xa5, 1000)?;
     s.download(&b, 0, &mut out)?;
-    let want: Vec<u8> = data
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| if (100..1100).contains(&i) { 0xa5 } else { x })
-        .collect();
+    let want: Vec<u8> =
+        data.iter().enumerate().map(|(i, &x)| if (100..1100).contains(&i) { 0xa5 } else { x }).collect();
     check(out == want, "memset of a sub-range")?;
     let mut tail = [0u8; 17];
     s.download(&a, BYTES - 17, &mut tail)?;
     check(tail[..] == data[BYTES - 17..], "download at an offset")?;
-    check(
-        s.download(&a, 1, &mut out).is_err(),
-        "an overrunning download is refused",
-    )?;
+    check(s.download(&a, 1, &mut out).is_err(), "an overrunning download is refused")?;
     Ok(())
 }
 
@@ -195,37 +177,22 @@ fn ipc(gpu: &Gpu, args: &Args) -> Res<()> {
     if gpu.kind() == DriverKind::Cuda {
         check(handle.len() == 64, "a CUDA IPC handle is 64 bytes")?;
     }
-    check(
-        gpu.ipc_export(&gpu.alloc(64, MemKind::Device)?).is_err(),
-        "MemKind::Device memory is not exportable",
-    )?;
+    check(gpu.ipc_export(&gpu.alloc(64, MemKind::Device)?).is_err(), "MemKind::Device memory is not exportable")?;
     let mut child = std::process::Command::new(std::env::current_exe()?);
     let backend = match gpu.kind() {
         DriverKind::Host => "host",
         DriverKind::Cuda => "cuda",
         DriverKind::Hip => "hip",
     };
-    child.args([
-        "--backend",
-        backend,
-        "--ipc-child",
-        &hex(&handle),
-        &BYTES.to_string(),
-    ]);
+    child.args(["--backend", backend, "--ipc-child", &hex(&handle), &BYTES.to_string()]);
     if let Some(d) = args.device {
         child.args(["--device", &d.to_string()]);
     }
     let status = child.status()?;
-    check(
-        status.success(),
-        "a child process maps the allocation and finds the parent's bytes",
-    )?;
+    check(status.success(), "a child process maps the allocation and finds the parent's bytes")?;
     let mut out = vec![0u8; BYTES];
     s.download(&buf, 0, &mut out)?;
-    check(
-        out.iter().all(|&x| x == 0x5a),
-        "the parent sees the child's writes",
-    )?;
+    check(out.iter().all(|&x| x == 0x5a), "the parent sees the child's writes")?;
     Ok(())
 }
 
@@ -247,24 +214,13 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     let s = gpu.stream()?;
     let t = std::time::Instant::now();
     let module = gpu.load(&SMOKE)?;
-    println!(
-        "  load  {} in {:.1} ms",
-        SMOKE.name,
-        t.elapsed().as_secs_f64() * 1e3
-    );
+    println!("  load  {} in {:.1} ms", SMOKE.name, t.elapsed().as_secs_f64() * 1e3);
     let add_one = module.kernel("add_one")?;
     let empty = module.kernel("empty")?;
-    check(
-        module.kernel("missing").is_err(),
-        "an unknown kernel name is refused",
-    )?;
+    check(module.kernel("missing").is_err(), "an unknown kernel name is refused")?;
     let block = 256u32;
     let resident = add_one.max_resident_blocks(block, 0)?;
-    let shown = if resident == usize::MAX {
-        "unlimited".to_string()
-    } else {
-        resident.to_string()
-    };
+    let shown = if resident == usize::MAX { "unlimited".to_string() } else { resident.to_string() };
     println!("  info  add_one: {shown} resident blocks of {block} threads");
     check(resident >= 1, "at least one block of add_one fits")?;
 
@@ -273,15 +229,8 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     rand::thread_rng().fill_bytes(&mut data);
     s.upload(&buf, 0, &data)?;
     let grid = (BYTES.div_ceil(block as usize)).min(resident.min(4096)) as u32;
-    let dims = LaunchDims {
-        grid,
-        block,
-        shared_bytes: 0,
-    };
-    let params = Params {
-        ptr: buf.ptr().0,
-        n: BYTES as u64,
-    };
+    let dims = LaunchDims { grid, block, shared_bytes: 0 };
+    let params = Params { ptr: buf.ptr().0, n: BYTES as u64 };
     let plus = |k: u8| -> Vec<u8> { data.iter().map(|x| x.wrapping_add(k)).collect() };
     let mut out = vec![0u8; BYTES];
 
@@ -300,17 +249,10 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     s.replay(&graph)?;
     s.sync()?;
     s.download(&buf, 0, &mut out)?;
-    check(
-        out == plus(5),
-        "a graph of two add_one launches, replayed twice",
-    )?;
+    check(out == plus(5), "a graph of two add_one launches, replayed twice")?;
 
     // Launch overheads: an empty kernel of one block, eager and as a one-launch graph.
-    let one = LaunchDims {
-        grid: 1,
-        block: 32,
-        shared_bytes: 0,
-    };
+    let one = LaunchDims { grid: 1, block: 32, shared_bytes: 0 };
     let nothing = Params { ptr: 0, n: 0 };
     let (e0, e1) = (gpu.event()?, gpu.event()?);
     s.launch(&empty, one, &nothing)?;
@@ -335,10 +277,7 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     e1.sync()?;
     let graph_us = e0.elapsed_ms(&e1)? as f64 * 1e3 / LAUNCHES as f64;
     println!("  time  empty kernel: {eager_us:.2} us per eager launch, {graph_us:.2} us per graph replay");
-    check(
-        eager_us.is_finite() && graph_us.is_finite() && eager_us >= 0.0,
-        "event timing",
-    )?;
+    check(eager_us.is_finite() && graph_us.is_finite() && eager_us >= 0.0, "event timing")?;
     Ok(())
 }
 
@@ -346,10 +285,7 @@ fn vmm(gpu: &Gpu) -> Res<()> {
     println!("vmm:");
     let s = gpu.stream()?;
     let v = gpu.vmm_create(BYTES)?;
-    check(
-        v.bytes() == BYTES,
-        "a VMM allocation reports the requested size",
-    )?;
+    check(v.bytes() == BYTES, "a VMM allocation reports the requested size")?;
     let fd = gpu.vmm_export_fd(&v)?;
     let w = gpu.vmm_import_fd(fd, BYTES)?;
     check(v.ptr() != w.ptr(), "the import is a second mapping")?;
@@ -358,16 +294,10 @@ fn vmm(gpu: &Gpu) -> Res<()> {
     s.upload(&v, 0, &data)?;
     let mut out = vec![0u8; BYTES];
     s.download(&w, 0, &mut out)?;
-    check(
-        out == data,
-        "bytes written through the creator's mapping are seen through the import",
-    )?;
+    check(out == data, "bytes written through the creator's mapping are seen through the import")?;
     s.memset(w.ptr(), 0x3c, 4096)?;
     s.download(&v, 0, &mut out[..4096])?;
     check(out[..4096].iter().all(|&x| x == 0x3c), "and back")?;
-    check(
-        gpu.ipc_export(&v).is_err(),
-        "VMM memory is not a cuMemAlloc IPC allocation",
-    )?;
+    check(gpu.ipc_export(&v).is_err(), "VMM memory is not a cuMemAlloc IPC allocation")?;
     Ok(())
 }

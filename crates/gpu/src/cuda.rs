@@ -11,8 +11,8 @@
 //! thread.
 
 use crate::{
-    pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
-    KernelLibrary, LaunchDims, MemKind, RawMem, Result,
+    pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle, KernelLibrary,
+    LaunchDims, MemKind, RawMem, Result,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -118,11 +118,7 @@ fn ck(call: &'static str, status: cu::CUresult) -> Result<()> {
         (Some(s), None) | (None, Some(s)) => s,
         (None, None) => format!("{status:?}"),
     };
-    Err(GpuError::Driver {
-        call,
-        code: status as u32 as i64,
-        msg,
-    })
+    Err(GpuError::Driver { call, code: status as u32 as i64, msg })
 }
 
 /// Turns an NVRTC status into a [`GpuError::Driver`] naming `call`.
@@ -138,18 +134,11 @@ fn nck(call: &'static str, status: nv::nvrtcResult) -> Result<()> {
         // SAFETY: as above.
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     };
-    Err(GpuError::Driver {
-        call,
-        code: status as u32 as i64,
-        msg,
-    })
+    Err(GpuError::Driver { call, code: status as u32 as i64, msg })
 }
 
 fn not_available(reason: String) -> GpuError {
-    GpuError::NotAvailable {
-        backend: "cuda",
-        reason,
-    }
+    GpuError::NotAvailable { backend: "cuda", reason }
 }
 
 fn bad(msg: impl Into<String>) -> GpuError {
@@ -162,10 +151,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Loads the first of `names` that loads (as cudarc's loader does) and checks that it has every symbol in
 /// `symbols`. Returns the library and the name it was loaded by.
-fn probe(
-    names: &[String],
-    symbols: &[&str],
-) -> std::result::Result<(libloading::Library, String), String> {
+fn probe(names: &[String], symbols: &[&str]) -> std::result::Result<(libloading::Library, String), String> {
     let mut first_error = None;
     for name in names {
         // SAFETY: loading a CUDA library runs its initialisers, which is what using it requires anyway.
@@ -177,11 +163,8 @@ fn probe(
             }
         };
         // SAFETY: only looks the symbols up; nothing is called.
-        let missing: Vec<&str> = symbols
-            .iter()
-            .copied()
-            .filter(|s| unsafe { lib.get::<*const c_void>(s.as_bytes()) }.is_err())
-            .collect();
+        let missing: Vec<&str> =
+            symbols.iter().copied().filter(|s| unsafe { lib.get::<*const c_void>(s.as_bytes()) }.is_err()).collect();
         if !missing.is_empty() {
             return Err(format!("{name} lacks {}", missing.join(", ")));
         }
@@ -195,43 +178,24 @@ fn probe(
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
 }
 
 /// Opens the CUDA driver on the device `opts` picks.
 pub(crate) fn open(opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
-    let driver_names: Vec<String> = ["cuda", "nvcuda"]
-        .iter()
-        .flat_map(|l| cudarc::get_lib_name_candidates(l))
-        .collect();
+    let driver_names: Vec<String> =
+        ["cuda", "nvcuda"].iter().flat_map(|l| cudarc::get_lib_name_candidates(l)).collect();
     let (lib, lib_name) = probe(&driver_names, DRIVER_SYMBOLS).map_err(not_available)?;
     let elapsed = ELAPSED_SYMBOLS
         .iter()
         // SAFETY: both names are `CUresult (float*, CUevent, CUevent)`; the pointer is used while `lib` is held.
-        .find_map(|s| {
-            unsafe { lib.get::<ElapsedFn>(s.as_bytes()) }
-                .ok()
-                .map(|f| *f)
-        })
-        .ok_or_else(|| {
-            not_available(format!(
-                "{lib_name} lacks {}",
-                ELAPSED_SYMBOLS.join(" and ")
-            ))
-        })?;
+        .find_map(|s| unsafe { lib.get::<ElapsedFn>(s.as_bytes()) }.ok().map(|f| *f))
+        .ok_or_else(|| not_available(format!("{lib_name} lacks {}", ELAPSED_SYMBOLS.join(" and "))))?;
     let nvrtc_names = cudarc::get_lib_name_candidates("nvrtc");
     let nvrtc = probe(&nvrtc_names, NVRTC_SYMBOLS);
-    match catch_unwind(AssertUnwindSafe(|| {
-        CudaDriver::new(opts, lib, elapsed, nvrtc)
-    })) {
+    match catch_unwind(AssertUnwindSafe(|| CudaDriver::new(opts, lib, elapsed, nvrtc))) {
         Ok(d) => Ok(Arc::new(d?)),
-        Err(p) => Err(not_available(format!(
-            "cudarc panicked while opening {lib_name}: {}",
-            panic_text(&*p)
-        ))),
+        Err(p) => Err(not_available(format!("cudarc panicked while opening {lib_name}: {}", panic_text(&*p)))),
     }
 }
 
@@ -249,41 +213,24 @@ impl Nvrtc {
     fn new((lib, name): (libloading::Library, String)) -> Result<Nvrtc> {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: writes two ints.
-        nck("nvrtcVersion", unsafe {
-            nv::nvrtcVersion(&mut major, &mut minor)
-        })?;
+        nck("nvrtcVersion", unsafe { nv::nvrtcVersion(&mut major, &mut minor) })?;
         let mut n: c_int = 0;
         // SAFETY: writes one int.
-        nck("nvrtcGetNumSupportedArchs", unsafe {
-            nv::nvrtcGetNumSupportedArchs(&mut n)
-        })?;
+        nck("nvrtcGetNumSupportedArchs", unsafe { nv::nvrtcGetNumSupportedArchs(&mut n) })?;
         let mut archs = vec![0 as c_int; n.max(0) as usize];
         // SAFETY: `archs` holds the number of entries NVRTC just reported.
-        nck("nvrtcGetSupportedArchs", unsafe {
-            nv::nvrtcGetSupportedArchs(archs.as_mut_ptr())
-        })?;
-        Ok(Nvrtc {
-            lib: name,
-            version: (major, minor),
-            archs,
-            _lib: lib,
-        })
+        nck("nvrtcGetSupportedArchs", unsafe { nv::nvrtcGetSupportedArchs(archs.as_mut_ptr()) })?;
+        Ok(Nvrtc { lib: name, version: (major, minor), archs, _lib: lib })
     }
 
     /// The `--gpu-architecture` for a device of compute capability `cc`: its own `sm_` (a cubin) when this
     /// NVRTC knows it, else PTX for the newest older `compute_` (JIT-compiled by the driver at load).
     fn target(&self, cc: c_int) -> Result<Target> {
         if self.archs.contains(&cc) {
-            return Ok(Target {
-                arch: format!("sm_{cc}"),
-                cubin: true,
-            });
+            return Ok(Target { arch: format!("sm_{cc}"), cubin: true });
         }
         match self.archs.iter().copied().filter(|&a| a <= cc).max() {
-            Some(a) => Ok(Target {
-                arch: format!("compute_{a}"),
-                cubin: false,
-            }),
+            Some(a) => Ok(Target { arch: format!("compute_{a}"), cubin: false }),
             None => Err(not_available(format!(
                 "{} (NVRTC {}.{}) compiles for {:?}, none of which runs on sm_{cc}",
                 self.lib, self.version.0, self.version.1, self.archs
@@ -312,22 +259,16 @@ impl Program {
     fn log(&self) -> String {
         let mut n = 0usize;
         // SAFETY: writes one size.
-        if unsafe { nv::nvrtcGetProgramLogSize(self.0, &mut n) } != nv::nvrtcResult::NVRTC_SUCCESS
-            || n == 0
-        {
+        if unsafe { nv::nvrtcGetProgramLogSize(self.0, &mut n) } != nv::nvrtcResult::NVRTC_SUCCESS || n == 0 {
             return String::new();
         }
         let mut buf = vec![0u8; n];
         // SAFETY: `buf` holds the log size NVRTC reported (NUL included).
-        if unsafe { nv::nvrtcGetProgramLog(self.0, buf.as_mut_ptr() as *mut c_char) }
-            != nv::nvrtcResult::NVRTC_SUCCESS
+        if unsafe { nv::nvrtcGetProgramLog(self.0, buf.as_mut_ptr() as *mut c_char) } != nv::nvrtcResult::NVRTC_SUCCESS
         {
             return String::new();
         }
-        String::from_utf8_lossy(&buf)
-            .trim_end_matches('\0')
-            .trim_end()
-            .to_string()
+        String::from_utf8_lossy(&buf).trim_end_matches('\0').trim_end().to_string()
     }
 
     fn image(&self, cubin: bool) -> Result<Vec<u8>> {
@@ -335,24 +276,16 @@ impl Program {
         let mut buf;
         if cubin {
             // SAFETY: writes one size.
-            nck("nvrtcGetCUBINSize", unsafe {
-                nv::nvrtcGetCUBINSize(self.0, &mut n)
-            })?;
+            nck("nvrtcGetCUBINSize", unsafe { nv::nvrtcGetCUBINSize(self.0, &mut n) })?;
             buf = vec![0u8; n];
             // SAFETY: `buf` holds the size NVRTC reported.
-            nck("nvrtcGetCUBIN", unsafe {
-                nv::nvrtcGetCUBIN(self.0, buf.as_mut_ptr() as *mut c_char)
-            })?;
+            nck("nvrtcGetCUBIN", unsafe { nv::nvrtcGetCUBIN(self.0, buf.as_mut_ptr() as *mut c_char) })?;
         } else {
             // SAFETY: writes one size.
-            nck("nvrtcGetPTXSize", unsafe {
-                nv::nvrtcGetPTXSize(self.0, &mut n)
-            })?;
+            nck("nvrtcGetPTXSize", unsafe { nv::nvrtcGetPTXSize(self.0, &mut n) })?;
             buf = vec![0u8; n];
             // SAFETY: `buf` holds the size NVRTC reported (NUL included).
-            nck("nvrtcGetPTX", unsafe {
-                nv::nvrtcGetPTX(self.0, buf.as_mut_ptr() as *mut c_char)
-            })?;
+            nck("nvrtcGetPTX", unsafe { nv::nvrtcGetPTX(self.0, buf.as_mut_ptr() as *mut c_char) })?;
         }
         if buf.is_empty() {
             return Err(GpuError::Driver {
@@ -370,35 +303,22 @@ const NVRTC_OPTIONS: [&str; 3] = ["-std=c++17", "-default-device", "-DARX_CUDA=1
 
 /// Compiles `lib` for `target`; a failure carries NVRTC's log.
 fn compile(lib: &KernelLibrary, target: &Target, options: &[String]) -> Result<Vec<u8>> {
-    let compile_error = |log: String| GpuError::Compile {
-        library: lib.name.into(),
-        arch: target.arch.clone(),
-        log,
-    };
-    let src = CString::new(lib.source)
-        .map_err(|_| bad(format!("kernel library {} contains a NUL byte", lib.name)))?;
-    let name = CString::new(format!("{}.cu", lib.name))
-        .map_err(|_| bad("kernel library name contains a NUL byte"))?;
+    let compile_error = |log: String| GpuError::Compile { library: lib.name.into(), arch: target.arch.clone(), log };
+    let src = CString::new(lib.source).map_err(|_| bad(format!("kernel library {} contains a NUL byte", lib.name)))?;
+    let name = CString::new(format!("{}.cu", lib.name)).map_err(|_| bad("kernel library name contains a NUL byte"))?;
     let mut raw: nv::nvrtcProgram = null_mut();
     // SAFETY: both strings live through the call; no headers are passed.
     nck("nvrtcCreateProgram", unsafe {
         nv::nvrtcCreateProgram(&mut raw, src.as_ptr(), name.as_ptr(), 0, null(), null())
     })?;
     let prog = Program(raw);
-    let opts: Vec<CString> = options
-        .iter()
-        .map(|o| CString::new(o.as_str()).expect("options have no NUL"))
-        .collect();
+    let opts: Vec<CString> = options.iter().map(|o| CString::new(o.as_str()).expect("options have no NUL")).collect();
     let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `ptrs` points at `opts`, which live through the call.
     let status = unsafe { nv::nvrtcCompileProgram(prog.0, ptrs.len() as c_int, ptrs.as_ptr()) };
     if let Err(e) = nck("nvrtcCompileProgram", status) {
         let log = prog.log();
-        return Err(compile_error(if log.is_empty() {
-            e.to_string()
-        } else {
-            log
-        }));
+        return Err(compile_error(if log.is_empty() { e.to_string() } else { log }));
     }
     prog.image(target.cubin)
 }
@@ -416,18 +336,12 @@ fn fnv1a64_update(mut h: u64, bytes: &[u8]) -> u64 {
 
 /// FNV-1a 64 over length-prefixed parts: a cache key that is the same in every build.
 fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    parts.iter().fold(FNV_OFFSET, |h, part| {
-        fnv1a64_update(fnv1a64_update(h, &(part.len() as u64).to_le_bytes()), part)
-    })
+    parts.iter().fold(FNV_OFFSET, |h, part| fnv1a64_update(fnv1a64_update(h, &(part.len() as u64).to_le_bytes()), part))
 }
 
 /// `$ARX_KERNEL_CACHE`, else `$XDG_CACHE_HOME/allreduce-rs/kernels`, else `~/.cache/allreduce-rs/kernels`.
 fn cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     var("ARX_KERNEL_CACHE")
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("allreduce-rs").join("kernels")))
         .or_else(|| var("HOME").map(|h| h.join(".cache").join("allreduce-rs").join("kernels")))
@@ -440,9 +354,7 @@ fn cache_store(path: &Path, image: &[u8]) {
     let Some(dir) = path.parent() else { return };
     let tmp = dir.join(format!(
         ".{}.tmp{}-{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
@@ -461,10 +373,7 @@ enum Mem {
     /// A peer's cuMemAlloc, opened with cuIpcOpenMemHandle.
     IpcMapped,
     /// cuMemCreate or an imported VMM handle, mapped at `ptr` for `mapped` bytes.
-    Vmm {
-        handle: cu::CUmemGenericAllocationHandle,
-        mapped: usize,
-    },
+    Vmm { handle: cu::CUmemGenericAllocationHandle, mapped: usize },
 }
 
 struct MemEntry {
@@ -517,34 +426,24 @@ impl CudaDriver {
         ck("cuInit", unsafe { cu::cuInit(0) }).map_err(|e| not_available(e.to_string()))?;
         let mut count: c_int = 0;
         // SAFETY: writes one int.
-        ck("cuDeviceGetCount", unsafe {
-            cu::cuDeviceGetCount(&mut count)
-        })?;
+        ck("cuDeviceGetCount", unsafe { cu::cuDeviceGetCount(&mut count) })?;
         if count <= 0 {
             return Err(not_available("the driver loads but sees no device".into()));
         }
         let ordinal = pick_ordinal(opts, count as usize)?;
         let mut device: cu::CUdevice = 0;
         // SAFETY: writes one device; the ordinal is below the count.
-        ck("cuDeviceGet", unsafe {
-            cu::cuDeviceGet(&mut device, ordinal as c_int)
-        })?;
+        ck("cuDeviceGet", unsafe { cu::cuDeviceGet(&mut device, ordinal as c_int) })?;
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds the length passed.
-        ck("cuDeviceGetName", unsafe {
-            cu::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, device)
-        })?;
+        ck("cuDeviceGetName", unsafe { cu::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, device) })?;
         name[name.len() - 1] = 0;
         // SAFETY: NUL-terminated just above at the latest.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
         let attr = |a: cu::CUdevice_attribute| -> Result<c_int> {
             let mut v: c_int = 0;
             // SAFETY: writes one int.
-            ck("cuDeviceGetAttribute", unsafe {
-                cu::cuDeviceGetAttribute(&mut v, a, device)
-            })?;
+            ck("cuDeviceGetAttribute", unsafe { cu::cuDeviceGetAttribute(&mut v, a, device) })?;
             Ok(v)
         };
         use cu::CUdevice_attribute::*;
@@ -553,9 +452,7 @@ impl CudaDriver {
         let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let mut ctx: cu::CUcontext = null_mut();
         // SAFETY: writes one context; released in Drop.
-        ck("cuDevicePrimaryCtxRetain", unsafe {
-            cu::cuDevicePrimaryCtxRetain(&mut ctx, device)
-        })?;
+        ck("cuDevicePrimaryCtxRetain", unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, device) })?;
         let nvrtc = nvrtc.and_then(|l| Nvrtc::new(l).map_err(|e| e.to_string()));
         let driver = CudaDriver {
             info: DeviceInfo {
@@ -593,11 +490,7 @@ impl CudaDriver {
     fn insert(&self, ptr: cu::CUdeviceptr, bytes: usize, mem: Mem) -> RawMem {
         let token = self.id();
         lock(&self.live).mems.insert(token, MemEntry { ptr, mem });
-        RawMem {
-            ptr: DevicePtr(ptr),
-            bytes,
-            token,
-        }
+        RawMem { ptr: DevicePtr(ptr), bytes, token }
     }
 
     fn stream(&self, h: Handle) -> Result<cu::CUstream> {
@@ -625,18 +518,14 @@ impl CudaDriver {
     }
 
     fn location(&self) -> cu::CUmemLocation {
-        cu::CUmemLocation {
-            type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: self.info.ordinal as c_int,
-        }
+        cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.info.ordinal as c_int }
     }
 
     /// Pinned device memory on this device, shareable as a POSIX file descriptor.
     fn vmm_prop(&self) -> cu::CUmemAllocationProp {
         cu::CUmemAllocationProp {
             type_: cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes:
-                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            requestedHandleTypes: cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             location: self.location(),
             win32HandleMetaData: null_mut(),
             allocFlags: cu::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -654,28 +543,16 @@ impl CudaDriver {
         let mut gran = 0usize;
         let option = cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED;
         // SAFETY: `prop` is a complete allocation description; writes one size.
-        ck("cuMemGetAllocationGranularity", unsafe {
-            cu::cuMemGetAllocationGranularity(&mut gran, &prop, option)
-        })?;
+        ck("cuMemGetAllocationGranularity", unsafe { cu::cuMemGetAllocationGranularity(&mut gran, &prop, option) })?;
         let gran = gran.max(1);
-        bytes
-            .max(1)
-            .div_ceil(gran)
-            .checked_mul(gran)
-            .ok_or_else(|| bad(format!("VMM size {bytes} overflows")))
+        bytes.max(1).div_ceil(gran).checked_mul(gran).ok_or_else(|| bad(format!("VMM size {bytes} overflows")))
     }
 
     /// Reserves an address range for `size` bytes of `handle`, maps it and opens it read-write to this device.
-    fn vmm_map(
-        &self,
-        handle: cu::CUmemGenericAllocationHandle,
-        size: usize,
-    ) -> Result<cu::CUdeviceptr> {
+    fn vmm_map(&self, handle: cu::CUmemGenericAllocationHandle, size: usize) -> Result<cu::CUdeviceptr> {
         let mut ptr: cu::CUdeviceptr = 0;
         // SAFETY: writes one address; default alignment, no fixed address.
-        ck("cuMemAddressReserve", unsafe {
-            cu::cuMemAddressReserve(&mut ptr, size, 0, 0, 0)
-        })?;
+        ck("cuMemAddressReserve", unsafe { cu::cuMemAddressReserve(&mut ptr, size, 0, 0, 0) })?;
         // SAFETY: the range was just reserved with this size.
         if let Err(e) = ck("cuMemMap", unsafe { cu::cuMemMap(ptr, size, 0, handle, 0) }) {
             // SAFETY: as above; nothing is mapped in it.
@@ -687,9 +564,7 @@ impl CudaDriver {
             flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: the range is mapped; one descriptor is passed.
-        if let Err(e) = ck("cuMemSetAccess", unsafe {
-            cu::cuMemSetAccess(ptr, size, &desc, 1)
-        }) {
+        if let Err(e) = ck("cuMemSetAccess", unsafe { cu::cuMemSetAccess(ptr, size, &desc, 1) }) {
             // SAFETY: undoes the mapping and reservation made above.
             unsafe {
                 let _ = cu::cuMemUnmap(ptr, size);
@@ -706,9 +581,7 @@ impl CudaDriver {
             // SAFETY: the pointer came from cuMemAlloc and its token was just removed, so it is freed once.
             Mem::Alloc { .. } => ck("cuMemFree", unsafe { cu::cuMemFree_v2(entry.ptr) }),
             // SAFETY: the pointer came from cuIpcOpenMemHandle and is closed once.
-            Mem::IpcMapped => ck("cuIpcCloseMemHandle", unsafe {
-                cu::cuIpcCloseMemHandle(entry.ptr)
-            }),
+            Mem::IpcMapped => ck("cuIpcCloseMemHandle", unsafe { cu::cuIpcCloseMemHandle(entry.ptr) }),
             Mem::Vmm { handle, mapped } => {
                 // SAFETY: the range and handle were mapped/created by vmm_create or vmm_import_fd and are undone once.
                 let steps = unsafe {
@@ -730,9 +603,7 @@ impl CudaDriver {
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..image.len()].copy_from_slice(image);
         let mut module: cu::CUmodule = null_mut();
         // SAFETY: the image stays alive through the call, which copies what it needs.
-        ck("cuModuleLoadData", unsafe {
-            cu::cuModuleLoadData(&mut module, words.as_ptr() as *const c_void)
-        })?;
+        ck("cuModuleLoadData", unsafe { cu::cuModuleLoadData(&mut module, words.as_ptr() as *const c_void) })?;
         Ok(module)
     }
 
@@ -752,32 +623,19 @@ impl Driver for CudaDriver {
         self.current()?;
         let mut ptr: cu::CUdeviceptr = 0;
         // SAFETY: writes one device pointer. Never the async pool: pool memory cannot be IPC-exported.
-        ck("cuMemAlloc", unsafe {
-            cu::cuMemAlloc_v2(&mut ptr, bytes.max(1))
-        })?;
-        Ok(self.insert(
-            ptr,
-            bytes,
-            Mem::Alloc {
-                ipc: matches!(kind, MemKind::Ipc { .. }),
-            },
-        ))
+        ck("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut ptr, bytes.max(1)) })?;
+        Ok(self.insert(ptr, bytes, Mem::Alloc { ipc: matches!(kind, MemKind::Ipc { .. }) }))
     }
 
     fn ipc_export(&self, mem: &RawMem) -> Result<Vec<u8>> {
         self.current()?;
         let ptr = match lock(&self.live).mems.get(&mem.token) {
-            Some(MemEntry {
-                ptr,
-                mem: Mem::Alloc { ipc: true },
-            }) => *ptr,
+            Some(MemEntry { ptr, mem: Mem::Alloc { ipc: true } }) => *ptr,
             _ => return Err(bad("ipc_export of memory not allocated with MemKind::Ipc")),
         };
         let mut handle = cu::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: writes one handle for a live cuMemAlloc allocation.
-        ck("cuIpcGetMemHandle", unsafe {
-            cu::cuIpcGetMemHandle(&mut handle, ptr)
-        })?;
+        ck("cuIpcGetMemHandle", unsafe { cu::cuIpcGetMemHandle(&mut handle, ptr) })?;
         Ok(handle.reserved.iter().map(|&c| c as u8).collect())
     }
 
@@ -785,32 +643,20 @@ impl Driver for CudaDriver {
         self.current()?;
         let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
         if handle.len() != h.reserved.len() {
-            return Err(bad(format!(
-                "a CUDA IPC handle is 64 bytes, not {}",
-                handle.len()
-            )));
+            return Err(bad(format!("a CUDA IPC handle is 64 bytes, not {}", handle.len())));
         }
-        h.reserved
-            .iter_mut()
-            .zip(handle)
-            .for_each(|(d, &s)| *d = s as c_char);
+        h.reserved.iter_mut().zip(handle).for_each(|(d, &s)| *d = s as c_char);
         let mut ptr: cu::CUdeviceptr = 0;
         let flags = cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
         // SAFETY: writes one device pointer; the driver validates the handle.
-        ck("cuIpcOpenMemHandle", unsafe {
-            cu::cuIpcOpenMemHandle_v2(&mut ptr, h, flags)
-        })?;
+        ck("cuIpcOpenMemHandle", unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) })?;
         let (mut base, mut size) = (0, 0usize);
         // SAFETY: `ptr` is a live mapping; writes one pointer and one size.
-        let range = ck("cuMemGetAddressRange", unsafe {
-            cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-        });
+        let range = ck("cuMemGetAddressRange", unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) });
         let fits = range.and_then(|_| {
             let held = (base + size as u64).saturating_sub(ptr);
             if held < bytes as u64 {
-                Err(bad(format!(
-                    "IPC allocation holds {held} bytes, {bytes} asked for"
-                )))
+                Err(bad(format!("IPC allocation holds {held} bytes, {bytes} asked for")))
             } else {
                 Ok(())
             }
@@ -829,18 +675,9 @@ impl Driver for CudaDriver {
         let prop = self.vmm_prop();
         let mut handle: cu::CUmemGenericAllocationHandle = 0;
         // SAFETY: `prop` is complete and `size` a multiple of its granularity; writes one handle.
-        ck("cuMemCreate", unsafe {
-            cu::cuMemCreate(&mut handle, size, &prop, 0)
-        })?;
+        ck("cuMemCreate", unsafe { cu::cuMemCreate(&mut handle, size, &prop, 0) })?;
         match self.vmm_map(handle, size) {
-            Ok(ptr) => Ok(self.insert(
-                ptr,
-                bytes,
-                Mem::Vmm {
-                    handle,
-                    mapped: size,
-                },
-            )),
+            Ok(ptr) => Ok(self.insert(ptr, bytes, Mem::Vmm { handle, mapped: size })),
             Err(e) => {
                 // SAFETY: the handle was just created and is mapped nowhere.
                 let _ = unsafe { cu::cuMemRelease(handle) };
@@ -852,10 +689,7 @@ impl Driver for CudaDriver {
     fn vmm_export_fd(&self, mem: &RawMem) -> Result<OwnedFd> {
         self.current()?;
         let handle = match lock(&self.live).mems.get(&mem.token) {
-            Some(MemEntry {
-                mem: Mem::Vmm { handle, .. },
-                ..
-            }) => *handle,
+            Some(MemEntry { mem: Mem::Vmm { handle, .. }, .. }) => *handle,
             _ => return Err(bad("vmm_export_fd of memory not made by vmm_create")),
         };
         let mut fd: c_int = -1;
@@ -865,11 +699,7 @@ impl Driver for CudaDriver {
             cu::cuMemExportToShareableHandle(&mut fd as *mut c_int as *mut c_void, handle, kind, 0)
         })?;
         if fd < 0 {
-            return Err(GpuError::Driver {
-                call: "cuMemExportToShareableHandle",
-                code: 0,
-                msg: format!("fd {fd}"),
-            });
+            return Err(GpuError::Driver { call: "cuMemExportToShareableHandle", code: 0, msg: format!("fd {fd}") });
         }
         // SAFETY: the driver hands us a new descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -882,23 +712,12 @@ impl Driver for CudaDriver {
         let kind = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         // SAFETY: for a POSIX file descriptor the OS handle is the fd's value cast to a pointer; writes one handle.
         ck("cuMemImportFromShareableHandle", unsafe {
-            cu::cuMemImportFromShareableHandle(
-                &mut handle,
-                fd.as_raw_fd() as usize as *mut c_void,
-                kind,
-            )
+            cu::cuMemImportFromShareableHandle(&mut handle, fd.as_raw_fd() as usize as *mut c_void, kind)
         })?;
         // The imported handle keeps the allocation alive; the descriptor is no longer needed.
         drop(fd);
         match self.vmm_map(handle, size) {
-            Ok(ptr) => Ok(self.insert(
-                ptr,
-                bytes,
-                Mem::Vmm {
-                    handle,
-                    mapped: size,
-                },
-            )),
+            Ok(ptr) => Ok(self.insert(ptr, bytes, Mem::Vmm { handle, mapped: size })),
             Err(e) => {
                 // SAFETY: the handle was just imported and is mapped nowhere.
                 let _ = unsafe { cu::cuMemRelease(handle) };
@@ -920,9 +739,7 @@ impl Driver for CudaDriver {
         self.current()?;
         let mut s: cu::CUstream = null_mut();
         // SAFETY: writes one stream.
-        ck("cuStreamCreate", unsafe {
-            cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        })?;
+        ck("cuStreamCreate", unsafe { cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
         lock(&self.live).streams.insert(s as Handle);
         Ok(s as Handle)
     }
@@ -932,9 +749,7 @@ impl Driver for CudaDriver {
             return Err(bad(format!("unknown stream {stream:#x}")));
         }
         // SAFETY: a live stream of ours, destroyed once.
-        ck("cuStreamDestroy", unsafe {
-            cu::cuStreamDestroy_v2(stream as cu::CUstream)
-        })
+        ck("cuStreamDestroy", unsafe { cu::cuStreamDestroy_v2(stream as cu::CUstream) })
     }
     fn stream_sync(&self, stream: Handle) -> Result<()> {
         self.current()?;
@@ -946,9 +761,7 @@ impl Driver for CudaDriver {
         self.current()?;
         let mut e: cu::CUevent = null_mut();
         // SAFETY: writes one event; default flags keep timing on.
-        ck("cuEventCreate", unsafe {
-            cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DEFAULT as u32)
-        })?;
+        ck("cuEventCreate", unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DEFAULT as u32) })?;
         lock(&self.live).events.insert(e as Handle);
         Ok(e as Handle)
     }
@@ -958,9 +771,7 @@ impl Driver for CudaDriver {
             return Err(bad(format!("unknown event {event:#x}")));
         }
         // SAFETY: a live event of ours, destroyed once.
-        ck("cuEventDestroy", unsafe {
-            cu::cuEventDestroy_v2(event as cu::CUevent)
-        })
+        ck("cuEventDestroy", unsafe { cu::cuEventDestroy_v2(event as cu::CUevent) })
     }
     fn event_record(&self, event: Handle, stream: Handle) -> Result<()> {
         self.current()?;
@@ -979,33 +790,21 @@ impl Driver for CudaDriver {
         let (a, b) = (self.event(start)?, self.event(end)?);
         let mut ms = 0f32;
         // SAFETY: two live events; writes one float. `elapsed` points into libcuda, which `_lib` keeps loaded.
-        ck("cuEventElapsedTime", unsafe {
-            (self.elapsed)(&mut ms, a, b)
-        })?;
+        ck("cuEventElapsedTime", unsafe { (self.elapsed)(&mut ms, a, b) })?;
         Ok(ms)
     }
 
-    fn memcpy_dtod(
-        &self,
-        stream: Handle,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-    ) -> Result<()> {
+    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.current()?;
         let s = self.stream(stream)?;
         // SAFETY: device addresses; the driver checks them, and the callers size ranges from their buffers.
-        ck("cuMemcpyDtoDAsync", unsafe {
-            cu::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, s)
-        })
+        ck("cuMemcpyDtoDAsync", unsafe { cu::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, s) })
     }
     fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.current()?;
         let s = self.stream(stream)?;
         // SAFETY: as above.
-        ck("cuMemsetD8Async", unsafe {
-            cu::cuMemsetD8Async(dst.0, value, bytes, s)
-        })
+        ck("cuMemsetD8Async", unsafe { cu::cuMemsetD8Async(dst.0, value, bytes, s) })
     }
     fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.current()?;
@@ -1030,34 +829,18 @@ impl Driver for CudaDriver {
 
     fn module_load(&self, lib: &KernelLibrary) -> Result<Handle> {
         self.current()?;
-        let nvrtc = self.nvrtc.as_ref().map_err(|why| {
-            not_available(format!(
-                "NVRTC is needed to compile kernel library {}: {why}",
-                lib.name
-            ))
-        })?;
+        let nvrtc = self
+            .nvrtc
+            .as_ref()
+            .map_err(|why| not_available(format!("NVRTC is needed to compile kernel library {}: {why}", lib.name)))?;
         let target = nvrtc.target(self.cc)?;
         let mut options = vec![format!("--gpu-architecture={}", target.arch)];
         options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
         let version = format!("nvrtc {}.{}", nvrtc.version.0, nvrtc.version.1);
         let joined = options.join("\u{1f}");
-        let key = fnv1a64(&[
-            b"arx-kernel-v1",
-            lib.source.as_bytes(),
-            joined.as_bytes(),
-            version.as_bytes(),
-        ]);
-        let stem: String = lib
-            .name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
+        let key = fnv1a64(&[b"arx-kernel-v1", lib.source.as_bytes(), joined.as_bytes(), version.as_bytes()]);
+        let stem: String =
+            lib.name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
         let ext = if target.cubin { "cubin" } else { "ptx" };
         let path = cache_dir().map(|d| d.join(format!("{stem}-{}-{key:016x}.{ext}", target.arch)));
         if let Some(image) = path.as_deref().and_then(|p| std::fs::read(p).ok()) {
@@ -1083,22 +866,17 @@ impl Driver for CudaDriver {
             live.kernels.retain(|_, m| *m != module);
         }
         // SAFETY: a live module of ours, unloaded once; its functions were dropped from the live set above.
-        ck("cuModuleUnload", unsafe {
-            cu::cuModuleUnload(module as cu::CUmodule)
-        })
+        ck("cuModuleUnload", unsafe { cu::cuModuleUnload(module as cu::CUmodule) })
     }
     fn kernel(&self, module: Handle, name: &str) -> Result<Handle> {
         self.current()?;
         if !lock(&self.live).modules.contains(&module) {
             return Err(bad(format!("unknown module {module:#x}")));
         }
-        let cname = CString::new(name)
-            .map_err(|_| bad(format!("kernel name {name:?} contains a NUL byte")))?;
+        let cname = CString::new(name).map_err(|_| bad(format!("kernel name {name:?} contains a NUL byte")))?;
         let mut f: cu::CUfunction = null_mut();
         // SAFETY: a live module; the name lives through the call; writes one function.
-        ck("cuModuleGetFunction", unsafe {
-            cu::cuModuleGetFunction(&mut f, module as cu::CUmodule, cname.as_ptr())
-        })?;
+        ck("cuModuleGetFunction", unsafe { cu::cuModuleGetFunction(&mut f, module as cu::CUmodule, cname.as_ptr()) })?;
         lock(&self.live).kernels.insert(f as Handle, module);
         Ok(f as Handle)
     }
@@ -1108,52 +886,22 @@ impl Driver for CudaDriver {
         let mut n: c_int = 0;
         // SAFETY: a live function; writes one int.
         ck("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut n,
-                f,
-                block as c_int,
-                shared_bytes as usize,
-            )
+            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as c_int, shared_bytes as usize)
         })?;
         Ok(n.max(0) as usize * self.info.multiprocessors)
     }
-    fn launch(
-        &self,
-        stream: Handle,
-        kernel: Handle,
-        dims: LaunchDims,
-        params: &[u8],
-    ) -> Result<()> {
+    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()> {
         if params.len() > MAX_PARAM_BYTES {
-            return Err(bad(format!(
-                "kernel parameter struct of {} bytes (at most {MAX_PARAM_BYTES})",
-                params.len()
-            )));
+            return Err(bad(format!("kernel parameter struct of {} bytes (at most {MAX_PARAM_BYTES})", params.len())));
         }
         self.current()?;
         let (f, s) = (self.function(kernel)?, self.stream(stream)?);
         // The kernels take one by-value struct: one parameter, pointing at its bytes (copied at launch/capture).
         let mut args = [params.as_ptr() as *mut c_void];
-        let args = if params.is_empty() {
-            null_mut()
-        } else {
-            args.as_mut_ptr()
-        };
+        let args = if params.is_empty() { null_mut() } else { args.as_mut_ptr() };
         // SAFETY: a live function and stream; `args` and the bytes it points at outlive the call.
         ck("cuLaunchKernel", unsafe {
-            cu::cuLaunchKernel(
-                f,
-                dims.grid,
-                1,
-                1,
-                dims.block,
-                1,
-                1,
-                dims.shared_bytes,
-                s,
-                args,
-                null_mut(),
-            )
+            cu::cuLaunchKernel(f, dims.grid, 1, 1, dims.block, 1, 1, dims.shared_bytes, s, args, null_mut())
         })
     }
 
@@ -1162,30 +910,22 @@ impl Driver for CudaDriver {
         let s = self.stream(stream)?;
         let mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         // SAFETY: a live stream. Thread-local mode leaves other threads' work alone.
-        ck("cuStreamBeginCapture", unsafe {
-            cu::cuStreamBeginCapture_v2(s, mode)
-        })
+        ck("cuStreamBeginCapture", unsafe { cu::cuStreamBeginCapture_v2(s, mode) })
     }
     fn capture_end(&self, stream: Handle) -> Result<Handle> {
         self.current()?;
         let s = self.stream(stream)?;
         let mut graph: cu::CUgraph = null_mut();
         // SAFETY: a live stream; writes one graph.
-        ck("cuStreamEndCapture", unsafe {
-            cu::cuStreamEndCapture(s, &mut graph)
-        })?;
+        ck("cuStreamEndCapture", unsafe { cu::cuStreamEndCapture(s, &mut graph) })?;
         let mut exec: cu::CUgraphExec = null_mut();
         // SAFETY: the graph just captured; writes one executable graph.
-        if let Err(e) = ck("cuGraphInstantiate", unsafe {
-            cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
-        }) {
+        if let Err(e) = ck("cuGraphInstantiate", unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }) {
             // SAFETY: the graph is ours and used nowhere else.
             let _ = unsafe { cu::cuGraphDestroy(graph) };
             return Err(e);
         }
-        lock(&self.live)
-            .graphs
-            .insert(exec as Handle, graph as Handle);
+        lock(&self.live).graphs.insert(exec as Handle, graph as Handle);
         Ok(exec as Handle)
     }
     fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()> {
@@ -1195,23 +935,15 @@ impl Driver for CudaDriver {
         }
         let s = self.stream(stream)?;
         // SAFETY: a live executable graph and stream.
-        ck("cuGraphLaunch", unsafe {
-            cu::cuGraphLaunch(graph as cu::CUgraphExec, s)
-        })
+        ck("cuGraphLaunch", unsafe { cu::cuGraphLaunch(graph as cu::CUgraphExec, s) })
     }
     fn graph_destroy(&self, graph: Handle) -> Result<()> {
         self.current()?;
-        let g = lock(&self.live)
-            .graphs
-            .remove(&graph)
-            .ok_or_else(|| bad(format!("unknown graph {graph:#x}")))?;
+        let g = lock(&self.live).graphs.remove(&graph).ok_or_else(|| bad(format!("unknown graph {graph:#x}")))?;
         // SAFETY: the executable graph and its graph are ours, destroyed once.
         let steps = unsafe {
             [
-                ck(
-                    "cuGraphExecDestroy",
-                    cu::cuGraphExecDestroy(graph as cu::CUgraphExec),
-                ),
+                ck("cuGraphExecDestroy", cu::cuGraphExecDestroy(graph as cu::CUgraphExec)),
                 ck("cuGraphDestroy", cu::cuGraphDestroy(g as cu::CUgraph)),
             ]
         };
@@ -1259,19 +991,12 @@ mod tests {
         assert_eq!(fnv1a64_update(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a64_update(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a64_update(FNV_OFFSET, b"foobar"), 0x8594_4171_f739_67e8);
-        assert_ne!(
-            fnv1a64(&[b"ab", b"c"]),
-            fnv1a64(&[b"a", b"bc"]),
-            "parts must not run together"
-        );
+        assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]), "parts must not run together");
     }
 
     #[test]
     fn open_without_cuda_is_not_available_not_a_panic() {
-        let opts = DriverOptions {
-            device: None,
-            shm_prefix: String::new(),
-        };
+        let opts = DriverOptions { device: None, shm_prefix: String::new() };
         match open(&opts) {
             Ok(d) => assert_eq!(d.info().kind, DriverKind::Cuda),
             Err(GpuError::NotAvailable { backend, .. }) => assert_eq!(backend, "cuda"),

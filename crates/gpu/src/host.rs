@@ -3,8 +3,7 @@
 //! thread, and whose "kernels" are Rust functions that run the same algorithms with std atomics.
 
 use crate::{
-    DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims,
-    MemKind, RawMem, Result,
+    DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result,
 };
 use nix::fcntl::OFlag;
 use nix::sys::mman::{self, MapFlags, ProtFlags};
@@ -31,11 +30,7 @@ impl HostLaunch<'_> {
     /// The launch's parameter struct.
     pub fn params<P: bytemuck::Pod>(&self) -> std::result::Result<P, String> {
         bytemuck::try_pod_read_unaligned(self.params).map_err(|e| {
-            format!(
-                "parameter block of {} bytes does not fit {}: {e}",
-                self.params.len(),
-                std::any::type_name::<P>()
-            )
+            format!("parameter block of {} bytes does not fit {}: {e}", self.params.len(), std::any::type_name::<P>())
         })
     }
 }
@@ -61,22 +56,9 @@ unsafe impl Send for Mapping {}
 
 #[derive(Clone)]
 enum Op {
-    Launch {
-        name: String,
-        kernel: HostKernel,
-        dims: LaunchDims,
-        params: Vec<u8>,
-    },
-    Copy {
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-    },
-    Set {
-        dst: DevicePtr,
-        value: u8,
-        bytes: usize,
-    },
+    Launch { name: String, kernel: HostKernel, dims: LaunchDims, params: Vec<u8> },
+    Copy { dst: DevicePtr, src: DevicePtr, bytes: usize },
+    Set { dst: DevicePtr, value: u8, bytes: usize },
 }
 
 pub(crate) struct HostDriver {
@@ -102,9 +84,7 @@ fn nonzero(bytes: usize) -> Result<NonZeroUsize> {
 
 impl HostDriver {
     pub(crate) fn new(shm_prefix: &str) -> HostDriver {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         HostDriver {
             info: DeviceInfo {
                 kind: DriverKind::Host,
@@ -115,11 +95,7 @@ impl HostDriver {
                 multiprocessors: cores,
                 size_align: 256,
             },
-            prefix: if shm_prefix.is_empty() {
-                format!("/arx-p{}", std::process::id())
-            } else {
-                shm_prefix.into()
-            },
+            prefix: if shm_prefix.is_empty() { format!("/arx-p{}", std::process::id()) } else { shm_prefix.into() },
             next: AtomicU64::new(1),
             mems: Mutex::default(),
             streams: Mutex::default(),
@@ -137,30 +113,15 @@ impl HostDriver {
     fn map_shared(&self, fd: impl AsFd, bytes: usize, backing: Backing) -> Result<RawMem> {
         // SAFETY: a fresh shared mapping of a file we hold open; nothing else aliases it in this process.
         let addr = unsafe {
-            mman::mmap(
-                None,
-                nonzero(bytes)?,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                fd,
-                0,
-            )
+            mman::mmap(None, nonzero(bytes)?, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd, 0)
         }
         .map_err(|e| GpuError::sys("mmap", e))?;
-        Ok(self.insert(Mapping {
-            addr,
-            len: bytes,
-            backing,
-        }))
+        Ok(self.insert(Mapping { addr, len: bytes, backing }))
     }
 
     fn insert(&self, m: Mapping) -> RawMem {
         let token = self.id();
-        let raw = RawMem {
-            ptr: DevicePtr(m.addr.as_ptr() as u64),
-            bytes: m.len,
-            token,
-        };
+        let raw = RawMem { ptr: DevicePtr(m.addr.as_ptr() as u64), bytes: m.len, token };
         lock(&self.mems).insert(token, m);
         raw
     }
@@ -169,29 +130,17 @@ impl HostDriver {
     fn check_file(fd: &OwnedFd, bytes: usize, what: &str) -> Result<()> {
         let st = fstat(fd.as_raw_fd()).map_err(|e| GpuError::sys("fstat", e))?;
         if st.st_uid != nix::unistd::geteuid().as_raw() {
-            return Err(GpuError::BadArgs(format!(
-                "{what} belongs to uid {}, not to us",
-                st.st_uid
-            )));
+            return Err(GpuError::BadArgs(format!("{what} belongs to uid {}, not to us", st.st_uid)));
         }
         if (st.st_size as u64) < bytes as u64 {
-            return Err(GpuError::BadArgs(format!(
-                "{what} holds {} bytes, {bytes} asked for",
-                st.st_size
-            )));
+            return Err(GpuError::BadArgs(format!("{what} holds {} bytes, {bytes} asked for", st.st_size)));
         }
         Ok(())
     }
 
-    fn with_stream<T>(
-        &self,
-        stream: Handle,
-        f: impl FnOnce(&mut Option<Vec<Op>>) -> T,
-    ) -> Result<T> {
+    fn with_stream<T>(&self, stream: Handle, f: impl FnOnce(&mut Option<Vec<Op>>) -> T) -> Result<T> {
         let mut streams = lock(&self.streams);
-        let s = streams
-            .get_mut(&stream)
-            .ok_or_else(|| GpuError::BadArgs(format!("unknown stream {stream}")))?;
+        let s = streams.get_mut(&stream).ok_or_else(|| GpuError::BadArgs(format!("unknown stream {stream}")))?;
         Ok(f(s))
     }
 
@@ -212,9 +161,7 @@ impl HostDriver {
 
     fn not_capturing(&self, stream: Handle, what: &'static str) -> Result<()> {
         if self.with_stream(stream, |s| s.is_some())? {
-            return Err(GpuError::BadArgs(format!(
-                "{what} is not allowed while the stream is capturing"
-            )));
+            return Err(GpuError::BadArgs(format!("{what} is not allowed while the stream is capturing")));
         }
         Ok(())
     }
@@ -222,19 +169,9 @@ impl HostDriver {
 
 fn run(op: &Op) -> Result<()> {
     match op {
-        Op::Launch {
-            name,
-            kernel,
-            dims,
-            params,
-        } => kernel(&HostLaunch {
-            dims: *dims,
-            params,
-        })
-        .map_err(|msg| GpuError::Kernel {
-            kernel: name.clone(),
-            msg,
-        }),
+        Op::Launch { name, kernel, dims, params } => {
+            kernel(&HostLaunch { dims: *dims, params }).map_err(|msg| GpuError::Kernel { kernel: name.clone(), msg })
+        }
         // SAFETY: device pointers on the host driver are addresses of live mappings; the caller's ranges were
         // sized by it from its own buffers, as with cuMemcpy.
         Op::Copy { dst, src, bytes } => unsafe {
@@ -267,11 +204,7 @@ impl Driver for HostDriver {
                     )
                 }
                 .map_err(|e| GpuError::sys("mmap(anonymous)", e))?;
-                Ok(self.insert(Mapping {
-                    addr,
-                    len: bytes,
-                    backing: Backing::Anonymous,
-                }))
+                Ok(self.insert(Mapping { addr, len: bytes, backing: Backing::Anonymous }))
             }
             MemKind::Ipc { .. } => {
                 let name = format!("{}-h{}-{}", self.prefix, std::process::id(), self.id());
@@ -295,9 +228,7 @@ impl Driver for HostDriver {
     fn ipc_export(&self, mem: &RawMem) -> Result<Vec<u8>> {
         match &lock(&self.mems).get(&mem.token).map(|m| &m.backing) {
             Some(Backing::Shm { name }) => Ok(name.as_bytes().to_vec()),
-            _ => Err(GpuError::BadArgs(
-                "ipc_export of memory not allocated with MemKind::Ipc".into(),
-            )),
+            _ => Err(GpuError::BadArgs("ipc_export of memory not allocated with MemKind::Ipc".into())),
         }
     }
 
@@ -306,22 +237,17 @@ impl Driver for HostDriver {
             .ok()
             .filter(|n| n.starts_with("/arx-") && !n[1..].contains('/') && n.len() < 250)
             .ok_or_else(|| {
-                GpuError::BadArgs(format!(
-                    "not a host IPC handle: {:?}",
-                    String::from_utf8_lossy(handle)
-                ))
+                GpuError::BadArgs(format!("not a host IPC handle: {:?}", String::from_utf8_lossy(handle)))
             })?;
-        let fd = mman::shm_open(name, OFlag::O_RDWR, Mode::empty())
-            .map_err(|e| GpuError::sys("shm_open", e))?;
+        let fd = mman::shm_open(name, OFlag::O_RDWR, Mode::empty()).map_err(|e| GpuError::sys("shm_open", e))?;
         Self::check_file(&fd, bytes, name)?;
         self.map_shared(&fd, bytes, Backing::Imported)
     }
 
     fn vmm_create(&self, bytes: usize) -> Result<RawMem> {
         let name = CString::new("arx-vmm").expect("no NUL");
-        let fd =
-            nix::sys::memfd::memfd_create(&name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
-                .map_err(|e| GpuError::sys("memfd_create", e))?;
+        let fd = nix::sys::memfd::memfd_create(&name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
+            .map_err(|e| GpuError::sys("memfd_create", e))?;
         nix::unistd::ftruncate(&fd, bytes as i64).map_err(|e| GpuError::sys("ftruncate", e))?;
         let dup = fd.try_clone().map_err(|e| GpuError::Driver {
             call: "dup",
@@ -338,9 +264,7 @@ impl Driver for HostDriver {
                 code: e.raw_os_error().unwrap_or(0) as i64,
                 msg: e.to_string(),
             }),
-            _ => Err(GpuError::BadArgs(
-                "vmm_export_fd of memory not made by vmm_create".into(),
-            )),
+            _ => Err(GpuError::BadArgs("vmm_export_fd of memory not made by vmm_create".into())),
         }
     }
 
@@ -350,12 +274,11 @@ impl Driver for HostDriver {
     }
 
     fn release(&self, mem: &RawMem) -> Result<()> {
-        let m = lock(&self.mems).remove(&mem.token).ok_or_else(|| {
-            GpuError::BadArgs(format!("release of unknown allocation {}", mem.token))
-        })?;
+        let m = lock(&self.mems)
+            .remove(&mem.token)
+            .ok_or_else(|| GpuError::BadArgs(format!("release of unknown allocation {}", mem.token)))?;
         // SAFETY: the mapping was made by this driver with this length and is no longer referenced.
-        let unmapped =
-            unsafe { mman::munmap(m.addr, m.len) }.map_err(|e| GpuError::sys("munmap", e));
+        let unmapped = unsafe { mman::munmap(m.addr, m.len) }.map_err(|e| GpuError::sys("munmap", e));
         if let Backing::Shm { name } = &m.backing {
             mman::shm_unlink(name.as_str()).map_err(|e| GpuError::sys("shm_unlink", e))?;
         }
@@ -368,10 +291,7 @@ impl Driver for HostDriver {
         Ok(h)
     }
     fn stream_destroy(&self, stream: Handle) -> Result<()> {
-        lock(&self.streams)
-            .remove(&stream)
-            .map(|_| ())
-            .ok_or_else(|| GpuError::BadArgs("unknown stream".into()))
+        lock(&self.streams).remove(&stream).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown stream".into()))
     }
     fn stream_sync(&self, stream: Handle) -> Result<()> {
         self.not_capturing(stream, "stream_sync")
@@ -382,45 +302,27 @@ impl Driver for HostDriver {
         Ok(h)
     }
     fn event_destroy(&self, event: Handle) -> Result<()> {
-        lock(&self.events)
-            .remove(&event)
-            .map(|_| ())
-            .ok_or_else(|| GpuError::BadArgs("unknown event".into()))
+        lock(&self.events).remove(&event).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown event".into()))
     }
     fn event_record(&self, event: Handle, stream: Handle) -> Result<()> {
         self.not_capturing(stream, "event_record")?;
         let mut events = lock(&self.events);
-        let e = events
-            .get_mut(&event)
-            .ok_or_else(|| GpuError::BadArgs("unknown event".into()))?;
+        let e = events.get_mut(&event).ok_or_else(|| GpuError::BadArgs("unknown event".into()))?;
         *e = Some(Instant::now());
         Ok(())
     }
     fn event_sync(&self, event: Handle) -> Result<()> {
-        lock(&self.events)
-            .get(&event)
-            .map(|_| ())
-            .ok_or_else(|| GpuError::BadArgs("unknown event".into()))
+        lock(&self.events).get(&event).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown event".into()))
     }
     fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32> {
         let events = lock(&self.events);
         match (events.get(&start), events.get(&end)) {
-            (Some(Some(a)), Some(Some(b))) => {
-                Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3)
-            }
-            _ => Err(GpuError::BadArgs(
-                "elapsed time of an event that was never recorded".into(),
-            )),
+            (Some(Some(a)), Some(Some(b))) => Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3),
+            _ => Err(GpuError::BadArgs("elapsed time of an event that was never recorded".into())),
         }
     }
 
-    fn memcpy_dtod(
-        &self,
-        stream: Handle,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-    ) -> Result<()> {
+    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.submit(stream, Op::Copy { dst, src, bytes })
     }
     fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
@@ -445,50 +347,25 @@ impl Driver for HostDriver {
         Ok(h)
     }
     fn module_unload(&self, module: Handle) -> Result<()> {
-        lock(&self.modules)
-            .remove(&module)
-            .map(|_| ())
-            .ok_or_else(|| GpuError::BadArgs("unknown module".into()))
+        lock(&self.modules).remove(&module).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown module".into()))
     }
     fn kernel(&self, module: Handle, name: &str) -> Result<Handle> {
-        let table = *lock(&self.modules)
-            .get(&module)
-            .ok_or_else(|| GpuError::BadArgs("unknown module".into()))?;
-        let (n, f) = table.iter().find(|(n, _)| *n == name).ok_or_else(|| {
-            GpuError::BadArgs(format!("kernel {name} has no host implementation"))
-        })?;
+        let table = *lock(&self.modules).get(&module).ok_or_else(|| GpuError::BadArgs("unknown module".into()))?;
+        let (n, f) = table
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| GpuError::BadArgs(format!("kernel {name} has no host implementation")))?;
         let h = self.id();
         lock(&self.kernels).insert(h, (n, *f));
         Ok(h)
     }
-    fn max_resident_blocks(
-        &self,
-        _kernel: Handle,
-        _block: u32,
-        _shared_bytes: u32,
-    ) -> Result<usize> {
+    fn max_resident_blocks(&self, _kernel: Handle, _block: u32, _shared_bytes: u32) -> Result<usize> {
         // A host kernel runs to completion on its caller's thread: every block is "resident".
         Ok(usize::MAX)
     }
-    fn launch(
-        &self,
-        stream: Handle,
-        kernel: Handle,
-        dims: LaunchDims,
-        params: &[u8],
-    ) -> Result<()> {
-        let (name, f) = *lock(&self.kernels)
-            .get(&kernel)
-            .ok_or_else(|| GpuError::BadArgs("unknown kernel".into()))?;
-        self.submit(
-            stream,
-            Op::Launch {
-                name: name.to_string(),
-                kernel: f,
-                dims,
-                params: params.to_vec(),
-            },
-        )
+    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()> {
+        let (name, f) = *lock(&self.kernels).get(&kernel).ok_or_else(|| GpuError::BadArgs("unknown kernel".into()))?;
+        self.submit(stream, Op::Launch { name: name.to_string(), kernel: f, dims, params: params.to_vec() })
     }
 
     fn capture_begin(&self, stream: Handle) -> Result<()> {
@@ -501,26 +378,20 @@ impl Driver for HostDriver {
         })?
     }
     fn capture_end(&self, stream: Handle) -> Result<Handle> {
-        let ops = self.with_stream(stream, |s| s.take())?.ok_or_else(|| {
-            GpuError::BadArgs("capture_end on a stream that is not capturing".into())
-        })?;
+        let ops = self
+            .with_stream(stream, |s| s.take())?
+            .ok_or_else(|| GpuError::BadArgs("capture_end on a stream that is not capturing".into()))?;
         let h = self.id();
         lock(&self.graphs).insert(h, ops);
         Ok(h)
     }
     fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()> {
         self.not_capturing(stream, "graph_launch")?;
-        let ops = lock(&self.graphs)
-            .get(&graph)
-            .cloned()
-            .ok_or_else(|| GpuError::BadArgs("unknown graph".into()))?;
+        let ops = lock(&self.graphs).get(&graph).cloned().ok_or_else(|| GpuError::BadArgs("unknown graph".into()))?;
         ops.iter().try_for_each(run)
     }
     fn graph_destroy(&self, graph: Handle) -> Result<()> {
-        lock(&self.graphs)
-            .remove(&graph)
-            .map(|_| ())
-            .ok_or_else(|| GpuError::BadArgs("unknown graph".into()))
+        lock(&self.graphs).remove(&graph).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown graph".into()))
     }
 }
 
@@ -543,15 +414,7 @@ mod tests {
 
     fn host() -> crate::Gpu {
         let prefix = format!("/arx-test{}", std::process::id());
-        open(
-            Backend::Host,
-            &DriverOptions {
-                device: None,
-                shm_prefix: prefix,
-            },
-        )
-        .unwrap()
-        .gpu
+        open(Backend::Host, &DriverOptions { device: None, shm_prefix: prefix }).unwrap().gpu
     }
 
     #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -569,11 +432,7 @@ mod tests {
         Ok(())
     }
 
-    static LIB: KernelLibrary = KernelLibrary {
-        name: "test",
-        source: "",
-        host: &[("add_one", add_one)],
-    };
+    static LIB: KernelLibrary = KernelLibrary { name: "test", source: "", host: &[("add_one", add_one)] };
 
     #[test]
     fn copy_set_launch_and_graph_replay() {
@@ -586,15 +445,8 @@ mod tests {
         s.copy(b.ptr(), a.ptr(), 4096).unwrap();
         let module = gpu.load(&LIB).unwrap();
         let k = module.kernel("add_one").unwrap();
-        let dims = LaunchDims {
-            grid: 1,
-            block: 1,
-            shared_bytes: 0,
-        };
-        let params = AddOne {
-            ptr: b.ptr().0,
-            n: 4096,
-        };
+        let dims = LaunchDims { grid: 1, block: 1, shared_bytes: 0 };
+        let params = AddOne { ptr: b.ptr().0, n: 4096 };
         s.begin_capture().unwrap();
         s.launch(&k, dims, &params).unwrap();
         s.launch(&k, dims, &params).unwrap();
@@ -611,10 +463,7 @@ mod tests {
         s.download(&b, 0, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 7));
         assert!(module.kernel("missing").is_err());
-        assert!(
-            s.download(&b, 1, &mut out).is_err(),
-            "overrun must be refused"
-        );
+        assert!(s.download(&b, 1, &mut out).is_err(), "overrun must be refused");
     }
 
     #[test]
@@ -630,17 +479,11 @@ mod tests {
         let mut got = [0u8; 5];
         s.download(&a, 100, &mut got).unwrap();
         assert_eq!(&got, b"hello");
-        assert!(
-            gpu.ipc_import(&handle, 1 << 20).is_err(),
-            "import larger than the segment must fail"
-        );
+        assert!(gpu.ipc_import(&handle, 1 << 20).is_err(), "import larger than the segment must fail");
         assert!(gpu.ipc_import(b"/etc/passwd", 8).is_err());
         drop(mapped);
         drop(a);
-        assert!(
-            !std::path::Path::new(&format!("/dev/shm{name}")).exists(),
-            "segment must be unlinked on free"
-        );
+        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists(), "segment must be unlinked on free");
 
         let v = gpu.vmm_create(4096).unwrap();
         let fd = gpu.vmm_export_fd(&v).unwrap();
@@ -658,10 +501,7 @@ mod tests {
         let gpu = host();
         let s = gpu.stream().unwrap();
         let (e0, e1) = (gpu.event().unwrap(), gpu.event().unwrap());
-        assert!(
-            e0.elapsed_ms(&e1).is_err(),
-            "unrecorded events have no elapsed time"
-        );
+        assert!(e0.elapsed_ms(&e1).is_err(), "unrecorded events have no elapsed time");
         s.record(&e0).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(2));
         s.record(&e1).unwrap();

@@ -46,9 +46,7 @@ impl FromStr for Backend {
             "host" => Ok(Backend::Host),
             "cuda" => Ok(Backend::Cuda),
             "hip" => Ok(Backend::Hip),
-            other => Err(GpuError::BadArgs(format!(
-                "unknown backend {other:?} (expected auto, host, cuda or hip)"
-            ))),
+            other => Err(GpuError::BadArgs(format!("unknown backend {other:?} (expected auto, host, cuda or hip)"))),
         }
     }
 }
@@ -146,13 +144,7 @@ pub trait Driver: Send + Sync {
     fn event_sync(&self, event: Handle) -> Result<()>;
     fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32>;
 
-    fn memcpy_dtod(
-        &self,
-        stream: Handle,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-    ) -> Result<()>;
+    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
     fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Host to device; returns once the copy is done.
     fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()>;
@@ -164,8 +156,7 @@ pub trait Driver: Send + Sync {
     fn kernel(&self, module: Handle, name: &str) -> Result<Handle>;
     /// How many blocks of `block` threads of this kernel can be resident on the whole device at once.
     fn max_resident_blocks(&self, kernel: Handle, block: u32, shared_bytes: u32) -> Result<usize>;
-    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8])
-        -> Result<()>;
+    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()>;
 
     fn capture_begin(&self, stream: Handle) -> Result<()>;
     fn capture_end(&self, stream: Handle) -> Result<Handle>;
@@ -217,10 +208,7 @@ pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
             }
         }
     };
-    Ok(Opened {
-        gpu: Gpu(driver),
-        notes,
-    })
+    Ok(Opened { gpu: Gpu(driver), notes })
 }
 
 fn cuda_open(opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
@@ -230,25 +218,14 @@ fn cuda_open(opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
 /// Picks the ordinal from the options or `LOCAL_RANK`.
 pub(crate) fn pick_ordinal(opts: &DriverOptions, count: usize) -> Result<usize> {
     if count == 0 {
-        return Err(GpuError::NotAvailable {
-            backend: "gpu",
-            reason: "no device".into(),
-        });
+        return Err(GpuError::NotAvailable { backend: "gpu", reason: "no device".into() });
     }
     let ordinal = match opts.device {
         Some(d) => d,
-        None => {
-            std::env::var("LOCAL_RANK")
-                .ok()
-                .and_then(|s| s.parse::<usize>().ok())
-                .unwrap_or(0)
-                % count
-        }
+        None => std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(0) % count,
     };
     if ordinal >= count {
-        return Err(GpuError::BadArgs(format!(
-            "device {ordinal} requested, {count} present"
-        )));
+        return Err(GpuError::BadArgs(format!("device {ordinal} requested, {count} present")));
     }
     Ok(ordinal)
 }
@@ -269,10 +246,7 @@ impl Gpu {
     }
 
     fn wrap(&self, raw: RawMem) -> DeviceBuffer {
-        DeviceBuffer {
-            gpu: self.clone(),
-            raw,
-        }
+        DeviceBuffer { gpu: self.clone(), raw }
     }
 
     /// Allocates `bytes` (at least 1) of device memory.
@@ -303,22 +277,13 @@ impl Gpu {
     }
 
     pub fn stream(&self) -> Result<Stream> {
-        Ok(Stream {
-            gpu: self.clone(),
-            handle: self.0.stream_create()?,
-        })
+        Ok(Stream { gpu: self.clone(), handle: self.0.stream_create()? })
     }
     pub fn event(&self) -> Result<Event> {
-        Ok(Event {
-            gpu: self.clone(),
-            handle: self.0.event_create()?,
-        })
+        Ok(Event { gpu: self.clone(), handle: self.0.event_create()? })
     }
     pub fn load(&self, lib: &KernelLibrary) -> Result<Module> {
-        Ok(Module {
-            gpu: self.clone(),
-            handle: self.0.module_load(lib)?,
-        })
+        Ok(Module { gpu: self.clone(), handle: self.0.module_load(lib)? })
     }
 }
 
@@ -369,26 +334,15 @@ impl Stream {
     }
     pub fn upload(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
         check_range(dst, offset, src.len())?;
-        self.gpu
-            .0
-            .memcpy_htod(self.handle, dst.ptr().offset(offset), src)
+        self.gpu.0.memcpy_htod(self.handle, dst.ptr().offset(offset), src)
     }
     pub fn download(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range(src, offset, dst.len())?;
-        self.gpu
-            .0
-            .memcpy_dtoh(self.handle, dst, src.ptr().offset(offset))
+        self.gpu.0.memcpy_dtoh(self.handle, dst, src.ptr().offset(offset))
     }
     /// Launches `kernel` with one by-value parameter struct (the kernels' ABI in this workspace).
-    pub fn launch<P: bytemuck::Pod>(
-        &self,
-        kernel: &Kernel,
-        dims: LaunchDims,
-        params: &P,
-    ) -> Result<()> {
-        self.gpu
-            .0
-            .launch(self.handle, kernel.handle, dims, bytemuck::bytes_of(params))
+    pub fn launch<P: bytemuck::Pod>(&self, kernel: &Kernel, dims: LaunchDims, params: &P) -> Result<()> {
+        self.gpu.0.launch(self.handle, kernel.handle, dims, bytemuck::bytes_of(params))
     }
     pub fn record(&self, event: &Event) -> Result<()> {
         self.gpu.0.event_record(event.handle, self.handle)
@@ -398,10 +352,7 @@ impl Stream {
         self.gpu.0.capture_begin(self.handle)
     }
     pub fn end_capture(&self) -> Result<Graph> {
-        Ok(Graph {
-            gpu: self.gpu.clone(),
-            handle: self.gpu.0.capture_end(self.handle)?,
-        })
+        Ok(Graph { gpu: self.gpu.clone(), handle: self.gpu.0.capture_end(self.handle)? })
     }
     pub fn replay(&self, graph: &Graph) -> Result<()> {
         self.gpu.0.graph_launch(graph.handle, self.handle)
@@ -458,10 +409,7 @@ pub struct Module {
 
 impl Module {
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
-        Ok(Kernel {
-            gpu: self.gpu.clone(),
-            handle: self.gpu.0.kernel(self.handle, name)?,
-        })
+        Ok(Kernel { gpu: self.gpu.clone(), handle: self.gpu.0.kernel(self.handle, name)? })
     }
 }
 
@@ -481,9 +429,7 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn max_resident_blocks(&self, block: u32, shared_bytes: u32) -> Result<usize> {
-        self.gpu
-            .0
-            .max_resident_blocks(self.handle, block, shared_bytes)
+        self.gpu.0.max_resident_blocks(self.handle, block, shared_bytes)
     }
 }
 

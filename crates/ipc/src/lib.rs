@@ -21,8 +21,8 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::mman::{mmap, munmap, shm_open, shm_unlink, MapFlags, ProtFlags};
 use nix::sys::socket::{
-    bind, recvmsg, sendmsg, setsockopt, socket, sockopt, AddressFamily, ControlMessage,
-    ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr, UnixCredentials,
+    bind, recvmsg, sendmsg, setsockopt, socket, sockopt, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType, UnixAddr, UnixCredentials,
 };
 use nix::sys::stat::{fstat, FileStat, Mode};
 use nix::unistd::{ftruncate, geteuid, getpid};
@@ -70,11 +70,7 @@ pub enum IpcError {
     #[error("bad arguments: {0}")]
     BadArgs(String),
     #[error("{what}: aborted by rank {rank}: {reason}")]
-    Aborted {
-        what: String,
-        rank: usize,
-        reason: String,
-    },
+    Aborted { what: String, rank: usize, reason: String },
     #[error("fd passing: {0}")]
     Fd(String),
 }
@@ -101,22 +97,16 @@ impl JobId {
         if hex && (16..=64).contains(&s.len()) {
             Ok(JobId(s.to_string()))
         } else {
-            Err(IpcError::BadJobId(format!(
-                "{s:?}: expected 16 to 64 lowercase hex digits"
-            )))
+            Err(IpcError::BadJobId(format!("{s:?}: expected 16 to 64 lowercase hex digits")))
         }
     }
 
     /// The id a launcher put into [`JOB_ENV`], if any.
     pub fn from_env() -> Result<Option<JobId>, IpcError> {
         match std::env::var(JOB_ENV) {
-            Ok(s) => JobId::parse(&s)
-                .map(Some)
-                .map_err(|e| IpcError::BadJobId(format!("in {JOB_ENV}: {e}"))),
+            Ok(s) => JobId::parse(&s).map(Some).map_err(|e| IpcError::BadJobId(format!("in {JOB_ENV}: {e}"))),
             Err(VarError::NotPresent) => Ok(None),
-            Err(VarError::NotUnicode(s)) => Err(IpcError::BadJobId(format!(
-                "in {JOB_ENV}: {s:?} is not unicode"
-            ))),
+            Err(VarError::NotUnicode(s)) => Err(IpcError::BadJobId(format!("in {JOB_ENV}: {s:?} is not unicode"))),
         }
     }
 
@@ -176,10 +166,7 @@ pub struct RendezvousOptions {
 
 impl Default for RendezvousOptions {
     fn default() -> Self {
-        RendezvousOptions {
-            slot_bytes: 64 << 10,
-            timeout: deadline::timeout_from_env().unwrap_or(DEFAULT_TIMEOUT),
-        }
+        RendezvousOptions { slot_bytes: 64 << 10, timeout: deadline::timeout_from_env().unwrap_or(DEFAULT_TIMEOUT) }
     }
 }
 
@@ -228,21 +215,12 @@ struct Layout {
 impl Layout {
     fn new(world: usize, slot_bytes: usize) -> Result<Layout, IpcError> {
         if !(1..=MAX_SLOT_BYTES).contains(&slot_bytes) {
-            return Err(IpcError::BadArgs(format!(
-                "slot_bytes {slot_bytes} not in 1..={MAX_SLOT_BYTES}"
-            )));
+            return Err(IpcError::BadArgs(format!("slot_bytes {slot_bytes} not in 1..={MAX_SLOT_BYTES}")));
         }
         let slot_stride = (8 + slot_bytes).next_multiple_of(64);
         let ctrl_off = size_of::<Header>();
         let slots_off = ctrl_off + world * size_of::<Ctrl>();
-        Ok(Layout {
-            world,
-            slot_bytes,
-            slot_stride,
-            ctrl_off,
-            slots_off,
-            len: slots_off + world * slot_stride,
-        })
+        Ok(Layout { world, slot_bytes, slot_stride, ctrl_off, slots_off, len: slots_off + world * slot_stride })
     }
 }
 
@@ -261,18 +239,12 @@ unsafe impl Send for Segment {}
 
 impl Segment {
     fn map(fd: &OwnedFd, name: &str, len: usize) -> Result<Segment, IpcError> {
-        let size = NonZeroUsize::new(len)
-            .ok_or_else(|| IpcError::BadSegment(format!("{name}: size 0")))?;
+        let size = NonZeroUsize::new(len).ok_or_else(|| IpcError::BadSegment(format!("{name}: size 0")))?;
         let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
         // SAFETY: a fresh shared mapping at an address of the kernel's choosing aliases no Rust object.
-        let ptr = unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, 0) }
-            .map_err(sys(format!("mmap({name})")))?;
-        Ok(Segment {
-            ptr,
-            len,
-            name: name.to_string(),
-            owned: false,
-        })
+        let ptr =
+            unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, 0) }.map_err(sys(format!("mmap({name})")))?;
+        Ok(Segment { ptr, len, name: name.to_string(), owned: false })
     }
 
     /// Only valid once the mapping is known to be at least a header long (checked before every call).
@@ -314,29 +286,17 @@ fn retry<T>(
         }
         if deadline.expired() {
             let timeout = deadline.timeout();
-            return Err(WaitError::from(TimedOut {
-                what: what.to_string(),
-                missing: vec![rank],
-                timeout,
-            })
-            .into());
+            return Err(WaitError::from(TimedOut { what: what.to_string(), missing: vec![rank], timeout }).into());
         }
         backoff.snooze();
     }
 }
 
-fn mismatch<T: PartialEq + fmt::Display>(
-    name: &str,
-    field: &str,
-    found: T,
-    want: T,
-) -> Result<(), IpcError> {
+fn mismatch<T: PartialEq + fmt::Display>(name: &str, field: &str, found: T, want: T) -> Result<(), IpcError> {
     if found == want {
         Ok(())
     } else {
-        Err(IpcError::BadSegment(format!(
-            "{name}: {field} is {found}, expected {want}"
-        )))
+        Err(IpcError::BadSegment(format!("{name}: {field} is {found}, expected {want}")))
     }
 }
 
@@ -358,16 +318,9 @@ pub struct Rendezvous {
 impl Rendezvous {
     /// Attaches rank `rank` of `world` to the job's segment; returns once every rank attached (the segment
     /// name is then unlinked, so a later SIGKILL leaves nothing behind).
-    pub fn join(
-        job: &JobId,
-        rank: usize,
-        world: usize,
-        opts: RendezvousOptions,
-    ) -> Result<Rendezvous, IpcError> {
+    pub fn join(job: &JobId, rank: usize, world: usize, opts: RendezvousOptions) -> Result<Rendezvous, IpcError> {
         if !(1..=MAX_WORLD).contains(&world) {
-            return Err(IpcError::BadArgs(format!(
-                "world {world} not in 1..={MAX_WORLD}"
-            )));
+            return Err(IpcError::BadArgs(format!("world {world} not in 1..={MAX_WORLD}")));
         }
         if rank >= world {
             return Err(IpcError::BadArgs(format!("rank {rank} >= world {world}")));
@@ -376,16 +329,10 @@ impl Rendezvous {
         let deadline = Deadline::after(opts.timeout);
         let label = format!("join (rank {rank} of {world})");
         let name = job.shm_name("rdv");
-        let peers = (0..world)
-            .map(|r| job.socket_addr(r))
-            .collect::<Result<Vec<_>, _>>()?;
+        let peers = (0..world).map(|r| job.socket_addr(r)).collect::<Result<Vec<_>, _>>()?;
         // Bound before we count as attached, so once join returns every peer can send to us.
         let sock = bind_socket(&peers[rank])?;
-        let seg = if rank == 0 {
-            create(&name, &layout)?
-        } else {
-            attach(&name, &layout, &label, &deadline)?
-        };
+        let seg = if rank == 0 { create(&name, &layout)? } else { attach(&name, &layout, &label, &deadline)? };
         let rdv = Rendezvous {
             seg,
             layout,
@@ -399,9 +346,7 @@ impl Rendezvous {
             inbox: RefCell::new(HashMap::new()),
         };
         rdv.ctrl(rank).attached.0.store(1, Ordering::Release);
-        rdv.wait(&label, &deadline, rdv.others(), |r| {
-            rdv.ctrl(r).attached.0.load(Ordering::Acquire) != 0
-        })?;
+        rdv.wait(&label, &deadline, rdv.others(), |r| rdv.ctrl(r).attached.0.load(Ordering::Acquire) != 0)?;
         if rank == 0 {
             rdv.seg.unlink();
         }
@@ -426,12 +371,9 @@ impl Rendezvous {
         self.barrier_gen.set(g);
         self.ctrl(self.rank).arrived.0.store(g, Ordering::Release);
         let deadline = Deadline::after(self.timeout);
-        self.wait(
-            &self.label("barrier", what),
-            &deadline,
-            self.others(),
-            |r| self.ctrl(r).arrived.0.load(Ordering::Acquire) >= g,
-        )
+        self.wait(&self.label("barrier", what), &deadline, self.others(), |r| {
+            self.ctrl(r).arrived.0.load(Ordering::Acquire) >= g
+        })
     }
 
     /// Every rank's blob, indexed by rank (ours included).
@@ -443,10 +385,7 @@ impl Rendezvous {
     /// `root`'s blob on every rank; the blobs of the other ranks are ignored.
     pub fn broadcast(&self, what: &str, root: usize, blob: &[u8]) -> Result<Vec<u8>, IpcError> {
         if root >= self.world() {
-            return Err(IpcError::BadArgs(format!(
-                "broadcast root {root} >= world {}",
-                self.world()
-            )));
+            return Err(IpcError::BadArgs(format!("broadcast root {root} >= world {}", self.world())));
         }
         let mine = (root == self.rank).then_some(blob);
         let mut got = self.exchange(&self.label("broadcast", what), mine, &[root])?;
@@ -454,16 +393,9 @@ impl Rendezvous {
     }
 
     /// Every peer's fds, indexed by rank (our own entry is empty); every rank must pass the same number.
-    pub fn all_gather_fds(
-        &self,
-        what: &str,
-        fds: &[BorrowedFd<'_>],
-    ) -> Result<Vec<Vec<OwnedFd>>, IpcError> {
+    pub fn all_gather_fds(&self, what: &str, fds: &[BorrowedFd<'_>]) -> Result<Vec<Vec<OwnedFd>>, IpcError> {
         if fds.len() > MAX_FDS {
-            return Err(IpcError::BadArgs(format!(
-                "{} fds, at most {MAX_FDS} fit one datagram",
-                fds.len()
-            )));
+            return Err(IpcError::BadArgs(format!("{} fds, at most {MAX_FDS} fit one datagram", fds.len())));
         }
         let seq = self.fd_seq.get() + 1;
         self.fd_seq.set(seq);
@@ -513,10 +445,7 @@ impl Rendezvous {
     /// [`IpcError::Aborted`]. Only the first abort's reason is kept.
     pub fn abort(&self, reason: &str) {
         let h = self.seg.header();
-        if h.abort
-            .compare_exchange(0, ABORT_CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+        if h.abort.compare_exchange(0, ABORT_CLAIMED, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return;
         }
         let mut n = reason.len().min(REASON_BYTES);
@@ -538,10 +467,7 @@ impl Rendezvous {
             return None;
         }
         let n = (h.reason_len.load(Ordering::Relaxed) as usize).min(REASON_BYTES);
-        let bytes: Vec<u8> = h.reason[..n]
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect();
+        let bytes: Vec<u8> = h.reason[..n].iter().map(|b| b.load(Ordering::Relaxed)).collect();
         Some((v as usize - 1, String::from_utf8_lossy(&bytes).into_owned()))
     }
 
@@ -558,16 +484,7 @@ impl Rendezvous {
         assert!(rank < self.layout.world);
         // SAFETY: the segment was checked to be `layout.len` long, the control blocks lie inside it at
         // 64-byte aligned offsets, and a Ctrl is only atomics (see `Segment::header`).
-        unsafe {
-            &*self
-                .seg
-                .ptr
-                .as_ptr()
-                .cast::<u8>()
-                .add(self.layout.ctrl_off)
-                .cast::<Ctrl>()
-                .add(rank)
-        }
+        unsafe { &*self.seg.ptr.as_ptr().cast::<u8>().add(self.layout.ctrl_off).cast::<Ctrl>().add(rank) }
     }
 
     /// Start of `rank`'s slot: a u64 length, then `slot_bytes` of data. Written only by `rank`, between
@@ -576,13 +493,7 @@ impl Rendezvous {
     fn slot(&self, rank: usize) -> *mut u8 {
         assert!(rank < self.layout.world);
         // SAFETY: in bounds of the mapping, checked to be `layout.len` long.
-        unsafe {
-            self.seg
-                .ptr
-                .as_ptr()
-                .cast::<u8>()
-                .add(self.layout.slots_off + rank * self.layout.slot_stride)
-        }
+        unsafe { self.seg.ptr.as_ptr().cast::<u8>().add(self.layout.slots_off + rank * self.layout.slot_stride) }
     }
 
     /// Waits until `arrived` holds for all `ranks`, failing at once if any rank aborted.
@@ -601,37 +512,23 @@ impl Rendezvous {
             })
         };
         wait_all(label, ranks, deadline, arrived, aborted).map_err(|e| match e {
-            WaitError::Aborted { what, reason } => IpcError::Aborted {
-                what,
-                rank: by.get(),
-                reason,
-            },
+            WaitError::Aborted { what, reason } => IpcError::Aborted { what, rank: by.get(), reason },
             e => e.into(),
         })
     }
 
     /// One generation of the slot protocol: publish `mine` (if any) in our slot, then copy out the slots of
     /// `sources` (ours straight from `mine`).
-    fn exchange(
-        &self,
-        label: &str,
-        mine: Option<&[u8]>,
-        sources: &[usize],
-    ) -> Result<Vec<Vec<u8>>, IpcError> {
+    fn exchange(&self, label: &str, mine: Option<&[u8]>, sources: &[usize]) -> Result<Vec<Vec<u8>>, IpcError> {
         let max = self.layout.slot_bytes;
         if let Some(blob) = mine.filter(|b| b.len() > max) {
-            return Err(IpcError::BlobTooLarge {
-                len: blob.len(),
-                max,
-            });
+            return Err(IpcError::BlobTooLarge { len: blob.len(), max });
         }
         let g = self.data_gen.get() + 1;
         self.data_gen.set(g);
         let deadline = Deadline::after(self.timeout);
         if let Some(blob) = mine {
-            self.wait(label, &deadline, self.others(), |r| {
-                self.ctrl(r).consumed.0.load(Ordering::Acquire) >= g - 1
-            })?;
+            self.wait(label, &deadline, self.others(), |r| self.ctrl(r).consumed.0.load(Ordering::Acquire) >= g - 1)?;
             let p = self.slot(self.rank);
             // SAFETY: our own slot, which no peer reads now (see `slot`); the blob fits (checked above).
             unsafe {
@@ -641,18 +538,10 @@ impl Rendezvous {
         }
         self.ctrl(self.rank).posted.0.store(g, Ordering::Release);
         let peers = sources.iter().copied().filter(|&r| r != self.rank);
-        self.wait(label, &deadline, peers, |r| {
-            self.ctrl(r).posted.0.load(Ordering::Acquire) >= g
-        })?;
+        self.wait(label, &deadline, peers, |r| self.ctrl(r).posted.0.load(Ordering::Acquire) >= g)?;
         let out = sources
             .iter()
-            .map(|&r| {
-                if r == self.rank {
-                    Ok(mine.unwrap_or_default().to_vec())
-                } else {
-                    self.read_slot(r)
-                }
-            })
+            .map(|&r| if r == self.rank { Ok(mine.unwrap_or_default().to_vec()) } else { self.read_slot(r) })
             .collect();
         self.ctrl(self.rank).consumed.0.store(g, Ordering::Release);
         out
@@ -663,10 +552,7 @@ impl Rendezvous {
         // SAFETY: `rank` posted this generation and will not write again before we store `consumed`.
         let len = unsafe { p.cast::<u64>().read() } as usize;
         if len > self.layout.slot_bytes {
-            return Err(IpcError::BadSegment(format!(
-                "{}: rank {rank} posted {len} bytes",
-                self.seg.name
-            )));
+            return Err(IpcError::BadSegment(format!("{}: rank {rank} posted {len} bytes", self.seg.name)));
         }
         // SAFETY: as above; `len` is within the slot.
         Ok(unsafe { std::slice::from_raw_parts(p.add(8), len) }.to_vec())
@@ -677,18 +563,10 @@ impl Rendezvous {
         let rights = [ControlMessage::ScmRights(fds)];
         let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
         let iov = [IoSlice::new(msg)];
-        match sendmsg(
-            self.sock.as_raw_fd(),
-            &iov,
-            cmsgs,
-            MsgFlags::empty(),
-            Some(&self.peers[peer]),
-        ) {
+        match sendmsg(self.sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), Some(&self.peers[peer])) {
             Ok(_) => Ok(true),
             Err(Errno::EAGAIN | Errno::EINTR) => Ok(false),
-            Err(Errno::ECONNREFUSED) => Err(IpcError::Fd(format!(
-                "rank {peer}'s socket is gone (did it exit?)"
-            ))),
+            Err(Errno::ECONNREFUSED) => Err(IpcError::Fd(format!("rank {peer}'s socket is gone (did it exit?)"))),
             Err(e) => Err(sys(format!("sendmsg(to rank {peer})"))(e)),
         }
     }
@@ -699,65 +577,35 @@ impl Rendezvous {
         loop {
             let mut buf = [0u8; FD_MSG_LEN];
             let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = match recvmsg::<()>(
-                self.sock.as_raw_fd(),
-                &mut iov,
-                Some(cmsg),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            ) {
+            let msg = match recvmsg::<()>(self.sock.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
                 Ok(msg) => msg,
                 Err(Errno::EAGAIN) => return Ok(()),
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(sys("recvmsg")(e)),
             };
             let (mut fds, mut sender_uid) = (Vec::new(), None);
-            let cmsgs = msg
-                .cmsgs()
-                .map_err(|_| IpcError::Fd("control data truncated".into()))?;
+            let cmsgs = msg.cmsgs().map_err(|_| IpcError::Fd("control data truncated".into()))?;
             for c in cmsgs {
                 match c {
                     // SAFETY: the kernel just installed these fds in our table; nobody else owns them.
-                    ControlMessageOwned::ScmRights(raw) => fds.extend(
-                        raw.into_iter()
-                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                    ),
+                    ControlMessageOwned::ScmRights(raw) => {
+                        fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }))
+                    }
                     ControlMessageOwned::ScmCredentials(c) => sender_uid = Some(c.uid()),
                     _ => {}
                 }
             }
             let (bytes, truncated) = (msg.bytes, msg.flags.contains(MsgFlags::MSG_TRUNC));
             if sender_uid != Some(uid) {
-                return Err(IpcError::Fd(format!(
-                    "refused a datagram from uid {sender_uid:?}, we are uid {uid}"
-                )));
+                return Err(IpcError::Fd(format!("refused a datagram from uid {sender_uid:?}, we are uid {uid}")));
             }
-            let word = |at: usize, n: usize| {
-                buf[at..at + n]
-                    .iter()
-                    .rev()
-                    .fold(0u64, |a, &b| a << 8 | b as u64)
-            };
-            let (magic, sender, count, seq) = (
-                word(0, 8),
-                word(8, 4) as usize,
-                word(12, 4) as usize,
-                word(16, 8),
-            );
-            if bytes != FD_MSG_LEN
-                || truncated
-                || magic != FD_MAGIC
-                || sender >= self.world()
-                || sender == self.rank
-            {
-                return Err(IpcError::Fd(format!(
-                    "malformed datagram ({bytes} bytes, sender {sender})"
-                )));
+            let word = |at: usize, n: usize| buf[at..at + n].iter().rev().fold(0u64, |a, &b| a << 8 | b as u64);
+            let (magic, sender, count, seq) = (word(0, 8), word(8, 4) as usize, word(12, 4) as usize, word(16, 8));
+            if bytes != FD_MSG_LEN || truncated || magic != FD_MAGIC || sender >= self.world() || sender == self.rank {
+                return Err(IpcError::Fd(format!("malformed datagram ({bytes} bytes, sender {sender})")));
             }
             if count != fds.len() {
-                return Err(IpcError::Fd(format!(
-                    "rank {sender} announced {count} fd(s) but {} came",
-                    fds.len()
-                )));
+                return Err(IpcError::Fd(format!("rank {sender} announced {count} fd(s) but {} came", fds.len())));
             }
             if self.inbox.borrow_mut().insert((seq, sender), fds).is_some() {
                 return Err(IpcError::Fd(format!("rank {sender} sent call {seq} twice")));
@@ -768,8 +616,7 @@ impl Rendezvous {
 
 fn bind_socket(addr: &UnixAddr) -> Result<OwnedFd, IpcError> {
     let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
-    let sock = socket(AddressFamily::Unix, SockType::Datagram, flags, None)
-        .map_err(sys("socket(AF_UNIX)"))?;
+    let sock = socket(AddressFamily::Unix, SockType::Datagram, flags, None).map_err(sys("socket(AF_UNIX)"))?;
     setsockopt(&sock, sockopt::PassCred, &true).map_err(sys("setsockopt(SO_PASSCRED)"))?;
     bind(sock.as_raw_fd(), addr).map_err(sys(format!("bind({addr})")))?;
     Ok(sock)
@@ -779,9 +626,7 @@ fn bind_socket(addr: &UnixAddr) -> Result<OwnedFd, IpcError> {
 fn create(name: &str, layout: &Layout) -> Result<Segment, IpcError> {
     let flags = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR;
     let fd = shm_open(name, flags, Mode::S_IRUSR | Mode::S_IWUSR).map_err(|e| match e {
-        Errno::EEXIST => IpcError::Exists {
-            name: name.to_string(),
-        },
+        Errno::EEXIST => IpcError::Exists { name: name.to_string() },
         e => sys(format!("shm_open({name}, O_CREAT|O_EXCL)"))(e),
     })?;
     let sized = ftruncate(&fd, layout.len as i64).map_err(sys(format!("ftruncate({name})")));
@@ -797,8 +642,7 @@ fn create(name: &str, layout: &Layout) -> Result<Segment, IpcError> {
     h.magic.store(MAGIC, Ordering::Relaxed);
     h.version.store(VERSION, Ordering::Relaxed);
     h.world.store(layout.world as u32, Ordering::Relaxed);
-    h.slot_bytes
-        .store(layout.slot_bytes as u64, Ordering::Relaxed);
+    h.slot_bytes.store(layout.slot_bytes as u64, Ordering::Relaxed);
     h.uid.store(geteuid().as_raw(), Ordering::Relaxed);
     h.pid.store(getpid().as_raw() as u32, Ordering::Relaxed);
     h.ready.store(READY, Ordering::Release);
@@ -806,30 +650,19 @@ fn create(name: &str, layout: &Layout) -> Result<Segment, IpcError> {
 }
 
 /// Ranks > 0: opens the segment rank 0 creates, checks that it is ours and matches our layout.
-fn attach(
-    name: &str,
-    layout: &Layout,
-    label: &str,
-    deadline: &Deadline,
-) -> Result<Segment, IpcError> {
-    let fd = retry(
-        &format!("{label}: rank 0 never created {name}"),
-        0,
-        deadline,
-        || match shm_open(name, OFlag::O_RDWR, Mode::empty()) {
+fn attach(name: &str, layout: &Layout, label: &str, deadline: &Deadline) -> Result<Segment, IpcError> {
+    let fd = retry(&format!("{label}: rank 0 never created {name}"), 0, deadline, || {
+        match shm_open(name, OFlag::O_RDWR, Mode::empty()) {
             Ok(fd) => Ok(Some(fd)),
             Err(Errno::ENOENT) => Ok(None),
             Err(e) => Err(sys(format!("shm_open({name})"))(e)),
-        },
-    )?;
+        }
+    })?;
     let stat = |fd: &OwnedFd| fstat(fd.as_raw_fd()).map_err(sys(format!("fstat({name})")));
     let check_owner = |st: &FileStat| {
         let uid = geteuid().as_raw();
         if st.st_uid != uid {
-            return Err(IpcError::BadSegment(format!(
-                "{name}: owner is uid {}, we are uid {uid}",
-                st.st_uid
-            )));
+            return Err(IpcError::BadSegment(format!("{name}: owner is uid {}, we are uid {uid}", st.st_uid)));
         }
         if st.st_mode & 0o077 != 0 {
             return Err(IpcError::BadSegment(format!(
@@ -841,51 +674,23 @@ fn attach(
     };
     check_owner(&stat(&fd)?)?;
     // Rank 0 sizes the segment right after creating it; until then it is empty.
-    let size = retry(
-        &format!("{label}: rank 0 never sized {name}"),
-        0,
-        deadline,
-        || Ok(Some(stat(&fd)?.st_size as usize).filter(|&s| s > 0)),
-    )?;
+    let size = retry(&format!("{label}: rank 0 never sized {name}"), 0, deadline, || {
+        Ok(Some(stat(&fd)?.st_size as usize).filter(|&s| s > 0))
+    })?;
     if size < size_of::<Header>() {
-        return Err(IpcError::BadSegment(format!(
-            "{name}: size is {size} bytes, smaller than a header"
-        )));
+        return Err(IpcError::BadSegment(format!("{name}: size is {size} bytes, smaller than a header")));
     }
     let mut seg = Segment::map(&fd, name, size)?;
     let h = seg.header();
-    retry(
-        &format!("{label}: rank 0 never initialized {name}"),
-        0,
-        deadline,
-        || Ok((h.ready.load(Ordering::Acquire) == READY).then_some(())),
-    )?;
+    retry(&format!("{label}: rank 0 never initialized {name}"), 0, deadline, || {
+        Ok((h.ready.load(Ordering::Acquire) == READY).then_some(()))
+    })?;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    mismatch(
-        name,
-        "magic",
-        format!("{:#x}", load(&h.magic)),
-        format!("{MAGIC:#x}"),
-    )?;
+    mismatch(name, "magic", format!("{:#x}", load(&h.magic)), format!("{MAGIC:#x}"))?;
     mismatch(name, "version", h.version.load(Ordering::Relaxed), VERSION)?;
-    mismatch(
-        name,
-        "world",
-        h.world.load(Ordering::Relaxed) as usize,
-        layout.world,
-    )?;
-    mismatch(
-        name,
-        "slot_bytes",
-        load(&h.slot_bytes) as usize,
-        layout.slot_bytes,
-    )?;
-    mismatch(
-        name,
-        "creator uid",
-        h.uid.load(Ordering::Relaxed),
-        geteuid().as_raw(),
-    )?;
+    mismatch(name, "world", h.world.load(Ordering::Relaxed) as usize, layout.world)?;
+    mismatch(name, "slot_bytes", load(&h.slot_bytes) as usize, layout.slot_bytes)?;
+    mismatch(name, "creator uid", h.uid.load(Ordering::Relaxed), geteuid().as_raw())?;
     mismatch(name, "size", size, layout.len)?;
     seg.owned = true;
     Ok(seg)

@@ -10,10 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 fn opts(timeout_ms: u64) -> RendezvousOptions {
-    RendezvousOptions {
-        slot_bytes: 4096,
-        timeout: Duration::from_millis(timeout_ms),
-    }
+    RendezvousOptions { slot_bytes: 4096, timeout: Duration::from_millis(timeout_ms) }
 }
 
 /// Runs `f(rank)` on one thread per rank and returns the results by rank.
@@ -80,19 +77,10 @@ fn back_to_back_all_gathers_never_overwrite_a_slot_in_use() {
                 assert_eq!(b, &make(i, r), "iteration {i}, rank {r}");
             }
             if i % 50 == 0 {
-                assert_eq!(
-                    rdv.broadcast("b", i % world, &make(i, rank)).unwrap(),
-                    make(i, i % world)
-                );
+                assert_eq!(rdv.broadcast("b", i % world, &make(i, rank)).unwrap(), make(i, i % world));
             }
         }
-        assert!(matches!(
-            rdv.all_gather("big", &[0; 4097]),
-            Err(IpcError::BlobTooLarge {
-                len: 4097,
-                max: 4096
-            })
-        ));
+        assert!(matches!(rdv.all_gather("big", &[0; 4097]), Err(IpcError::BlobTooLarge { len: 4097, max: 4096 })));
     });
     assert_clean(&job);
 }
@@ -101,19 +89,10 @@ fn back_to_back_all_gathers_never_overwrite_a_slot_in_use() {
 fn missing_rank_is_named_within_the_timeout() {
     let job = JobId::random();
     let start = Instant::now();
-    let errs = ranks(2, |rank| {
-        Rendezvous::join(&job, rank, 3, opts(300))
-            .err()
-            .unwrap()
-            .to_string()
-    });
+    let errs = ranks(2, |rank| Rendezvous::join(&job, rank, 3, opts(300)).err().unwrap().to_string());
     assert!(start.elapsed() < Duration::from_secs(3));
     for (rank, e) in errs.iter().enumerate() {
-        assert!(
-            e.contains(&format!("join (rank {rank} of 3)"))
-                && e.contains("waiting for rank(s) [2]"),
-            "{e}"
-        );
+        assert!(e.contains(&format!("join (rank {rank} of 3)")) && e.contains("waiting for rank(s) [2]"), "{e}");
     }
     assert_clean(&job);
 }
@@ -121,14 +100,8 @@ fn missing_rank_is_named_within_the_timeout() {
 #[test]
 fn missing_rank_zero_never_created_the_segment() {
     let job = JobId::random();
-    let e = Rendezvous::join(&job, 1, 2, opts(300))
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("rank 0 never created") && e.contains("[0]"),
-        "{e}"
-    );
+    let e = Rendezvous::join(&job, 1, 2, opts(300)).err().unwrap().to_string();
+    assert!(e.contains("rank 0 never created") && e.contains("[0]"), "{e}");
     assert_clean(&job);
 }
 
@@ -166,15 +139,10 @@ fn abort_fails_peers_fast() {
     assert!(start.elapsed() < Duration::from_secs(5));
     for e in errs.into_iter().flatten() {
         match &e {
-            IpcError::Aborted {
-                rank: 2, reason, ..
-            } if reason == "out of memory" => {}
+            IpcError::Aborted { rank: 2, reason, .. } if reason == "out of memory" => {}
             other => panic!("unexpected {other:?}"),
         }
-        assert!(
-            e.to_string().contains("aborted by rank 2: out of memory"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("aborted by rank 2: out of memory"), "{e}");
     }
     assert_clean(&job);
 }
@@ -183,12 +151,7 @@ fn abort_fails_peers_fast() {
 fn fake_segment(job: &JobId, tweak: impl FnOnce(&OwnedFd, &Header)) {
     let layout = Layout::new(2, 4096).unwrap();
     let name = job.shm_name("rdv");
-    let fd = shm_open(
-        name.as_str(),
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
-        Mode::S_IRWXU,
-    )
-    .unwrap();
+    let fd = shm_open(name.as_str(), OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR, Mode::S_IRWXU).unwrap();
     ftruncate(&fd, layout.len as i64).unwrap();
     let seg = Segment::map(&fd, &name, layout.len).unwrap();
     let h = seg.header();
@@ -205,32 +168,17 @@ fn fake_segment(job: &JobId, tweak: impl FnOnce(&OwnedFd, &Header)) {
 fn spoiled_segments_are_refused() {
     type Tweak = fn(&OwnedFd, &Header);
     let cases: [(&str, Tweak); 4] = [
-        ("magic is 0x1, expected", |_, h| {
-            h.magic.store(1, Ordering::Relaxed)
-        }),
-        ("version is 9, expected 1", |_, h| {
-            h.version.store(9, Ordering::Relaxed)
-        }),
-        ("world is 3, expected 2", |_, h| {
-            h.world.store(3, Ordering::Relaxed)
-        }),
-        ("mode 644 gives group/other access", |fd, _| {
-            fchmod(fd.as_raw_fd(), Mode::from_bits_truncate(0o644)).unwrap()
-        }),
+        ("magic is 0x1, expected", |_, h| h.magic.store(1, Ordering::Relaxed)),
+        ("version is 9, expected 1", |_, h| h.version.store(9, Ordering::Relaxed)),
+        ("world is 3, expected 2", |_, h| h.world.store(3, Ordering::Relaxed)),
+        ("mode 644 gives group/other access", |fd, _| fchmod(fd.as_raw_fd(), Mode::from_bits_truncate(0o644)).unwrap()),
     ];
     for (want, tweak) in cases {
         let job = JobId::random();
         fake_segment(&job, tweak);
         let e = Rendezvous::join(&job, 1, 2, opts(2_000)).err().unwrap();
-        assert!(
-            matches!(e, IpcError::BadSegment(_)) && e.to_string().contains(want),
-            "{want}: {e}"
-        );
-        assert_eq!(
-            sweep_segments(&job).unwrap(),
-            vec![job.shm_name("rdv")],
-            "a foreign segment is left alone"
-        );
+        assert!(matches!(e, IpcError::BadSegment(_)) && e.to_string().contains(want), "{want}: {e}");
+        assert_eq!(sweep_segments(&job).unwrap(), vec![job.shm_name("rdv")], "a foreign segment is left alone");
         assert_clean(&job);
     }
 }
@@ -240,10 +188,7 @@ fn existing_segment_fails_rank_zero_clearly() {
     let job = JobId::random();
     fake_segment(&job, |_, _| {});
     let e = Rendezvous::join(&job, 0, 1, opts(300)).err().unwrap();
-    assert!(
-        matches!(e, IpcError::Exists { .. }) && e.to_string().contains("already exists"),
-        "{e}"
-    );
+    assert!(matches!(e, IpcError::Exists { .. }) && e.to_string().contains("already exists"), "{e}");
     sweep_segments(&job).unwrap();
     assert_clean(&job);
 }
@@ -252,19 +197,11 @@ fn existing_segment_fails_rank_zero_clearly() {
 fn bad_arguments_are_refused() {
     let job = JobId::random();
     for (rank, world) in [(0, 0), (1, 1), (0, MAX_WORLD + 1)] {
-        let e = Rendezvous::join(&job, rank, world, opts(300))
-            .err()
-            .unwrap();
+        let e = Rendezvous::join(&job, rank, world, opts(300)).err().unwrap();
         assert!(matches!(e, IpcError::BadArgs(_)), "{e}");
     }
-    let zero = RendezvousOptions {
-        slot_bytes: 0,
-        ..opts(300)
-    };
-    assert!(matches!(
-        Rendezvous::join(&job, 0, 1, zero),
-        Err(IpcError::BadArgs(_))
-    ));
+    let zero = RendezvousOptions { slot_bytes: 0, ..opts(300) };
+    assert!(matches!(Rendezvous::join(&job, 0, 1, zero), Err(IpcError::BadArgs(_))));
     assert_clean(&job);
 }
 
@@ -276,9 +213,7 @@ fn fds_reach_every_peer() {
             let rdv = Rendezvous::join(&job, rank, world, opts(10_000)).unwrap();
             for call in 0..3 {
                 let fd = memfd_create(c"arx-test", MemFdCreateFlag::MFD_CLOEXEC).unwrap();
-                File::from(fd.try_clone().unwrap())
-                    .write_all(format!("rank {rank} call {call}").as_bytes())
-                    .unwrap();
+                File::from(fd.try_clone().unwrap()).write_all(format!("rank {rank} call {call}").as_bytes()).unwrap();
                 let got = rdv.all_gather_fds("memfd", &[fd.as_fd()]).unwrap();
                 for (r, fds) in got.into_iter().enumerate() {
                     if r == rank {
@@ -311,10 +246,7 @@ fn fd_timeout_names_silent_peer() {
         e
     });
     let e = errs[0].as_deref().unwrap();
-    assert!(
-        e.contains("all_gather_fds 'x' (rank 0 of 3)") && e.contains("[2]"),
-        "{e}"
-    );
+    assert!(e.contains("all_gather_fds 'x' (rank 0 of 3)") && e.contains("[2]"), "{e}");
 }
 
 #[test]
@@ -339,18 +271,8 @@ fn job_ids_are_validated() {
     assert_ne!(JobId::random(), id);
     assert_eq!(id.shm_name("rdv"), format!("/arx-{id}-rdv"));
     let long = "a".repeat(65);
-    for bad in [
-        "",
-        "0123456789abcde",
-        "0123456789ABCDEF",
-        "0123456789abcdeg",
-        "../../etc/passwd0000",
-        &long,
-    ] {
-        assert!(
-            matches!(JobId::parse(bad), Err(IpcError::BadJobId(_))),
-            "{bad:?}"
-        );
+    for bad in ["", "0123456789abcde", "0123456789ABCDEF", "0123456789abcdeg", "../../etc/passwd0000", &long] {
+        assert!(matches!(JobId::parse(bad), Err(IpcError::BadJobId(_))), "{bad:?}");
     }
     assert!(JobId::parse(&"f".repeat(64)).is_ok());
 }

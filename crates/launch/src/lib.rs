@@ -37,11 +37,7 @@ pub enum LaunchError {
     #[error("spawning rank {rank}: {source}")]
     Spawn { rank: usize, source: io::Error },
     #[error("rank {rank} failed ({status}){}", others_note(others))]
-    RankFailed {
-        rank: usize,
-        status: String,
-        others: Vec<(usize, String)>,
-    },
+    RankFailed { rank: usize, status: String, others: Vec<(usize, String)> },
     #[error("removing the shared-memory segments of job {job}: {source}")]
     Sweep { job: JobId, source: io::Error },
     #[error(transparent)]
@@ -51,10 +47,7 @@ pub enum LaunchError {
 }
 
 fn others_note(others: &[(usize, String)]) -> String {
-    let list: Vec<String> = others
-        .iter()
-        .map(|(r, s)| format!("rank {r}: {s}"))
-        .collect();
+    let list: Vec<String> = others.iter().map(|(r, s)| format!("rank {r}: {s}")).collect();
     if list.is_empty() {
         String::new()
     } else {
@@ -93,8 +86,7 @@ pub struct RankInfo {
 
 /// This process's place in a job, from the environment; `None` when no launcher started it.
 pub fn detect() -> Result<Option<RankInfo>, LaunchError> {
-    let env = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    let env = std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
     detect_from(&env.collect())
 }
 
@@ -104,58 +96,30 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Option<RankInfo>, La
     // (launcher, rank, world, local rank variables, variables that identify the job)
     let (launcher, vars, job_vars): (_, [&str; 3], &[&str]) = if has(JOB_ENV) {
         (Launcher::Ours, [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV], &[])
-    } else if has(RANK_ENV)
-        && (has("TORCHELASTIC_RUN_ID") || (has("MASTER_ADDR") && has("MASTER_PORT")))
-    {
+    } else if has(RANK_ENV) && (has("TORCHELASTIC_RUN_ID") || (has("MASTER_ADDR") && has("MASTER_PORT"))) {
         (
             Launcher::Torchrun,
             [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV],
             &["TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"],
         )
     } else if has("OMPI_COMM_WORLD_RANK") {
-        let vars = [
-            "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-        ];
-        (
-            Launcher::Mpirun,
-            vars,
-            &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"],
-        )
+        let vars = ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"];
+        (Launcher::Mpirun, vars, &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"])
     } else if has("SLURM_PROCID") {
-        (
-            Launcher::Srun,
-            ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"],
-            &["SLURM_JOB_ID", "SLURM_STEP_ID"],
-        )
+        (Launcher::Srun, ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"], &["SLURM_JOB_ID", "SLURM_STEP_ID"])
     } else {
         return Ok(None);
     };
     let num = |var: &str| -> Result<usize, LaunchError> {
-        let bad = |msg: String| LaunchError::BadEnv {
-            var: var.to_string(),
-            msg,
-        };
-        let v = env
-            .get(var)
-            .ok_or_else(|| bad(format!("not set, but the {launcher} variables are")))?;
-        v.trim()
-            .parse()
-            .map_err(|_| bad(format!("{v:?} is not a number")))
+        let bad = |msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
+        let v = env.get(var).ok_or_else(|| bad(format!("not set, but the {launcher} variables are")))?;
+        v.trim().parse().map_err(|_| bad(format!("{v:?} is not a number")))
     };
     let [rank_var, world_var, local_var] = vars;
     let (rank, world) = (num(rank_var)?, num(world_var)?);
     // Our launcher always sets LOCAL_RANK, but a hand-written environment may leave it out.
-    let local_rank = if launcher == Launcher::Ours && !has(local_var) {
-        rank
-    } else {
-        num(local_var)?
-    };
-    let bad = |var: &str, msg: String| LaunchError::BadEnv {
-        var: var.to_string(),
-        msg,
-    };
+    let local_rank = if launcher == Launcher::Ours && !has(local_var) { rank } else { num(local_var)? };
+    let bad = |var: &str, msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
     if world == 0 {
         return Err(bad(world_var, "world size 0".into()));
     }
@@ -163,51 +127,28 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Option<RankInfo>, La
         return Err(bad(rank_var, format!("rank {rank} >= {world_var} {world}")));
     }
     if local_rank >= world {
-        return Err(bad(
-            local_var,
-            format!("local rank {local_rank} >= {world_var} {world}"),
-        ));
+        return Err(bad(local_var, format!("local rank {local_rank} >= {world_var} {world}")));
     }
     let job = if launcher == Launcher::Ours {
         JobId::parse(&env[JOB_ENV]).map_err(|e| bad(JOB_ENV, e.to_string()))?
     } else {
         derived_job(launcher, job_vars, env)?
     };
-    Ok(Some(RankInfo {
-        rank,
-        world,
-        local_rank,
-        job,
-        launcher,
-    }))
+    Ok(Some(RankInfo { rank, world, local_rank, job, launcher }))
 }
 
 /// A job id every rank of an external launcher computes alike: a hash of the launcher, its job variables and
 /// our uid (so two users' jobs never share segment names).
-fn derived_job(
-    launcher: Launcher,
-    vars: &[&str],
-    env: &HashMap<String, String>,
-) -> Result<JobId, LaunchError> {
-    if !vars
-        .iter()
-        .any(|v| env.get(*v).is_some_and(|s| !s.is_empty()))
-    {
-        let msg = format!(
-            "none of {vars:?} is set, so the ranks of this {launcher} job cannot agree on a job id"
-        );
-        return Err(LaunchError::BadEnv {
-            var: vars[0].to_string(),
-            msg,
-        });
+fn derived_job(launcher: Launcher, vars: &[&str], env: &HashMap<String, String>) -> Result<JobId, LaunchError> {
+    if !vars.iter().any(|v| env.get(*v).is_some_and(|s| !s.is_empty())) {
+        let msg = format!("none of {vars:?} is set, so the ranks of this {launcher} job cannot agree on a job id");
+        return Err(LaunchError::BadEnv { var: vars[0].to_string(), msg });
     }
     let mut text = format!("{launcher}\0{}", getuid());
     for v in vars {
         text += &format!("\0{v}={}", env.get(*v).map_or("", String::as_str));
     }
-    let hex: String = (0u8..2)
-        .map(|round| format!("{:016x}", fnv1a64(round, text.as_bytes())))
-        .collect();
+    let hex: String = (0u8..2).map(|round| format!("{:016x}", fnv1a64(round, text.as_bytes()))).collect();
     JobId::parse(&hex).map_err(LaunchError::from)
 }
 
@@ -215,9 +156,7 @@ fn derived_job(
 fn fnv1a64(round: u8, bytes: &[u8]) -> u64 {
     std::iter::once(round)
         .chain(bytes.iter().copied())
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        })
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Our own executable, for launchers that re-run it as every rank.
@@ -272,16 +211,9 @@ impl SignalGuard {
         let mut state = HANDLERS.lock().unwrap_or_else(|e| e.into_inner());
         if state.0 == 0 {
             INTERRUPTED.store(false, Ordering::SeqCst);
-            let ours = SigAction::new(
-                SigHandler::Handler(on_signal),
-                SaFlags::SA_RESTART,
-                SigSet::empty(),
-            );
+            let ours = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
             // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-            state.1 = STOP_SIGNALS
-                .iter()
-                .filter_map(|&s| Some((s, unsafe { sigaction(s, &ours) }.ok()?)))
-                .collect();
+            state.1 = STOP_SIGNALS.iter().filter_map(|&s| Some((s, unsafe { sigaction(s, &ours) }.ok()?))).collect();
         }
         state.0 += 1;
         SignalGuard
@@ -323,17 +255,10 @@ impl Rank {
 /// job's shared-memory segments are swept at the end whatever happened.
 pub fn run(opts: &LaunchOptions) -> Result<(), LaunchError> {
     if !(1..=ipc::MAX_WORLD).contains(&opts.world) {
-        return Err(LaunchError::BadArgs(format!(
-            "world {} not in 1..={}",
-            opts.world,
-            ipc::MAX_WORLD
-        )));
+        return Err(LaunchError::BadArgs(format!("world {} not in 1..={}", opts.world, ipc::MAX_WORLD)));
     }
     if !program_exists(&opts.program) {
-        return Err(LaunchError::BadArgs(format!(
-            "program {} not found",
-            opts.program.display()
-        )));
+        return Err(LaunchError::BadArgs(format!("program {} not found", opts.program.display())));
     }
     let job = JobId::random();
     let _signals = SignalGuard::install();
@@ -358,18 +283,12 @@ pub fn run(opts: &LaunchOptions) -> Result<(), LaunchError> {
     }
     let swept = ipc::sweep_segments(&job);
     outcome.map_or(Ok(()), Err)?;
-    swept
-        .map(drop)
-        .map_err(|source| LaunchError::Sweep { job, source })
+    swept.map(drop).map_err(|source| LaunchError::Sweep { job, source })
 }
 
 /// Reaps every rank; on the first failure (or a spawn error passed in as `outcome`, or our own interruption)
 /// stops the rest. Returns what ended the job badly, if anything.
-fn supervise(
-    ranks: &mut [Rank],
-    grace: Duration,
-    mut outcome: Option<LaunchError>,
-) -> Option<LaunchError> {
+fn supervise(ranks: &mut [Rank], grace: Duration, mut outcome: Option<LaunchError>) -> Option<LaunchError> {
     let mut kill_at = outcome.is_some().then(|| stop(ranks, grace));
     let mut first_failure = None;
     while ranks.iter().any(|r| r.child.is_some()) {
@@ -384,10 +303,7 @@ fn supervise(
                 Err(_) => {}
             }
             r.child = None;
-            if r.status.is_some_and(|s| !s.success())
-                && outcome.is_none()
-                && first_failure.is_none()
-            {
+            if r.status.is_some_and(|s| !s.success()) && outcome.is_none() && first_failure.is_none() {
                 first_failure = Some(rank);
             }
         }
@@ -411,11 +327,7 @@ fn supervise(
             .filter(|(i, r)| *i != rank && !r.status.is_some_and(|s| s.success()))
             .map(|(i, r)| (i, describe(r)))
             .collect();
-        Some(LaunchError::RankFailed {
-            rank,
-            status: describe(&ranks[rank]),
-            others,
-        })
+        Some(LaunchError::RankFailed { rank, status: describe(&ranks[rank]), others })
     })
 }
 
@@ -478,12 +390,7 @@ fn spawn(opts: &LaunchOptions, job: &JobId, rank: usize) -> io::Result<Rank> {
         pumps.push(std::thread::spawn(move || pump(err, &prefix, io::stderr())));
     }
     let pgid = Pid::from_raw(child.id() as i32);
-    Ok(Rank {
-        child: Some(child),
-        pgid,
-        status: None,
-        pumps,
-    })
+    Ok(Rank { child: Some(child), pgid, status: None, pumps })
 }
 
 /// Copies `src` to `dst` line by line, each line prefixed and written in one piece so ranks do not interleave

@@ -41,18 +41,14 @@ pub struct ncclUniqueId {
 
 impl ncclUniqueId {
     pub fn zeroed() -> ncclUniqueId {
-        ncclUniqueId {
-            internal: [0; NCCL_UNIQUE_ID_BYTES],
-        }
+        ncclUniqueId { internal: [0; NCCL_UNIQUE_ID_BYTES] }
     }
     pub fn as_bytes(&self) -> &[u8] {
         &self.internal
     }
     /// The id another rank sent; `None` unless `bytes` is exactly one id long.
     pub fn from_bytes(bytes: &[u8]) -> Option<ncclUniqueId> {
-        Some(ncclUniqueId {
-            internal: bytes.try_into().ok()?,
-        })
+        Some(ncclUniqueId { internal: bytes.try_into().ok()? })
     }
 }
 
@@ -81,16 +77,11 @@ pub type ncclStream_t = *mut c_void;
 
 pub type ncclGetVersionFn = unsafe extern "C" fn(version: *mut c_int) -> ncclResult_t;
 pub type ncclGetUniqueIdFn = unsafe extern "C" fn(id: *mut ncclUniqueId) -> ncclResult_t;
-pub type ncclCommInitRankFn = unsafe extern "C" fn(
-    comm: *mut ncclComm_t,
-    nranks: c_int,
-    id: ncclUniqueId,
-    rank: c_int,
-) -> ncclResult_t;
+pub type ncclCommInitRankFn =
+    unsafe extern "C" fn(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) -> ncclResult_t;
 pub type ncclCommDestroyFn = unsafe extern "C" fn(comm: ncclComm_t) -> ncclResult_t;
 pub type ncclCommAbortFn = unsafe extern "C" fn(comm: ncclComm_t) -> ncclResult_t;
-pub type ncclCommGetAsyncErrorFn =
-    unsafe extern "C" fn(comm: ncclComm_t, error: *mut ncclResult_t) -> ncclResult_t;
+pub type ncclCommGetAsyncErrorFn = unsafe extern "C" fn(comm: ncclComm_t, error: *mut ncclResult_t) -> ncclResult_t;
 pub type ncclGetErrorStringFn = unsafe extern "C" fn(result: ncclResult_t) -> *const c_char;
 pub type ncclAllReduceFn = unsafe extern "C" fn(
     sendbuff: *const c_void,
@@ -122,8 +113,7 @@ pub type ncclCommWindowRegisterFn = unsafe extern "C" fn(
     win: *mut ncclWindow_t,
     winFlags: c_int,
 ) -> ncclResult_t;
-pub type ncclCommWindowDeregisterFn =
-    unsafe extern "C" fn(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t;
+pub type ncclCommWindowDeregisterFn = unsafe extern "C" fn(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t;
 
 /// Which vendor's library to open; both export the NCCL ABI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -215,10 +205,7 @@ pub struct NcclLib {
 
 impl fmt::Debug for NcclLib {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NcclLib")
-            .field("library", &self.library)
-            .field("version", &self.version)
-            .finish()
+        f.debug_struct("NcclLib").field("library", &self.library).field("version", &self.version).finish()
     }
 }
 
@@ -249,11 +236,7 @@ impl NcclLib {
         }
         Err(LoadError {
             library: names.join(" or "),
-            reason: if failures.is_empty() {
-                "no library name given".into()
-            } else {
-                failures.join("; ")
-            },
+            reason: if failures.is_empty() { "no library name given".into() } else { failures.join("; ") },
         })
     }
 
@@ -265,8 +248,7 @@ impl NcclLib {
         macro_rules! required {
             ($sym:ident) => {
                 // SAFETY: the field's type is the fn pointer type of the declaration in nccl.h.
-                unsafe { symbol(&lib, stringify!($sym)) }
-                    .map_err(|e| missing(stringify!($sym), e))?
+                unsafe { symbol(&lib, stringify!($sym)) }.map_err(|e| missing(stringify!($sym), e))?
             };
         }
         macro_rules! optional {
@@ -280,10 +262,7 @@ impl NcclLib {
         // SAFETY: ncclGetVersion writes one int.
         let status = unsafe { ncclGetVersion(&mut code) };
         if status != ncclSuccess {
-            return Err(LoadError {
-                library: name.to_string(),
-                reason: format!("ncclGetVersion returned {status}"),
-            });
+            return Err(LoadError { library: name.to_string(), reason: format!("ncclGetVersion returned {status}") });
         }
         Ok(NcclLib {
             library: name.to_string(),
@@ -325,9 +304,7 @@ impl NcclLib {
             return format!("unknown ncclResult_t {result}");
         }
         // SAFETY: non-null results are NUL-terminated static strings.
-        unsafe { CStr::from_ptr(text) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
     }
 
     /// `Err` naming `call` and NCCL's text unless `result` is `ncclSuccess`.
@@ -335,11 +312,7 @@ impl NcclLib {
         if result == ncclSuccess {
             Ok(())
         } else {
-            Err(NcclError {
-                call,
-                code: result,
-                msg: self.error_string(result),
-            })
+            Err(NcclError { call, code: result, msg: self.error_string(result) })
         }
     }
 }
@@ -355,10 +328,7 @@ mod tests {
         assert_eq!(err.library, "libnccl-not-here.so.7");
         assert!(err.to_string().contains("libnccl-not-here.so.7"), "{err}");
         let err = NcclLib::open(&["libnope-a.so", "libnope-b.so"]).unwrap_err();
-        assert!(
-            err.reason.contains("libnope-a.so") && err.reason.contains("libnope-b.so"),
-            "{err}"
-        );
+        assert!(err.reason.contains("libnope-a.so") && err.reason.contains("libnope-b.so"), "{err}");
         assert!(NcclLib::open(&[]).is_err());
     }
 
@@ -397,10 +367,7 @@ mod tests {
         assert_eq!(size_of::<ncclResult_t>(), 4);
         assert_eq!(size_of::<ncclDataType_t>(), 4);
         let id = ncclUniqueId { internal: [7; 128] };
-        assert_eq!(
-            ncclUniqueId::from_bytes(id.as_bytes()).unwrap().internal,
-            [7; 128]
-        );
+        assert_eq!(ncclUniqueId::from_bytes(id.as_bytes()).unwrap().internal, [7; 128]);
         assert!(ncclUniqueId::from_bytes(&[0; 127]).is_none());
     }
 }

@@ -9,9 +9,8 @@ use collective::{check_args, Collective, CollectiveError, DType, Op};
 use gpu::{DevicePtr, DriverKind, Gpu, GpuError, Stream};
 use ipc::Rendezvous;
 use rccl_sys::{
-    ncclCommWindowDeregisterFn, ncclCommWindowRegisterFn, ncclComm_t, ncclDataType_t,
-    ncclMemAllocFn, ncclMemFreeFn, ncclResult_t, ncclStream_t, ncclUniqueId, ncclWindow_t, Flavor,
-    NcclError, NcclLib, NCCL_WIN_COLL_SYMMETRIC,
+    ncclCommWindowDeregisterFn, ncclCommWindowRegisterFn, ncclComm_t, ncclDataType_t, ncclMemAllocFn, ncclMemFreeFn,
+    ncclResult_t, ncclStream_t, ncclUniqueId, ncclWindow_t, Flavor, NcclError, NcclLib, NCCL_WIN_COLL_SYMMETRIC,
 };
 use std::ffi::{c_int, c_void};
 use std::ptr;
@@ -51,9 +50,9 @@ fn flavor_for(kind: DriverKind) -> Result<Flavor, CollectiveError> {
     match kind {
         DriverKind::Cuda => Ok(Flavor::Nccl),
         DriverKind::Hip => Ok(Flavor::Rccl),
-        DriverKind::Host => Err(CollectiveError::Unsupported(
-            "nccl needs a GPU driver; the host driver has no NCCL".into(),
-        )),
+        DriverKind::Host => {
+            Err(CollectiveError::Unsupported("nccl needs a GPU driver; the host driver has no NCCL".into()))
+        }
     }
 }
 
@@ -68,11 +67,7 @@ fn check_devices(method: &str, devices: usize, world: usize) -> Result<(), Colle
 }
 
 fn nccl_err(e: NcclError) -> CollectiveError {
-    CollectiveError::Gpu(GpuError::Driver {
-        call: e.call,
-        code: i64::from(e.code),
-        msg: e.msg,
-    })
+    CollectiveError::Gpu(GpuError::Driver { call: e.call, code: i64::from(e.code), msg: e.msg })
 }
 
 /// The entry points the symmetric path needs; all optional in the library, so found together or not at all.
@@ -91,30 +86,15 @@ struct Staging {
 }
 
 /// Opens the library and checks it can run the method; `Err` is the reason, for every rank to see.
-fn open(
-    flavor: Flavor,
-    method: &str,
-    symmetric: bool,
-) -> Result<(NcclLib, Option<SymmFns>), String> {
+fn open(flavor: Flavor, method: &str, symmetric: bool) -> Result<(NcclLib, Option<SymmFns>), String> {
     let lib = NcclLib::load(flavor).map_err(|e| format!("{method}: {e}"))?;
     if !symmetric {
         return Ok((lib, None));
     }
-    match (
-        lib.ncclMemAlloc,
-        lib.ncclMemFree,
-        lib.ncclCommWindowRegister,
-        lib.ncclCommWindowDeregister,
-    ) {
-        (Some(alloc), Some(free), Some(register), Some(deregister)) => Ok((
-            lib,
-            Some(SymmFns {
-                alloc,
-                free,
-                register,
-                deregister,
-            }),
-        )),
+    match (lib.ncclMemAlloc, lib.ncclMemFree, lib.ncclCommWindowRegister, lib.ncclCommWindowDeregister) {
+        (Some(alloc), Some(free), Some(register), Some(deregister)) => {
+            Ok((lib, Some(SymmFns { alloc, free, register, deregister })))
+        }
         _ => {
             let (major, minor, patch) = lib.version();
             Err(format!(
@@ -148,9 +128,7 @@ impl Nccl {
         let flavor = flavor_for(gpu.kind())?;
         let (rank, world) = (rdv.rank(), rdv.world());
         if opts.capacity_bytes == 0 {
-            return Err(CollectiveError::BadArgs(format!(
-                "{name} capacity must be at least 1 byte"
-            )));
+            return Err(CollectiveError::BadArgs(format!("{name} capacity must be at least 1 byte")));
         }
         check_devices(name, gpu.info().count, world)?;
 
@@ -181,8 +159,7 @@ impl Nccl {
         let created = if rank == 0 {
             let mut id = ncclUniqueId::zeroed();
             // SAFETY: ncclGetUniqueId writes one id.
-            lib.check(unsafe { (lib.ncclGetUniqueId)(&mut id) }, "ncclGetUniqueId")
-                .map(|()| id.as_bytes().to_vec())
+            lib.check(unsafe { (lib.ncclGetUniqueId)(&mut id) }, "ncclGetUniqueId").map(|()| id.as_bytes().to_vec())
         } else {
             Ok(Vec::new())
         };
@@ -190,26 +167,15 @@ impl Nccl {
         let got = rdv.broadcast("nccl unique id", 0, sent)?;
         created.map_err(nccl_err)?;
         let id = ncclUniqueId::from_bytes(&got).ok_or_else(|| {
-            CollectiveError::Unsupported(format!(
-                "{name}: rank 0 could not create the NCCL unique id"
-            ))
+            CollectiveError::Unsupported(format!("{name}: rank 0 could not create the NCCL unique id"))
         })?;
 
         let mut comm: ncclComm_t = ptr::null_mut();
         // SAFETY: `comm` receives the new communicator; world and rank come from the rendezvous, so they agree.
-        let status =
-            unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
+        let status = unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
         lib.check(status, "ncclCommInitRank").map_err(nccl_err)?;
-        let mut nccl = Nccl {
-            lib,
-            comm,
-            name,
-            op: opts.op,
-            world,
-            capacity: opts.capacity_bytes,
-            symm,
-            staging: Vec::new(),
-        };
+        let mut nccl =
+            Nccl { lib, comm, name, op: opts.op, world, capacity: opts.capacity_bytes, symm, staging: Vec::new() };
         if let Some(fns) = symm {
             nccl.register_staging(rdv, fns)?;
         }
@@ -227,14 +193,8 @@ impl Nccl {
         for _ in 0..2 {
             let mut ptr = ptr::null_mut();
             // SAFETY: ncclMemAlloc writes one pointer.
-            match self.lib.check(
-                unsafe { (fns.alloc)(&mut ptr, self.capacity) },
-                "ncclMemAlloc",
-            ) {
-                Ok(()) => self.staging.push(Staging {
-                    ptr,
-                    win: ptr::null_mut(),
-                }),
+            match self.lib.check(unsafe { (fns.alloc)(&mut ptr, self.capacity) }, "ncclMemAlloc") {
+                Ok(()) => self.staging.push(Staging { ptr, win: ptr::null_mut() }),
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -242,10 +202,7 @@ impl Nccl {
             }
         }
         // Registration is collective: no rank may start it unless every rank has its buffers.
-        let flags = rdv.all_gather(
-            &format!("{} staging", self.name),
-            &[u8::from(failed.is_none())],
-        )?;
+        let flags = rdv.all_gather(&format!("{} staging", self.name), &[u8::from(failed.is_none())])?;
         if let Some(e) = failed {
             return Err(nccl_err(e));
         }
@@ -257,18 +214,9 @@ impl Nccl {
         }
         for buf in &mut self.staging {
             // SAFETY: `buf.ptr` holds `capacity` bytes from ncclMemAlloc; `buf.win` receives the window.
-            let status = unsafe {
-                (fns.register)(
-                    self.comm,
-                    buf.ptr,
-                    self.capacity,
-                    &mut buf.win,
-                    NCCL_WIN_COLL_SYMMETRIC,
-                )
-            };
-            self.lib
-                .check(status, "ncclCommWindowRegister")
-                .map_err(nccl_err)?;
+            let status =
+                unsafe { (fns.register)(self.comm, buf.ptr, self.capacity, &mut buf.win, NCCL_WIN_COLL_SYMMETRIC) };
+            self.lib.check(status, "ncclCommWindowRegister").map_err(nccl_err)?;
         }
         Ok(())
     }
@@ -279,8 +227,7 @@ impl Nccl {
         // SAFETY: `comm` is live; the call writes one status.
         let status = unsafe { (self.lib.ncclCommGetAsyncError)(self.comm, &mut pending) };
         self.lib.check(status, "ncclCommGetAsyncError")?;
-        self.lib
-            .check(pending, "an earlier NCCL operation (ncclCommGetAsyncError)")
+        self.lib.check(pending, "an earlier NCCL operation (ncclCommGetAsyncError)")
     }
 }
 
@@ -293,12 +240,7 @@ impl Collective for Nccl {
         if op == self.op {
             Ok(())
         } else {
-            Err(format!(
-                "{} runs {} only; {op} is method {}",
-                self.name,
-                self.op,
-                method_name(op, self.symm.is_some())
-            ))
+            Err(format!("{} runs {} only; {op} is method {}", self.name, self.op, method_name(op, self.symm.is_some())))
         }
     }
 
@@ -319,8 +261,7 @@ impl Collective for Nccl {
         count: usize,
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype)
-            .map_err(CollectiveError::Unsupported)?;
+        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
         check_args(op, dtype, count, self.world, self.capacity)?;
         self.async_error().map_err(nccl_err)?;
         let out_count = op.output_count(count, self.world);
@@ -335,10 +276,7 @@ impl Collective for Nccl {
             }
             None => (input, output),
         };
-        let (send, recv) = (
-            send.0 as usize as *const c_void,
-            recv.0 as usize as *mut c_void,
-        );
+        let (send, recv) = (send.0 as usize as *const c_void, recv.0 as usize as *mut c_void);
         let handle = stream.handle() as usize as ncclStream_t;
         let dt = nccl_dtype(dtype);
         let sum = rccl_sys::ncclSum;
@@ -346,10 +284,9 @@ impl Collective for Nccl {
         // stream is its driver's handle (CUstream / hipStream_t).
         let (status, call) = unsafe {
             match op {
-                Op::AllReduce => (
-                    (self.lib.ncclAllReduce)(send, recv, count, dt, sum, self.comm, handle),
-                    "ncclAllReduce",
-                ),
+                Op::AllReduce => {
+                    ((self.lib.ncclAllReduce)(send, recv, count, dt, sum, self.comm, handle), "ncclAllReduce")
+                }
                 Op::ReduceScatter => (
                     (self.lib.ncclReduceScatter)(send, recv, out_count, dt, sum, self.comm, handle),
                     "ncclReduceScatter",
@@ -378,32 +315,20 @@ impl Drop for Nccl {
             for buf in &self.staging {
                 if !broken && !buf.win.is_null() {
                     // SAFETY: the window was registered on this communicator and is deregistered once.
-                    warn(self.lib.check(
-                        unsafe { (fns.deregister)(self.comm, buf.win) },
-                        "ncclCommWindowDeregister",
-                    ));
+                    warn(self.lib.check(unsafe { (fns.deregister)(self.comm, buf.win) }, "ncclCommWindowDeregister"));
                 }
             }
         }
         // SAFETY: `comm` is live and released exactly once.
         if broken {
-            warn(self.lib.check(
-                unsafe { (self.lib.ncclCommAbort)(self.comm) },
-                "ncclCommAbort",
-            ));
+            warn(self.lib.check(unsafe { (self.lib.ncclCommAbort)(self.comm) }, "ncclCommAbort"));
         } else {
-            warn(self.lib.check(
-                unsafe { (self.lib.ncclCommDestroy)(self.comm) },
-                "ncclCommDestroy",
-            ));
+            warn(self.lib.check(unsafe { (self.lib.ncclCommDestroy)(self.comm) }, "ncclCommDestroy"));
         }
         if let Some(fns) = self.symm {
             for buf in &self.staging {
                 // SAFETY: from ncclMemAlloc, no longer registered, freed once.
-                warn(
-                    self.lib
-                        .check(unsafe { (fns.free)(buf.ptr) }, "ncclMemFree"),
-                );
+                warn(self.lib.check(unsafe { (fns.free)(buf.ptr) }, "ncclMemFree"));
             }
         }
     }
@@ -414,30 +339,17 @@ mod tests {
     use super::*;
 
     fn host_gpu() -> Gpu {
-        let opts = gpu::DriverOptions {
-            device: None,
-            shm_prefix: format!("/arx-t{}", std::process::id()),
-        };
+        let opts = gpu::DriverOptions { device: None, shm_prefix: format!("/arx-t{}", std::process::id()) };
         gpu::open(gpu::Backend::Host, &opts).unwrap().gpu
     }
 
     #[test]
     fn host_driver_is_unsupported() {
         let gpu = host_gpu();
-        let rdv = ipc::Rendezvous::join(
-            &ipc::JobId::random(),
-            0,
-            1,
-            ipc::RendezvousOptions::default(),
-        )
-        .unwrap();
+        let rdv = ipc::Rendezvous::join(&ipc::JobId::random(), 0, 1, ipc::RendezvousOptions::default()).unwrap();
         for symmetric in [false, true] {
             for op in [Op::AllReduce, Op::ReduceScatter] {
-                let opts = NcclOptions {
-                    op,
-                    symmetric,
-                    capacity_bytes: 1 << 20,
-                };
+                let opts = NcclOptions { op, symmetric, capacity_bytes: 1 << 20 };
                 match Nccl::new(&gpu, &rdv, opts) {
                     Err(CollectiveError::Unsupported(msg)) => {
                         assert_eq!(msg, "nccl needs a GPU driver; the host driver has no NCCL")
@@ -455,10 +367,7 @@ mod tests {
         assert!(check_devices("nccl", 8, 2).is_ok());
         match check_devices("nccl_rs", 1, 2) {
             Err(CollectiveError::Unsupported(msg)) => {
-                assert!(
-                    msg.contains("one GPU per rank") && msg.contains("nccl_rs"),
-                    "{msg}"
-                )
+                assert!(msg.contains("one GPU per rank") && msg.contains("nccl_rs"), "{msg}")
             }
             other => panic!("expected Unsupported, got {other:?}"),
         }

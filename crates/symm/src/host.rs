@@ -45,8 +45,7 @@ unsafe fn slot<'a>(pad: u64, channel: usize, peer: usize) -> &'a AtomicU32 {
 }
 
 fn cas(a: &AtomicU32, from: u32, to: u32) -> bool {
-    a.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
+    a.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
 }
 
 fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> Result<(), String> {
@@ -62,14 +61,8 @@ fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> R
             || None,
         )
         .map_err(|e| e.to_string())?;
-        wait_all(
-            &format!("{what}: wait"),
-            peers,
-            deadline,
-            |t| cas(slot(p.pads[rank], channel, t), 1, 0),
-            || None,
-        )
-        .map_err(|e| e.to_string())
+        wait_all(&format!("{what}: wait"), peers, deadline, |t| cas(slot(p.pads[rank], channel, t), 1, 0), || None)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -77,12 +70,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
     let p: SymmParams = l.params()?;
     let dtype = DType::from_code(p.dtype)?;
     let deadline = Deadline::after(Duration::from_nanos(p.timeout_ns));
-    let (count, grid, vec, size) = (
-        p.count as usize,
-        l.dims.grid as usize,
-        dtype.vec(),
-        dtype.size(),
-    );
+    let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, dtype.vec(), dtype.size());
     let (rank, world) = (p.rank as usize, p.world as usize);
     let srcs: Vec<*const u8> = p.bufs[..world].iter().map(|&a| a as *const u8).collect();
     let name = match kind {
@@ -102,9 +90,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
             Kind::OneShot => {
                 let (lo, hi) = block_range(0, count, b, grid, vec);
                 // SAFETY: every buffer holds `count` elements, the output too.
-                unsafe {
-                    HostElem::reduce(dtype, &srcs, lo, hi, (p.output as *mut u8).add(lo * size))
-                };
+                unsafe { HostElem::reduce(dtype, &srcs, lo, hi, (p.output as *mut u8).add(lo * size)) };
             }
             Kind::TwoShot => {
                 let shard = shard_elems(count, world, vec);
@@ -114,22 +100,12 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                 };
                 let (lo, hi) = sub(rank);
                 // SAFETY: in place into this rank's own shard of its own buffer.
-                unsafe {
-                    HostElem::reduce(
-                        dtype,
-                        &srcs,
-                        lo,
-                        hi,
-                        (p.bufs[rank] as *mut u8).add(lo * size),
-                    )
-                };
+                unsafe { HostElem::reduce(dtype, &srcs, lo, hi, (p.bufs[rank] as *mut u8).add(lo * size)) };
                 barrier(&p, b, &deadline, &what(1))?;
                 for s in 0..world {
                     let (lo, hi) = sub(s);
                     // SAFETY: buffers and output hold `count` elements; peer s finished its shard (barrier 1).
-                    unsafe {
-                        HostElem::copy(dtype, p.bufs[s] as *const u8, p.output as *mut u8, lo, hi)
-                    };
+                    unsafe { HostElem::copy(dtype, p.bufs[s] as *const u8, p.output as *mut u8, lo, hi) };
                 }
             }
             Kind::ReduceScatter => {

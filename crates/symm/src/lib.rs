@@ -9,12 +9,9 @@
 mod host;
 
 use collective::{
-    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op,
-    MAX_BLOCKS, MAX_RANKS,
+    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{
-    DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, Module, Stream,
-};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, Module, Stream};
 use ipc::Rendezvous;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -22,10 +19,7 @@ use std::os::fd::AsFd;
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "symm",
-    source: concat!(
-        include_str!("../../../kernels/common.h"),
-        include_str!("../../../kernels/symm.cu")
-    ),
+    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/symm.cu")),
     host: host::KERNELS,
 };
 
@@ -85,16 +79,8 @@ pub struct SymmOptions {
 /// The default launch rule per driver (torch: up to 24 blocks of 512 threads on CUDA).
 pub fn default_rule(kind: DriverKind) -> LaunchRule {
     match kind {
-        DriverKind::Host => LaunchRule {
-            threads: 1,
-            bytes_per_block: 256 << 10,
-            max_grid: 4,
-        },
-        DriverKind::Cuda | DriverKind::Hip => LaunchRule {
-            threads: 512,
-            bytes_per_block: 16 << 10,
-            max_grid: 24,
-        },
+        DriverKind::Host => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
+        DriverKind::Cuda | DriverKind::Hip => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 24 },
     }
 }
 
@@ -115,27 +101,17 @@ pub struct Symm {
 
 impl Symm {
     /// Creates, exchanges and maps the symmetric buffers. Collective: every rank calls it.
-    pub fn new(
-        gpu: &Gpu,
-        rdv: &Rendezvous,
-        algo: Algo,
-        opts: SymmOptions,
-    ) -> Result<Symm, CollectiveError> {
+    pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: SymmOptions) -> Result<Symm, CollectiveError> {
         let name = algo.method();
         let (rank, world) = (rdv.rank(), rdv.world());
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {
-            return Err(CollectiveError::BadArgs(
-                "symm capacity must be at least 1 byte".into(),
-            ));
+            return Err(CollectiveError::BadArgs("symm capacity must be at least 1 byte".into()));
         }
         let data_bytes = opts.capacity_bytes.next_multiple_of(256);
         let total = data_bytes + PAD_BYTES;
         let sizes = rdv.all_gather(&format!("{name} sizes"), &(total as u64).to_le_bytes())?;
-        if let Some(r) = sizes
-            .iter()
-            .position(|s| s[..] != (total as u64).to_le_bytes())
-        {
+        if let Some(r) = sizes.iter().position(|s| s[..] != (total as u64).to_le_bytes()) {
             return Err(CollectiveError::Mismatch(format!(
                 "{name}: rank {r} asked for a different symmetric buffer size than rank {rank} ({total} bytes)"
             )));
@@ -157,9 +133,10 @@ impl Symm {
             let ptr = if r == rank {
                 buffer.ptr()
             } else {
-                let fd = peer_fds.into_iter().next().ok_or_else(|| {
-                    CollectiveError::Mismatch(format!("{name}: rank {r} sent no buffer handle"))
-                })?;
+                let fd = peer_fds
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| CollectiveError::Mismatch(format!("{name}: rank {r} sent no buffer handle")))?;
                 let mapped = gpu.vmm_import_fd(fd, total)?;
                 let ptr = mapped.ptr();
                 peers.push(mapped);
@@ -175,12 +152,7 @@ impl Symm {
             kernels.insert(dtype, module.kernel(&format!("{name}_{dtype}"))?);
         }
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
-        let cap = resident_cap(
-            &kernels[&DType::Bf16],
-            rule.threads,
-            world,
-            gpu.info().count,
-        )?;
+        let cap = resident_cap(&kernels[&DType::Bf16], rule.threads, world, gpu.info().count)?;
         if cap == 0 {
             return Err(CollectiveError::Unsupported(format!(
                 "{name}: not even one block of {} threads per rank fits beside {world} ranks on one device",
@@ -235,25 +207,15 @@ impl Collective for Symm {
         count: usize,
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype)
-            .map_err(CollectiveError::Unsupported)?;
+        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
         check_args(op, dtype, count, self.base.world as usize, self.capacity)?;
         if self.algo != Algo::OneShot {
             stream.copy(self.mine, input, count * dtype.size())?;
         }
         let plan = self.rule.plan(count * dtype.size(), self.cap);
-        let params = SymmParams {
-            input: input.0,
-            output: output.0,
-            count: count as u64,
-            dtype: dtype.code(),
-            ..self.base
-        };
-        let dims = LaunchDims {
-            grid: plan.grid,
-            block: plan.threads,
-            shared_bytes: 0,
-        };
+        let params =
+            SymmParams { input: input.0, output: output.0, count: count as u64, dtype: dtype.code(), ..self.base };
+        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         stream.launch(&self.kernels[&dtype], dims, &params)?;
         Ok(())
     }
