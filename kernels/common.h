@@ -167,12 +167,21 @@ template <int DT> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* ds
         E::store(dst, i, acc);
     }
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
+        // Fully unrolled over the rank bound with predicates, so `in` stays in registers and all loads are in
+        // flight together.
         vec16 in[ARX_MAX_RANKS];
-        for (u32 p = 0; p < world; ++p) in[p] = ((const vec16*)((const char*)srcs[p] + h * E::SIZE))[v];
+#pragma unroll
+        for (u32 p = 0; p < ARX_MAX_RANKS; ++p)
+            if (p < world) in[p] = ((const vec16*)((const char*)srcs[p] + h * E::SIZE))[v];
         float acc[E::VEC];
+#pragma unroll
         for (int k = 0; k < E::VEC; ++k) acc[k] = E::lane(in[0], k);
-        for (u32 p = 1; p < world; ++p)
-            for (int k = 0; k < E::VEC; ++k) acc[k] += E::lane(in[p], k);
+#pragma unroll
+        for (u32 p = 1; p < ARX_MAX_RANKS; ++p)
+            if (p < world) {
+#pragma unroll
+                for (int k = 0; k < E::VEC; ++k) acc[k] += E::lane(in[p], k);
+            }
         ((vec16*)((char*)dst + h * E::SIZE))[v] = E::pack(acc);
     }
     for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) {

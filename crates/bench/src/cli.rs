@@ -21,6 +21,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Many back-to-back calls with random methods, sizes and dtypes, every result checked exactly.
+    Soak(crate::soak::SoakArgs),
     /// Run any command as W ranks (RANK, WORLD_SIZE, LOCAL_RANK and the job id set), like torchrun.
     Launch {
         #[arg(short = 'n', long = "num_ranks", alias = "num-ranks", value_parser = clap::value_parser!(u64).range(1..=1024))]
@@ -202,7 +204,7 @@ mod tests {
                 assert_eq!(num_ranks, 3);
                 assert_eq!(command, vec!["sh", "-c", "true"]);
             }
-            None => panic!("no subcommand"),
+            other => panic!("expected the launch subcommand, got {other:?}"),
         }
     }
 }

@@ -2,12 +2,14 @@
 //! against a float64 reference, ranks aligned before timing, max over ranks, medians of repeats, busbw and a
 //! graph-replay mode.
 
+pub mod ceilings;
 pub mod check;
 pub mod cli;
 pub mod methods;
 pub mod report;
 pub mod run;
 pub mod sizes;
+pub mod soak;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

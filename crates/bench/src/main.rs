@@ -10,6 +10,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
+        Some(Command::Soak(args)) => soak(&args),
         None => bench(&cli.bench),
     };
     match result {
@@ -44,6 +45,30 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
+fn soak(args: &bench::soak::SoakArgs) -> Result<(), BenchError> {
+    match launch::detect()? {
+        Some(info) => bench::soak::run_rank(args, &info),
+        None => relaunch(args.num_ranks, args.backend),
+    }
+}
+
+/// Starts this program again as the ranks of a job, with the same arguments.
+fn relaunch(num_ranks: Option<u64>, backend: gpu::Backend) -> Result<(), BenchError> {
+    let world = match num_ranks {
+        Some(n) => n as usize,
+        None => default_world(backend)?,
+    };
+    launch::run(&launch::LaunchOptions {
+        world,
+        program: launch::self_exe()?,
+        args: std::env::args_os().skip(1).collect(),
+        env: Vec::new(),
+        grace: Duration::from_secs(2),
+        prefix_output: true,
+    })?;
+    Ok(())
+}
+
 fn bench(args: &BenchArgs) -> Result<(), BenchError> {
     args.validate().map_err(BenchError::Config)?;
     match launch::detect()? {
@@ -61,21 +86,7 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
             }
             Ok(())
         }
-        None => {
-            let world = match args.num_ranks {
-                Some(n) => n as usize,
-                None => default_world(args.backend)?,
-            };
-            launch::run(&launch::LaunchOptions {
-                world,
-                program: launch::self_exe()?,
-                args: std::env::args_os().skip(1).collect(),
-                env: Vec::new(),
-                grace: Duration::from_secs(2),
-                prefix_output: true,
-            })?;
-            Ok(())
-        }
+        None => relaunch(args.num_ranks, args.backend),
     }
 }
 

@@ -1,6 +1,7 @@
 //! What a sweep produced, and its three renderings: the terminal table (nccl-tests style), comm_bench.py's CSV
 //! (same columns, same bandwidth formula) and a JSON file with everything.
 
+use crate::ceilings::Ceilings;
 use crate::cli::BenchArgs;
 use crate::methods::{csv_column, csv_columns};
 use collective::Op;
@@ -102,6 +103,14 @@ impl Row {
     }
 }
 
+/// The table's column heads, matching [`Row::print`].
+pub fn print_header() {
+    println!(
+        "# {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  status",
+        "size(B)", "count", "type", "method", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+    );
+}
+
 /// The whole sweep, as rank 0 reports it.
 #[derive(Debug, Serialize)]
 pub struct Outcome {
@@ -117,11 +126,12 @@ pub struct Outcome {
     pub repeats: u64,
     /// Seconds since the Unix epoch when the sweep ended.
     pub unix_time: u64,
+    pub ceilings: Ceilings,
     pub rows: Vec<Row>,
 }
 
 impl Outcome {
-    pub fn new(info: &gpu::DeviceInfo, world: usize, args: &BenchArgs, rows: Vec<Row>) -> Outcome {
+    pub fn new(info: &gpu::DeviceInfo, world: usize, args: &BenchArgs, ceilings: Ceilings, rows: Vec<Row>) -> Outcome {
         Outcome {
             driver: info.kind.to_string(),
             device: info.name.clone(),
@@ -134,6 +144,7 @@ impl Outcome {
             num_warmup_iters: args.num_warmup_iters,
             repeats: args.repeats,
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            ceilings,
             rows,
         }
     }

@@ -58,12 +58,13 @@ fn agree(rdv: &Rendezvous, mine: &str) -> Result<(), BenchError> {
 /// A method, or why it could not be built on some rank.
 type Built = Result<Box<dyn Collective>, String>;
 
-struct Buffers {
-    input: DeviceBuffer,
-    output: DeviceBuffer,
-    stream: Stream,
-    start: Event,
-    end: Event,
+/// A rank's benchmark buffers (input and output at full capacity), stream and timing events.
+pub(crate) struct Buffers {
+    pub(crate) input: DeviceBuffer,
+    pub(crate) output: DeviceBuffer,
+    pub(crate) stream: Stream,
+    pub(crate) start: Event,
+    pub(crate) end: Event,
 }
 
 fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Result<Option<Outcome>, BenchError> {
@@ -85,10 +86,6 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
             sizes.len()
         );
         notes.iter().for_each(|n| println!("# passed over {n}"));
-        println!(
-            "# {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  status",
-            "size(B)", "count", "type", "method", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
-        );
     }
 
     let mut built: Vec<(String, Built)> = Vec::new();
@@ -110,6 +107,11 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
         start: gpu.event()?,
         end: gpu.event()?,
     };
+    let ceilings = crate::ceilings::measure(args, gpu, rdv, &bufs)?;
+    if rank == 0 {
+        ceilings.print();
+        crate::report::print_header();
+    }
     let mut rows = Vec::new();
     for &count in &sizes {
         for (name, method) in built.iter_mut() {
@@ -128,7 +130,7 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
     rdv.barrier("teardown")?;
     drop(built);
     let i = gpu.info();
-    Ok((rank == 0).then(|| Outcome::new(i, world, args, rows)))
+    Ok((rank == 0).then(|| Outcome::new(i, world, args, ceilings, rows)))
 }
 
 fn measure(
@@ -166,10 +168,26 @@ fn measure(
         return Ok(row(Status::Failed(failure)));
     }
 
+    let (repeats, rank0) =
+        time_calls(args, rdv, b, |s| Ok(m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, s)?))?;
+    if let Some(failure) = verify(rdv, b, op, dtype, &want, out_bytes, "after the timed calls")? {
+        return Ok(row(Status::Failed(failure)));
+    }
+    Ok(row(Status::Passed).timed(repeats, rank0))
+}
+
+/// Times `enqueue` the way every method is timed: eagerly, or captured once into a graph of `num_iters` calls and
+/// replayed; warm-up, then per repeat a barrier (ranks start together), `num_iters` calls between two events, and
+/// the slowest rank's time per call. Returns every repeat's figure (ms) and rank 0's first.
+pub(crate) fn time_calls(
+    args: &BenchArgs,
+    rdv: &Rendezvous,
+    b: &Buffers,
+    mut enqueue: impl FnMut(&Stream) -> Result<(), BenchError>,
+) -> Result<(Vec<f64>, f64), BenchError> {
     let graph = if args.graph {
         b.stream.begin_capture()?;
-        let captured =
-            (0..args.num_iters).try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream));
+        let captured = (0..args.num_iters).try_for_each(|_| enqueue(&b.stream));
         let graph = b.stream.end_capture()?;
         captured?;
         Some(graph)
@@ -179,14 +197,14 @@ fn measure(
     let mut call = |n: u64| -> Result<(), BenchError> {
         match &graph {
             Some(g) => (0..n.div_ceil(args.num_iters)).try_for_each(|_| b.stream.replay(g))?,
-            None => (0..n).try_for_each(|_| m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream))?,
+            None => (0..n).try_for_each(|_| enqueue(&b.stream))?,
         }
         Ok(())
     };
     let mut repeats = Vec::new();
-    let mut rank0 = None;
+    let mut rank0 = f64::NAN;
     call(args.num_warmup_iters)?;
-    for _ in 0..args.repeats {
+    for i in 0..args.repeats {
         b.stream.sync()?;
         rdv.barrier("align ranks before timing")?;
         b.stream.record(&b.start)?;
@@ -196,14 +214,12 @@ fn measure(
         let ms = b.start.elapsed_ms(&b.end)? as f64 / args.num_iters as f64;
         let all = rdv.all_gather("times", &ms.to_le_bytes())?;
         let times: Vec<f64> = all.iter().map(|t| f64::from_le_bytes(t[..8].try_into().expect("8 bytes"))).collect();
-        rank0.get_or_insert(times[0]);
+        if i == 0 {
+            rank0 = times[0];
+        }
         repeats.push(times.iter().copied().fold(0.0, f64::max));
     }
-    drop(graph);
-    if let Some(failure) = verify(rdv, b, op, dtype, &want, out_bytes, "after the timed calls")? {
-        return Ok(row(Status::Failed(failure)));
-    }
-    Ok(row(Status::Passed).timed(repeats, rank0.unwrap_or(f64::NAN)))
+    Ok((repeats, rank0))
 }
 
 /// Downloads and checks this rank's output; every rank learns every rank's verdict, so all agree.

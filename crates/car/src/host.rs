@@ -19,15 +19,20 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("car_rs_bf16", reduce_scatter),
     ("car_rs_fp16", reduce_scatter),
     ("car_rs_fp32", reduce_scatter),
+    ("car_barrier_only", barrier_only),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
+    BarrierOnly,
     OneShot,
     TwoShot,
     ReduceScatter,
 }
 
+fn barrier_only(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, Kind::BarrierOnly)
+}
 fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
     run(l, Kind::OneShot)
 }
@@ -91,6 +96,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
     };
     let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, call.dtype.vec(), call.dtype.size());
     let name = match kind {
+        Kind::BarrierOnly => "car_barrier_only",
         Kind::OneShot => "car_1shot",
         Kind::TwoShot => "car_2shot",
         Kind::ReduceScatter => "car_rs",
@@ -110,6 +116,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
         let srcs: Vec<*const u8> = views.iter().map(|&a| a as *const u8).collect();
         let mine = views[call.rank];
         match kind {
+            Kind::BarrierOnly => call.barrier(b, 0, epoch, name)?,
             Kind::OneShot => {
                 let r = block_range(0, count, b, grid, vec);
                 call.copy(p.input, mine, r);

@@ -99,6 +99,7 @@ pub struct Car {
     cap: usize,
     base: CarParams,
     kernels: HashMap<DType, Kernel>,
+    barrier: Kernel,
     _module: Module,
     _peers: Vec<DeviceBuffer>,
     _data: DeviceBuffer,
@@ -158,6 +159,7 @@ impl Car {
         for dtype in DType::ALL {
             kernels.insert(dtype, module.kernel(&format!("{name}_{dtype}"))?);
         }
+        let barrier = module.kernel("car_barrier_only")?;
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
         let probe = &kernels[&DType::Bf16];
         let cap = resident_cap(probe, rule.threads, world, gpu.info().count)?;
@@ -176,12 +178,24 @@ impl Car {
             cap,
             base,
             kernels,
+            barrier,
             _module: module,
             _peers: peers,
             _data: data,
             _flags: flags,
             _counters: counters,
         })
+    }
+}
+
+impl Car {
+    /// Enqueues the protocol's floor: the epoch update and one barrier of `grid` blocks, no data moved.
+    /// Collective, like `run`.
+    pub fn barrier_only(&self, grid: u32, stream: &Stream) -> Result<(), CollectiveError> {
+        let grid = grid.clamp(1, self.cap as u32);
+        let dims = LaunchDims { grid, block: self.rule.threads.max(self.base.world), shared_bytes: 0 };
+        stream.launch(&self.barrier, dims, &self.base)?;
+        Ok(())
     }
 }
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU node's correctness runs, from the binaries in dist/: a soak of back-to-back calls with random methods,
+# sizes and dtypes (8 ranks, under MPS when they share GPUs), then compute-sanitizer memcheck and racecheck on the
+# kernels (2 ranks without MPS, which the sanitizer does not support).
+#   gpu_verify.sh OUT_DIR [soak calls]
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: gpu_verify.sh OUT_DIR [soak calls]}
+calls=${2:-10000}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$out/kernel-cache}
+ranks=${RANKS:-8}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
+status=0
+(
+    if [ "$gpus" -lt "$ranks" ]; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/arx-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/arx-mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        nvidia-cuda-mps-control -d
+        trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    fi
+    "$here/comm-bench" soak --backend cuda --num_ranks "$ranks" --calls "$calls"
+) 2>&1 | tee "$out/soak.txt" || status=1
+sanitize() {
+    local tool=$1
+    shift
+    compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 99 \
+        "$here/comm-bench" --backend cuda --num_ranks 2 --timeout_s 120 --num_iters 2 --num_warmup_iters 1 \
+        --repeats 1 "$@"
+}
+for tool in memcheck racecheck; do
+    {
+        sanitize "$tool" --counts 8,1000,4099,65536,1048583
+        sanitize "$tool" --counts 840,1049160 --op reduce_scatter
+    } 2>&1 | tee "$out/$tool.txt" || status=1
+done
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out"/memcheck.txt "$out"/racecheck.txt
+exit $status
