@@ -18,33 +18,10 @@ struct CarParams {
     u32 reserved;
 };
 
-// Block b's epoch: one more than last call's. Block b also advances the counters of blocks b + k*grid that this
-// launch does not have, so every counter (and every block's epoch) stays equal whatever the grid was.
-ARX_DEV u64 car_next_epoch(const CarParams& p) {
-    __shared__ u64 s_epoch;
-    if (threadIdx.x == 0) {
-        u64* c = (u64*)p.counters;
-        u64 e = c[blockIdx.x] + 1;
-        for (u32 j = blockIdx.x; j < ARX_MAX_BLOCKS; j += gridDim.x) c[j] = e;
-        s_epoch = e;
-    }
-    __syncthreads();
-    return s_epoch;
-}
+ARX_DEV u64 car_next_epoch(const CarParams& p) { return next_epoch(p.counters); }
 
-// Block-level barrier of phase `ph`: thread t tells rank t that this block reached `epoch`, then waits until
-// rank t's block said the same. Block b's work depends only on block b of the peers.
 ARX_DEV void car_barrier(const CarParams& p, u32 ph, u64 epoch) {
-    __syncthreads();
-    u32 t = threadIdx.x;
-    if (t < p.world) {
-        u64 slot = ((u64)blockIdx.x * 2 + ph) * ARX_MAX_RANKS;
-        st_release_sys((u64*)p.flags[t] + slot + p.rank, epoch);
-        const u64* mine = (const u64*)p.flags[p.rank] + slot + t;
-        Spin s = spin_start(p.timeout_ns);
-        while (ld_acquire_sys(mine) < epoch) s.check();
-    }
-    __syncthreads();
+    flag_barrier(p.flags, p.rank, p.world, ph, epoch, p.timeout_ns);
 }
 
 ARX_DEV void car_views(const CarParams& p, u64 epoch, u64* views) {

@@ -26,6 +26,8 @@ ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
                                          __HIP_MEMORY_SCOPE_SYSTEM);
     return expected;
 }
+ARX_DEV u64 ld_relaxed_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
+ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
 ARX_DEV u64 timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }  // 100 MHz constant clock
 ARX_DEV void arx_trap() { __builtin_trap(); }
 ARX_DEV float u32_as_f32(u32 x) { return __builtin_bit_cast(float, x); }
@@ -41,6 +43,15 @@ ARX_DEV u64 ld_acquire_sys(const u64* p) {
 }
 ARX_DEV void st_release_sys(u64* p, u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+// Single-copy-atomic 8-byte moves with no ordering: what flag-and-data packets need.
+ARX_DEV u64 ld_relaxed_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+ARX_DEV void st_relaxed_sys(u64* p, u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
     u32 old;
@@ -191,6 +202,21 @@ template <int DT> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* ds
     }
 }
 
+// Block b's epoch: one more than last call's. Block b also advances the counters of blocks b + k*grid that this
+// launch does not have, so every counter (and every block's epoch) stays equal whatever the grid was. The counters
+// live in device memory, so graph replays advance them too.
+ARX_DEV u64 next_epoch(u64 counters) {
+    __shared__ u64 s_epoch;
+    if (threadIdx.x == 0) {
+        u64* c = (u64*)counters;
+        u64 e = c[blockIdx.x] + 1;
+        for (u32 j = blockIdx.x; j < ARX_MAX_BLOCKS; j += gridDim.x) c[j] = e;
+        s_epoch = e;
+    }
+    __syncthreads();
+    return s_epoch;
+}
+
 // A spin that ends the kernel (rather than hanging the GPU) once `timeout_ns` has passed.
 struct Spin {
     u64 start, timeout;
@@ -200,6 +226,22 @@ struct Spin {
     }
 };
 ARX_DEV Spin spin_start(u64 timeout_ns) { return Spin{timer_ns(), timeout_ns, 0}; }
+
+// Block-level barrier of phase `ph` over epoch flags u64 [ARX_MAX_BLOCKS][2][ARX_MAX_RANKS] per rank: thread t
+// tells rank t that this block reached `epoch` (remote release store), then waits until rank t's block said the
+// same (local acquire load). Block b's work depends only on block b of the peers.
+ARX_DEV void flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epoch, u64 timeout_ns) {
+    __syncthreads();
+    u32 t = threadIdx.x;
+    if (t < world) {
+        u64 slot = ((u64)blockIdx.x * 2 + ph) * ARX_MAX_RANKS;
+        st_release_sys((u64*)flags[t] + slot + rank, epoch);
+        const u64* mine = (const u64*)flags[rank] + slot + t;
+        Spin s = spin_start(timeout_ns);
+        while (ld_acquire_sys(mine) < epoch) s.check();
+    }
+    __syncthreads();
+}
 
 #define ARX_INSTANTIATE(NAME, PARAMS)                                         \
     ARX_KERNEL void NAME##_bf16(PARAMS p) { NAME<0>(p); }                     \

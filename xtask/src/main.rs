@@ -1,5 +1,7 @@
 //! `cargo xtask <task>`: the project's chores, in Rust so they run wherever cargo does.
 
+mod perf_gate;
+
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -22,6 +24,8 @@ enum Task {
     },
     /// Compile kernels/*.cu for NVIDIA (clang, PTX for sm_80) as a check that needs no GPU toolkit.
     KernelCheck,
+    /// Quick criterion run compared with perf/baseline-<driver>.json (time relative to a device copy).
+    PerfGate(perf_gate::Args),
 }
 
 fn root() -> PathBuf {
@@ -124,6 +128,7 @@ fn main() -> ExitCode {
             run(cargo().args(["run", "--release", "-p", "bench", "--bin", "comm-bench", "--"]).args(args))
         }
         Task::KernelCheck => kernel_check(),
+        Task::PerfGate(args) => perf_gate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,6 +6,8 @@ pub mod ceilings;
 pub mod check;
 pub mod cli;
 pub mod methods;
+pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod sizes;

@@ -4,6 +4,7 @@
 use collective::{Collective, CollectiveError, Op};
 use gpu::Gpu;
 use ipc::Rendezvous;
+use symm::tuned::{Design, SymmTuned, TunedOptions};
 
 /// Every method, with the op it runs and the comm_bench.py column it fills (if any).
 pub const METHODS: &[(&str, Op, Option<&str>)] = &[
@@ -12,6 +13,11 @@ pub const METHODS: &[(&str, Op, Option<&str>)] = &[
     ("car_2shot", Op::AllReduce, Some("fbgemm_2shot")),
     ("symm_2shot", Op::AllReduce, Some("symm_2shot")),
     ("nccl", Op::AllReduce, Some("nccl")),
+    ("symm_1shot_tuned", Op::AllReduce, None),
+    ("symm_2shot_tuned", Op::AllReduce, None),
+    ("symm_ll", Op::AllReduce, None),
+    ("symm_zc_1shot", Op::AllReduce, None),
+    ("symm_zc_2shot", Op::AllReduce, None),
     ("nccl_symm", Op::AllReduce, None),
     ("car_rs", Op::ReduceScatter, Some("fbgemm_rs")),
     ("symm_rs", Op::ReduceScatter, Some("symm_rs")),
@@ -57,6 +63,9 @@ pub fn build(
         let opts = symm::SymmOptions { capacity_bytes, rule: None };
         Ok(Box::new(symm::Symm::new(gpu, rdv, algo, opts)?))
     };
+    let tuned = |design| -> Result<Box<dyn Collective>, CollectiveError> {
+        Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes })?))
+    };
     match name {
         "car_1shot" => car(car::Algo::OneShot),
         "car_2shot" => car(car::Algo::TwoShot),
@@ -64,6 +73,11 @@ pub fn build(
         "symm_1shot" => symm(symm::Algo::OneShot),
         "symm_2shot" => symm(symm::Algo::TwoShot),
         "symm_rs" => symm(symm::Algo::ReduceScatter),
+        "symm_1shot_tuned" => tuned(Design::OneShotTuned),
+        "symm_2shot_tuned" => tuned(Design::TwoShotTuned),
+        "symm_ll" => tuned(Design::Ll),
+        "symm_zc_1shot" => tuned(Design::ZeroCopyOneShot),
+        "symm_zc_2shot" => tuned(Design::ZeroCopyTwoShot),
         "nccl" | "nccl_symm" | "nccl_rs" | "nccl_symm_rs" => {
             let op = op_of(name).map_err(CollectiveError::BadArgs)?;
             let opts = rccl::NcclOptions { op, symmetric: name.contains("symm"), capacity_bytes };

@@ -152,25 +152,35 @@ fn measure(
     if args.graph && !m.capturable() {
         return Ok(row(Status::Skipped("cannot be captured into a graph".into())));
     }
+    if count * dtype.size() > m.capacity_bytes() {
+        return Ok(row(Status::Skipped(format!("above the method's largest message ({} bytes)", m.capacity_bytes()))));
+    }
     let seed = u64::from_le_bytes(
         rdv.broadcast("check seed", 0, &rand::random::<u64>().to_le_bytes())?
             .try_into()
             .map_err(|_| BenchError::Config("bad seed".into()))?,
     );
     let values = input_values(seed, rdv.rank(), count, dtype);
-    b.stream.upload(&b.input, 0, &dtype.encode(&values))?;
+    // A method with registered buffers reads its input and writes its output there (no copies, as with tensors
+    // allocated in symmetric memory); the others take the benchmark's own buffers.
+    let input = m.registered_input().map_or(b.input.ptr(), |r| r.ptr());
+    let output = m.registered_output().map_or(b.output.ptr(), |r| r.ptr());
+    b.stream.upload(m.registered_input().unwrap_or(&b.input), 0, &dtype.encode(&values))?;
     let (lo, hi) = output_range(op, count, world, rdv.rank());
     let out_bytes = (hi - lo) * dtype.size();
-    b.stream.memset(b.output.ptr(), POISON, out_bytes)?;
-    m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, &b.stream)?;
+    b.stream.memset(output, POISON, out_bytes)?;
+    m.run(op, dtype, input, output, count, &b.stream)?;
     let want = reference(seed, world, count, dtype, lo, hi);
-    if let Some(failure) = verify(rdv, b, op, dtype, &want, out_bytes, "before timing")? {
+    let verify = |m: &dyn Collective, when| {
+        let out = m.registered_output().unwrap_or(&b.output);
+        verify(rdv, &b.stream, out, op, dtype, &want, out_bytes, when)
+    };
+    if let Some(failure) = verify(m, "before timing")? {
         return Ok(row(Status::Failed(failure)));
     }
 
-    let (repeats, rank0) =
-        time_calls(args, rdv, b, |s| Ok(m.run(op, dtype, b.input.ptr(), b.output.ptr(), count, s)?))?;
-    if let Some(failure) = verify(rdv, b, op, dtype, &want, out_bytes, "after the timed calls")? {
+    let (repeats, rank0) = time_calls(args, rdv, b, |s| Ok(m.run(op, dtype, input, output, count, s)?))?;
+    if let Some(failure) = verify(m, "after the timed calls")? {
         return Ok(row(Status::Failed(failure)));
     }
     Ok(row(Status::Passed).timed(repeats, rank0))
@@ -223,9 +233,11 @@ pub(crate) fn time_calls(
 }
 
 /// Downloads and checks this rank's output; every rank learns every rank's verdict, so all agree.
+#[allow(clippy::too_many_arguments)]
 fn verify(
     rdv: &Rendezvous,
-    b: &Buffers,
+    stream: &Stream,
+    output: &DeviceBuffer,
     op: Op,
     dtype: DType,
     want: &[f64],
@@ -233,7 +245,7 @@ fn verify(
     when: &str,
 ) -> Result<Option<String>, BenchError> {
     let mut out = vec![0u8; bytes];
-    b.stream.download(&b.output, 0, &mut out)?;
+    stream.download(output, 0, &mut out)?;
     let v = compare(&dtype.decode(&out), want, tolerance(dtype, rdv.world()));
     let mut blob = (v.wrong as u64).to_le_bytes().to_vec();
     blob.extend(fingerprint(&out).to_le_bytes());

@@ -31,14 +31,24 @@ pub struct SoakArgs {
     pub num_ranks: Option<u64>,
     #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<gpu::Backend>().map_err(|e| e.to_string()))]
     pub backend: gpu::Backend,
-    /// Comma-separated methods [default: every car and symm method].
+    /// Comma-separated methods [default: every car and symm method, tuned ones included].
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
     #[arg(long = "timeout_s", alias = "timeout-s")]
     pub timeout_s: Option<f64>,
 }
 
-const DEFAULT: &[&str] = &["car_1shot", "car_2shot", "car_rs", "symm_1shot", "symm_2shot", "symm_rs"];
+const DEFAULT: &[&str] = &[
+    "car_1shot",
+    "car_2shot",
+    "car_rs",
+    "symm_1shot",
+    "symm_2shot",
+    "symm_rs",
+    "symm_1shot_tuned",
+    "symm_2shot_tuned",
+    "symm_zc_2shot",
+];
 
 /// Rank `rank`'s value at element `i` of call `call`: at most 16, so a sum over 8 ranks (<= 128) is exact in bf16.
 fn value(rank: usize, i: usize, call: u64) -> f32 {

@@ -51,6 +51,8 @@ fn allreduce_every_world_size_and_odd_counts() {
     for world in [1, 2, 3, 4, 8] {
         let rows = sweep(world, &["--counts", &counts]);
         assert_passed(&rows, &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"], COUNTS);
+        assert_passed(&rows, &["symm_1shot_tuned", "symm_2shot_tuned", "symm_zc_1shot", "symm_zc_2shot"], COUNTS);
+        assert_passed(&rows, &["symm_ll"], &COUNTS[..4]);
         let nccl = rows.iter().find(|r| r["method"] == "nccl").unwrap();
         assert_eq!(nccl["status"], "skipped", "the host driver has no NCCL");
     }
@@ -60,10 +62,15 @@ fn allreduce_every_world_size_and_odd_counts() {
 fn allreduce_fp16_fp32_and_graph_mode() {
     for dtype in ["fp16", "fp32"] {
         let rows = sweep(3, &["--counts", "8,4099,70001", "--dtype", dtype]);
-        assert_passed(&rows, &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"], &[8, 4099, 70001]);
+        let all = ["car_1shot", "symm_1shot", "car_2shot", "symm_2shot", "symm_1shot_tuned", "symm_2shot_tuned"];
+        assert_passed(&rows, &all, &[8, 4099, 70001]);
     }
     let rows = sweep(4, &["--counts", "1000,300000", "--graph"]);
-    assert_passed(&rows, &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"], &[1000, 300000]);
+    assert_passed(
+        &rows,
+        &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot", "symm_1shot_tuned", "symm_2shot_tuned"],
+        &[1000, 300000],
+    );
 }
 
 #[test]

@@ -2,11 +2,11 @@
 //! shared mappings. Blocks run one after another; every rank runs them in the same order, so block b's barrier
 //! only ever waits for the peers' block b, as on the device.
 
-use crate::{CarParams, FLAG_SLOTS};
-use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
-use deadline::{wait_all, Deadline};
+use crate::CarParams;
+use collective::host_sync::{flag_barrier, next_epoch};
+use collective::{block_range, shard_elems, shard_range, DType, HostElem};
+use deadline::Deadline;
 use gpu::{HostKernel, HostLaunch};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
@@ -43,15 +43,6 @@ fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
     run(l, Kind::ReduceScatter)
 }
 
-/// # Safety
-/// `base` is a live flag array of [`FLAG_SLOTS`] u64.
-unsafe fn flag<'a>(base: u64, block: usize, phase: usize, src: usize) -> &'a AtomicU64 {
-    let slot = (block * 2 + phase) * MAX_RANKS + src;
-    debug_assert!(slot < FLAG_SLOTS);
-    // SAFETY: the caller's contract; AtomicU64 has u64's layout and the array is 8-aligned.
-    unsafe { &*(base as *const AtomicU64).add(slot) }
-}
-
 struct Call<'a> {
     p: &'a CarParams,
     dtype: DType,
@@ -63,20 +54,7 @@ struct Call<'a> {
 impl Call<'_> {
     fn barrier(&self, block: usize, phase: usize, epoch: u64, kernel: &str) -> Result<(), String> {
         // SAFETY: flags[r] for r < world are live flag arrays, mapped at setup.
-        unsafe {
-            for t in 0..self.world {
-                flag(self.p.flags[t], block, phase, self.rank).store(epoch, Ordering::Release);
-            }
-            let what = format!("{kernel} rank {} block {block} barrier {phase}", self.rank);
-            wait_all(
-                &what,
-                0..self.world,
-                &self.deadline,
-                |t| flag(self.p.flags[self.rank], block, phase, t).load(Ordering::Acquire) >= epoch,
-                || None,
-            )
-            .map_err(|e| e.to_string())
-        }
+        unsafe { flag_barrier(&self.p.flags[..self.world], self.rank, block, phase, epoch, &self.deadline, kernel) }
     }
 
     fn copy(&self, src: u64, dst: u64, (lo, hi): (usize, usize)) {
@@ -101,16 +79,9 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
         Kind::TwoShot => "car_2shot",
         Kind::ReduceScatter => "car_rs",
     };
-    let counters = p.counters as *mut u64;
     for b in 0..grid {
-        // SAFETY: counters is this rank's array of MAX_BLOCKS u64; see car_next_epoch in car.cu.
-        let epoch = unsafe {
-            let e = *counters.add(b) + 1;
-            for j in (b..collective::MAX_BLOCKS).step_by(grid) {
-                *counters.add(j) = e;
-            }
-            e
-        };
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
+        let epoch = unsafe { next_epoch(p.counters, b, grid) };
         let off = (epoch & 1) * p.half_bytes;
         let views: Vec<u64> = p.bufs[..call.world].iter().map(|&a| a + off).collect();
         let srcs: Vec<*const u8> = views.iter().map(|&a| a as *const u8).collect();

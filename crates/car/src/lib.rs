@@ -8,6 +8,7 @@
 
 mod host;
 
+use collective::host_sync::FLAG_SLOTS;
 use collective::{
     check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
 };
@@ -39,9 +40,6 @@ pub struct CarParams {
     pub dtype: u32,
     pub reserved: u32,
 }
-
-/// Flag slots per rank: one u64 per (block, phase, source rank).
-pub const FLAG_SLOTS: usize = MAX_BLOCKS * 2 * MAX_RANKS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algo {

@@ -4,6 +4,7 @@
 //! elements on every driver.
 
 mod elem;
+pub mod host_sync;
 mod plan;
 
 pub use elem::{Element, HostElem};
@@ -145,6 +146,15 @@ pub trait Collective {
     fn capacity_bytes(&self) -> usize;
     /// Whether `run` may be captured into a graph and replayed.
     fn capturable(&self) -> bool;
+    /// A registered input the method reads in place, the way a tensor allocated in torch's symmetric memory is
+    /// read: a caller that writes its input there saves the copy-in. `None`: the method takes input from anywhere.
+    fn registered_input(&self) -> Option<&gpu::DeviceBuffer> {
+        None
+    }
+    /// Likewise, a registered output peers write into directly.
+    fn registered_output(&self) -> Option<&gpu::DeviceBuffer> {
+        None
+    }
     /// Enqueues `op` on `stream`: `input` holds `count` elements, `output` receives
     /// [`Op::output_count`] elements. Every rank must call with the same arguments, in the same order.
     fn run(

@@ -11,8 +11,8 @@
 //! thread.
 
 use crate::{
-    pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle, KernelLibrary,
-    LaunchDims, MemKind, RawMem, Result,
+    kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
+    KernelLibrary, LaunchDims, MemKind, RawMem, Result,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -20,7 +20,6 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -321,49 +320,6 @@ fn compile(lib: &KernelLibrary, target: &Target, options: &[String]) -> Result<V
         return Err(compile_error(if log.is_empty() { e.to_string() } else { log }));
     }
     prog.image(target.cubin)
-}
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// FNV-1a, 64 bits: folds `bytes` into `h`.
-fn fnv1a64_update(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// FNV-1a 64 over length-prefixed parts: a cache key that is the same in every build.
-fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    parts.iter().fold(FNV_OFFSET, |h, part| fnv1a64_update(fnv1a64_update(h, &(part.len() as u64).to_le_bytes()), part))
-}
-
-/// `$ARX_KERNEL_CACHE`, else `$XDG_CACHE_HOME/allreduce-rs/kernels`, else `~/.cache/allreduce-rs/kernels`.
-fn cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    var("ARX_KERNEL_CACHE")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("allreduce-rs").join("kernels")))
-        .or_else(|| var("HOME").map(|h| h.join(".cache").join("allreduce-rs").join("kernels")))
-}
-
-/// Writes a compiled image to the cache through a temporary file and a rename, so ranks compiling the same
-/// library at once never see a partial file. The cache is an optimisation: failing to write it is not an error.
-fn cache_store(path: &Path, image: &[u8]) {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let Some(dir) = path.parent() else { return };
-    let tmp = dir.join(format!(
-        ".{}.tmp{}-{}",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = std::fs::create_dir_all(dir)
-        .and_then(|_| std::fs::write(&tmp, image))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
 }
 
 /// What a token's memory is, so release undoes the right thing.
@@ -837,12 +793,8 @@ impl Driver for CudaDriver {
         let mut options = vec![format!("--gpu-architecture={}", target.arch)];
         options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
         let version = format!("nvrtc {}.{}", nvrtc.version.0, nvrtc.version.1);
-        let joined = options.join("\u{1f}");
-        let key = fnv1a64(&[b"arx-kernel-v1", lib.source.as_bytes(), joined.as_bytes(), version.as_bytes()]);
-        let stem: String =
-            lib.name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
         let ext = if target.cubin { "cubin" } else { "ptx" };
-        let path = cache_dir().map(|d| d.join(format!("{stem}-{}-{key:016x}.{ext}", target.arch)));
+        let path = kernel_cache::image_path(lib, &target.arch, ext, &options, &version);
         if let Some(image) = path.as_deref().and_then(|p| std::fs::read(p).ok()) {
             // A cached image the driver refuses (corrupt, or from another driver) is recompiled and replaced.
             if let Ok(module) = self.load_image(&image) {
@@ -851,7 +803,7 @@ impl Driver for CudaDriver {
         }
         let image = compile(lib, &target, &options)?;
         if let Some(p) = &path {
-            cache_store(p, &image);
+            kernel_cache::store(p, &image);
         }
         let module = self.load_image(&image)?;
         Ok(self.add_module(module))
@@ -985,14 +937,6 @@ impl Drop for CudaDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fnv1a64_is_the_reference_function() {
-        assert_eq!(fnv1a64_update(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64_update(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64_update(FNV_OFFSET, b"foobar"), 0x8594_4171_f739_67e8);
-        assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]), "parts must not run together");
-    }
 
     #[test]
     fn open_without_cuda_is_not_available_not_a_panic() {

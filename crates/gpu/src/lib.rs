@@ -9,6 +9,7 @@ mod cuda;
 mod error;
 mod hip;
 mod host;
+mod kernel_cache;
 
 pub use error::{GpuError, Result};
 pub use host::{HostKernel, HostLaunch};

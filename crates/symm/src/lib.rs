@@ -7,6 +7,8 @@
 //! The device kernels are `kernels/symm.cu`; [`host`] holds their Rust twins for the host driver.
 
 mod host;
+mod host_tuned;
+pub mod tuned;
 
 use collective::{
     check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,

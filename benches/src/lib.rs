@@ -1,0 +1,136 @@
+//! The parts of the multi-process criterion bench (`benches/allreduce.rs`) that need no ranks, kept here so they
+//! are unit-tested: the command rank 0 broadcasts to the ranks that follow it, the size lists, and the summary
+//! file the perf gate (`cargo xtask perf-gate`) reads.
+
+use serde::{Deserialize, Serialize};
+
+/// Ranks to launch; default 2 on the host driver (the ranks share the CPU cores), else one per GPU up to 8.
+pub const RANKS_ENV: &str = "ARX_BENCH_RANKS";
+/// `1`: short warm-up and measurement, no plots; what the perf gate runs.
+pub const QUICK_ENV: &str = "ARX_BENCH_QUICK";
+/// Where rank 0 writes the [`Summary`] once criterion is done.
+pub const SUMMARY_ENV: &str = "ARX_BENCH_SUMMARY";
+
+/// The allreduce methods benchmarked, in comm_bench.py's column order; those a driver lacks are skipped.
+pub const METHODS: [&str; 6] = ["car_1shot", "symm_1shot", "car_2shot", "symm_2shot", "nccl", "nccl_symm"];
+/// The pseudo-method that times a plain device copy of the same bytes: the perf gate divides by it, which
+/// cancels the machine's speed.
+pub const COPY: &str = "copy";
+
+/// Samples per benchmark the summary takes its median over: criterion's smallest sample size, so they are
+/// always measurement samples (criterion's warm-up calls come before them).
+pub const SUMMARY_SAMPLES: usize = 10;
+
+/// What rank 0 tells the other ranks, as a fixed 32-byte record (kind, method, size, iters; little endian).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Time `iters` calls of target `method` at size index `size`.
+    Run { method: usize, size: usize, iters: u64 },
+    /// Criterion is done: tear down.
+    Stop,
+}
+
+impl Command {
+    pub const BYTES: usize = 32;
+
+    pub fn encode(&self) -> [u8; Command::BYTES] {
+        let words = match *self {
+            Command::Run { method, size, iters } => [1, method as u64, size as u64, iters],
+            Command::Stop => [2, 0, 0, 0],
+        };
+        let mut out = [0u8; Command::BYTES];
+        out.chunks_exact_mut(8).zip(words).for_each(|(c, w)| c.copy_from_slice(&w.to_le_bytes()));
+        out
+    }
+
+    /// Refuses anything but a record [`Command::encode`] wrote, so a corrupted command cannot be followed.
+    pub fn decode(bytes: &[u8]) -> Result<Command, String> {
+        if bytes.len() != Command::BYTES {
+            return Err(format!("command of {} bytes, expected {}", bytes.len(), Command::BYTES));
+        }
+        let w = |k: usize| u64::from_le_bytes(bytes[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+        match w(0) {
+            1 => Ok(Command::Run { method: w(1) as usize, size: w(2) as usize, iters: w(3) }),
+            2 => Ok(Command::Stop),
+            k => Err(format!("unknown command kind {k}")),
+        }
+    }
+}
+
+/// Element counts: three on the host driver (CI time), five of comm_bench.py's 20 on a GPU driver.
+pub fn sizes(gpu: bool, align: usize) -> Vec<usize> {
+    if gpu {
+        let all = bench::sizes::comm_bench_sizes(10, 24, 20, align);
+        [0, 5, 10, 15, 19].iter().map(|&i| all[i]).collect()
+    } else {
+        vec![1024, 65536, 1 << 20]
+    }
+}
+
+/// Whether an environment flag is set to something other than empty, `0` or `false`.
+pub fn env_flag(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
+/// One benchmark's result in the [`Summary`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Entry {
+    pub method: String,
+    /// Elements (bf16).
+    pub count: usize,
+    pub bytes: usize,
+    /// Median over criterion's measurement samples of the slowest rank's time per call.
+    pub median_ns: f64,
+    pub samples: usize,
+}
+
+/// Everything the perf gate needs from one run, written by rank 0 to `$ARX_BENCH_SUMMARY`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    /// `host`, `cuda` or `hip`: picks the baseline file.
+    pub driver: String,
+    pub device: String,
+    pub arch: String,
+    pub world: usize,
+    pub dtype: String,
+    pub quick: bool,
+    pub unix_time: u64,
+    pub entries: Vec<Entry>,
+}
+
+/// Median of `v` (NaN when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_round_trip_and_garbage_is_refused() {
+        for c in [Command::Run { method: 3, size: 2, iters: 1 << 40 }, Command::Stop] {
+            assert_eq!(Command::decode(&c.encode()), Ok(c));
+        }
+        assert!(Command::decode(&[0u8; 31]).is_err());
+        assert!(Command::decode(&[0u8; 32]).unwrap_err().contains("kind 0"));
+    }
+
+    #[test]
+    fn sizes_and_medians() {
+        assert_eq!(sizes(false, 256), [1024, 65536, 1 << 20]);
+        let gpu = sizes(true, 512);
+        assert_eq!(gpu.len(), 5);
+        assert_eq!((gpu[0], gpu[4]), (1024, 1 << 24));
+        assert!(gpu.iter().all(|n| n % 512 == 0));
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}

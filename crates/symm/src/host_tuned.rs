@@ -1,0 +1,148 @@
+//! Host twins of `kernels/symm_tuned.cu`: flag-and-data packets as 8-byte atomics, and the zero-copy kernels over
+//! the epoch-flag barrier. Blocks run one after another in the same order on every rank; block b's packets are the
+//! ones with index j = b (mod grid), as with one thread per block on the device.
+
+use crate::tuned::TunedParams;
+use collective::host_sync::{flag_barrier, next_epoch};
+use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
+use deadline::{wait_all, Deadline};
+use gpu::{HostKernel, HostLaunch};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
+    ("symm_ll_bf16", ll),
+    ("symm_ll_fp16", ll),
+    ("symm_ll_fp32", ll),
+    ("symm_zc_1shot_bf16", zc_one_shot),
+    ("symm_zc_1shot_fp16", zc_one_shot),
+    ("symm_zc_1shot_fp32", zc_one_shot),
+    ("symm_zc_2shot_bf16", zc_two_shot),
+    ("symm_zc_2shot_fp16", zc_two_shot),
+    ("symm_zc_2shot_fp32", zc_two_shot),
+];
+
+struct Call {
+    p: TunedParams,
+    dtype: DType,
+    rank: usize,
+    world: usize,
+    grid: usize,
+    deadline: Deadline,
+}
+
+fn call(l: &HostLaunch<'_>) -> Result<Call, String> {
+    let p: TunedParams = l.params()?;
+    Ok(Call {
+        dtype: DType::from_code(p.dtype)?,
+        rank: p.rank as usize,
+        world: p.world as usize,
+        grid: l.dims.grid as usize,
+        deadline: Deadline::after(Duration::from_nanos(p.timeout_ns)),
+        p,
+    })
+}
+
+/// # Safety
+/// `area` is a live packet area of `2 * MAX_RANKS * ll_packets` u64.
+unsafe fn packet<'a>(area: u64, index: usize) -> &'a AtomicU64 {
+    // SAFETY: the caller's contract; AtomicU64 has u64's layout and the area is 8-aligned.
+    unsafe { &*(area as *const AtomicU64).add(index) }
+}
+
+fn ll(l: &HostLaunch<'_>) -> Result<(), String> {
+    let c = call(l)?;
+    let (p, size) = (&c.p, c.dtype.size());
+    let per = 4 / size;
+    let count = p.count as usize;
+    let n = count.div_ceil(per);
+    let npk = p.ll_packets as usize;
+    if n > npk {
+        return Err(format!("symm_ll: {count} elements need {n} packets, the area holds {npk}"));
+    }
+    let input = p.inputs[c.rank] as *const u8;
+    let output = p.outputs[c.rank] as *mut u8;
+    for b in 0..c.grid {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
+        let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
+        let flag = (epoch & 0xffff_ffff) << 32;
+        let area = (epoch as usize & 1) * MAX_RANKS * npk;
+        for j in (b..n).step_by(c.grid) {
+            let len = (count - j * per).min(per) * size;
+            let mut word = [0u8; 4];
+            // SAFETY: the registered input holds `count` elements; `len` stops at its end.
+            unsafe { std::ptr::copy_nonoverlapping(input.add(j * 4), word.as_mut_ptr(), len) };
+            let pk = flag | u32::from_le_bytes(word) as u64;
+            for &dst in &p.packets[..c.world] {
+                // SAFETY: every packet area was mapped at setup and holds this slot (n <= npk).
+                unsafe { packet(dst, area + c.rank * npk + j).store(pk, Ordering::Relaxed) };
+            }
+        }
+        let what = format!("symm_ll rank {} block {b}", c.rank);
+        for j in (b..n).step_by(c.grid) {
+            let mut words = [0u32; MAX_RANKS];
+            // SAFETY: this rank's packet area, as above.
+            wait_all(
+                &what,
+                0..c.world,
+                &c.deadline,
+                |s| {
+                    let v = unsafe { packet(p.packets[c.rank], area + s * npk + j) }.load(Ordering::Relaxed);
+                    words[s] = v as u32;
+                    v & 0xffff_ffff_0000_0000 == flag
+                },
+                || None,
+            )
+            .map_err(|e| e.to_string())?;
+            let bytes: Vec<[u8; 4]> = words[..c.world].iter().map(|w| w.to_le_bytes()).collect();
+            let srcs: Vec<*const u8> = bytes.iter().map(|w| w.as_ptr()).collect();
+            let mut sum = [0u8; 4];
+            let k = (count - j * per).min(per);
+            // SAFETY: each word holds `per` elements; the sum is written to a local word, then `k` elements out.
+            unsafe {
+                HostElem::reduce(c.dtype, &srcs, 0, k, sum.as_mut_ptr());
+                std::ptr::copy_nonoverlapping(sum.as_ptr(), output.add(j * 4), k * size);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn zc(l: &HostLaunch<'_>, two_shot: bool) -> Result<(), String> {
+    let c = call(l)?;
+    let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
+    let count = p.count as usize;
+    let name = if two_shot { "symm_zc_2shot" } else { "symm_zc_1shot" };
+    let srcs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+    for b in 0..c.grid {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
+        let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
+        let (lo, hi) = if two_shot {
+            let (lo, hi) = shard_range(count, shard_elems(count, c.world, vec), c.rank);
+            block_range(lo, hi, b, c.grid, vec)
+        } else {
+            block_range(0, count, b, c.grid, vec)
+        };
+        let mine = p.outputs[c.rank] as *mut u8;
+        // SAFETY: registered inputs and outputs hold `count` elements.
+        unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };
+        if two_shot {
+            for (d, &out) in p.outputs[..c.world].iter().enumerate().filter(|(d, _)| *d != c.rank) {
+                // SAFETY: as above; rank d's output, mapped here, is written only by this range's owner.
+                unsafe { HostElem::copy(c.dtype, mine, out as *mut u8, lo, hi) };
+                debug_assert_ne!(d, c.rank);
+            }
+        }
+        // SAFETY: as above.
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, &c.deadline, name)? };
+    }
+    Ok(())
+}
+
+fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+    zc(l, false)
+}
+fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+    zc(l, true)
+}

@@ -1,0 +1,269 @@
+//! Tuned symmetric memory: the designs that close the gap to car and pass it (kernels in `kernels/symm_tuned.cu`).
+//! Each rank registers three VMM buffers, mapped by every peer: its input, its output, and a sync area (flag-and-data
+//! packets, then epoch flags). The methods:
+//! - `symm_ll`: barrier-free one-shot for small messages: data carries its own arrival flag.
+//! - `symm_zc_1shot`, `symm_zc_2shot`: no copy-in; ranks read each other's registered inputs, and two-shot pushes
+//!   every reduced shard straight into every peer's registered output. Epoch flags instead of the CAS handshake.
+//! - `symm_1shot_tuned`, `symm_2shot_tuned`: `symm_ll` up to [`LL_MAX_BYTES`], the zero-copy kernel above it.
+//!
+//! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
+//! (and the output out of it) on the stream.
+
+use crate::host_tuned;
+use collective::host_sync::FLAG_SLOTS;
+use collective::{
+    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
+};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
+use ipc::Rendezvous;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+
+/// The kernels, as one source for NVRTC / hipRTC and as host functions.
+pub static LIBRARY: KernelLibrary = KernelLibrary {
+    name: "symm_tuned",
+    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/symm_tuned.cu")),
+    host: host_tuned::KERNELS,
+};
+
+/// Largest message the packet (LL) path carries; above it the zero-copy kernels run.
+pub const LL_MAX_BYTES: usize = 128 << 10;
+
+/// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct TunedParams {
+    pub inputs: [u64; MAX_RANKS],
+    pub outputs: [u64; MAX_RANKS],
+    pub packets: [u64; MAX_RANKS],
+    pub flags: [u64; MAX_RANKS],
+    pub counters: u64,
+    pub count: u64,
+    pub ll_packets: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub world: u32,
+    pub dtype: u32,
+    pub reserved: u32,
+}
+
+/// Which tuned design a method runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Design {
+    Ll,
+    ZeroCopyOneShot,
+    ZeroCopyTwoShot,
+    /// `Ll` up to [`LL_MAX_BYTES`], else zero-copy one-shot.
+    OneShotTuned,
+    /// `Ll` up to [`LL_MAX_BYTES`], else zero-copy two-shot.
+    TwoShotTuned,
+}
+
+impl Design {
+    pub fn method(self) -> &'static str {
+        match self {
+            Design::Ll => "symm_ll",
+            Design::ZeroCopyOneShot => "symm_zc_1shot",
+            Design::ZeroCopyTwoShot => "symm_zc_2shot",
+            Design::OneShotTuned => "symm_1shot_tuned",
+            Design::TwoShotTuned => "symm_2shot_tuned",
+        }
+    }
+
+    /// The kernel stem for a message of `bytes`.
+    fn kernel(self, bytes: usize) -> &'static str {
+        match self {
+            Design::Ll => "symm_ll",
+            Design::ZeroCopyOneShot => "symm_zc_1shot",
+            Design::ZeroCopyTwoShot => "symm_zc_2shot",
+            Design::OneShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
+            Design::OneShotTuned => "symm_zc_1shot",
+            Design::TwoShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
+            Design::TwoShotTuned => "symm_zc_2shot",
+        }
+    }
+}
+
+/// Launch rules per kernel and driver.
+fn rule(kind: DriverKind, kernel: &str) -> LaunchRule {
+    match (kind, kernel) {
+        (DriverKind::Host, _) => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
+        // One packet (4 bytes) per thread and pass; small grids, since every block polls every source.
+        (_, "symm_ll") => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 16 },
+        _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
+    }
+}
+
+/// Options for [`SymmTuned::new`].
+#[derive(Clone, Copy, Debug)]
+pub struct TunedOptions {
+    pub capacity_bytes: usize,
+}
+
+/// One tuned symmetric-memory communicator.
+pub struct SymmTuned {
+    design: Design,
+    capacity: usize,
+    kind: DriverKind,
+    caps: HashMap<&'static str, usize>,
+    base: TunedParams,
+    kernels: HashMap<(&'static str, DType), Kernel>,
+    _module: Module,
+    _peers: Vec<DeviceBuffer>,
+    input: DeviceBuffer,
+    output: DeviceBuffer,
+    _sync: DeviceBuffer,
+    _counters: DeviceBuffer,
+}
+
+/// Bytes of a rank's packet area: two parities, a slot per source.
+fn packet_bytes(ll_packets: usize) -> usize {
+    2 * MAX_RANKS * ll_packets * 8
+}
+
+impl SymmTuned {
+    /// Creates, exchanges and maps the registered buffers. Collective: every rank calls it.
+    pub fn new(gpu: &Gpu, rdv: &Rendezvous, design: Design, opts: TunedOptions) -> Result<SymmTuned, CollectiveError> {
+        let name = design.method();
+        let (rank, world) = (rdv.rank(), rdv.world());
+        check_world(name, world)?;
+        if opts.capacity_bytes == 0 {
+            return Err(CollectiveError::BadArgs(format!("{name}: capacity must be at least 1 byte")));
+        }
+        let data = opts.capacity_bytes.next_multiple_of(256);
+        let ll_packets = LL_MAX_BYTES.min(data).div_ceil(4);
+        let sync_bytes = packet_bytes(ll_packets) + FLAG_SLOTS * 8;
+        let sizes = rdv.all_gather(&format!("{name} sizes"), &(data as u64).to_le_bytes())?;
+        if let Some(r) = sizes.iter().position(|s| s[..] != (data as u64).to_le_bytes()) {
+            return Err(CollectiveError::Mismatch(format!(
+                "{name}: rank {r} registered a different capacity than rank {rank} ({data} bytes)"
+            )));
+        }
+        let (input, output, sync) = (gpu.vmm_create(data)?, gpu.vmm_create(data)?, gpu.vmm_create(sync_bytes)?);
+        let counters = gpu.alloc(MAX_BLOCKS * 8, MemKind::Device)?;
+        let stream = gpu.stream()?;
+        stream.memset(sync.ptr(), 0, sync_bytes)?;
+        stream.memset(counters.ptr(), 0, MAX_BLOCKS * 8)?;
+        stream.sync()?;
+        let fds = [gpu.vmm_export_fd(&input)?, gpu.vmm_export_fd(&output)?, gpu.vmm_export_fd(&sync)?];
+        let fds = fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>();
+        let all = rdv.all_gather_fds(&format!("{name} buffers"), &fds)?;
+        let mut base = TunedParams {
+            counters: counters.ptr().0,
+            ll_packets: ll_packets as u64,
+            timeout_ns: rdv.timeout().as_nanos().min(u64::MAX as u128) as u64,
+            rank: rank as u32,
+            world: world as u32,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        let mut peers = Vec::new();
+        for (r, theirs) in all.into_iter().enumerate() {
+            let (i, o, s) = if r == rank {
+                (input.ptr(), output.ptr(), sync.ptr())
+            } else {
+                let [fi, fo, fs]: [_; 3] = theirs.try_into().map_err(|v: Vec<_>| {
+                    CollectiveError::Mismatch(format!("{name}: rank {r} sent {} buffer handles, not 3", v.len()))
+                })?;
+                let mapped =
+                    [gpu.vmm_import_fd(fi, data)?, gpu.vmm_import_fd(fo, data)?, gpu.vmm_import_fd(fs, sync_bytes)?];
+                let ptrs = (mapped[0].ptr(), mapped[1].ptr(), mapped[2].ptr());
+                peers.extend(mapped);
+                ptrs
+            };
+            base.inputs[r] = i.0;
+            base.outputs[r] = o.0;
+            base.packets[r] = s.0;
+            base.flags[r] = s.offset(packet_bytes(ll_packets)).0;
+        }
+        let module = gpu.load(&LIBRARY)?;
+        let mut kernels = HashMap::new();
+        let mut caps = HashMap::new();
+        for stem in ["symm_ll", "symm_zc_1shot", "symm_zc_2shot"] {
+            for dtype in DType::ALL {
+                kernels.insert((stem, dtype), module.kernel(&format!("{stem}_{dtype}"))?);
+            }
+            let threads = rule(gpu.kind(), stem).threads;
+            let cap = resident_cap(&kernels[&(stem, DType::Bf16)], threads, world, gpu.info().count)?;
+            if cap == 0 {
+                return Err(CollectiveError::Unsupported(format!(
+                    "{name}: not even one block of {threads} threads per rank fits beside {world} ranks on one device"
+                )));
+            }
+            caps.insert(stem, cap);
+        }
+        // Every flag and packet is zero before anyone writes one.
+        rdv.barrier(&format!("{name} setup"))?;
+        Ok(SymmTuned {
+            design,
+            capacity: opts.capacity_bytes,
+            kind: gpu.kind(),
+            caps,
+            base,
+            kernels,
+            _module: module,
+            _peers: peers,
+            input,
+            output,
+            _sync: sync,
+            _counters: counters,
+        })
+    }
+}
+
+impl Collective for SymmTuned {
+    fn name(&self) -> &str {
+        self.design.method()
+    }
+
+    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
+        match op {
+            Op::AllReduce => Ok(()),
+            Op::ReduceScatter => Err(format!("{} runs allreduce, not {op}", self.name())),
+        }
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        match self.design {
+            Design::Ll => self.capacity.min(LL_MAX_BYTES),
+            _ => self.capacity,
+        }
+    }
+
+    fn capturable(&self) -> bool {
+        true
+    }
+
+    fn registered_input(&self) -> Option<&DeviceBuffer> {
+        Some(&self.input)
+    }
+
+    fn registered_output(&self) -> Option<&DeviceBuffer> {
+        Some(&self.output)
+    }
+
+    fn run(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<(), CollectiveError> {
+        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
+        check_args(op, dtype, count, self.base.world as usize, self.capacity_bytes())?;
+        let bytes = count * dtype.size();
+        if input != self.input.ptr() {
+            stream.copy(self.input.ptr(), input, bytes)?;
+        }
+        let stem = self.design.kernel(bytes);
+        let plan = rule(self.kind, stem).plan(bytes, self.caps[stem]);
+        let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
+        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
+        stream.launch(&self.kernels[&(stem, dtype)], dims, &params)?;
+        if output != self.output.ptr() {
+            stream.copy(output, self.output.ptr(), bytes)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,438 @@
+//! `cargo xtask perf-gate`: a short run of the criterion benches (`ARX_BENCH_QUICK=1`) compared with
+//! `perf/baseline-<driver>.json`. Raw times depend on the machine, so the gate compares each method's time
+//! divided by a plain device copy of the same bytes timed by the same ranks in the same run; a method whose
+//! ratio grew by more than the threshold fails the gate.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Largest allowed slowdown against the baseline, as a fraction (0.25: 25% slower relative to the copy).
+    #[arg(long, default_value_t = 0.25, value_parser = parse_threshold)]
+    threshold: f64,
+    /// Write this run's ratios to perf/baseline-<driver>.json instead of comparing.
+    #[arg(long)]
+    update_baseline: bool,
+    /// Judge this summary (a previous run's ARX_BENCH_SUMMARY file) instead of running the benches.
+    #[arg(long)]
+    summary: Option<PathBuf>,
+    /// Runs to add, each folded into the best so far, before a slowdown counts as a regression.
+    #[arg(long, default_value_t = 2)]
+    retries: usize,
+}
+
+/// Runs `--update-baseline` takes the best of, as the gate may when it retries.
+const BASELINE_RUNS: usize = 3;
+
+fn parse_threshold(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive fraction (0.25 means 25%)")),
+    }
+}
+
+/// What the bench binary writes to `$ARX_BENCH_SUMMARY` (allreduce_benches::Summary).
+#[derive(Deserialize)]
+struct Summary {
+    driver: String,
+    device: String,
+    arch: String,
+    world: usize,
+    dtype: String,
+    entries: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    method: String,
+    count: usize,
+    median_ns: f64,
+}
+
+/// The reference every time is divided by (allreduce_benches::COPY).
+const COPY: &str = "copy";
+
+/// One method at one size, relative to the copy.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Ratio {
+    method: String,
+    count: usize,
+    /// Method time / copy time.
+    ratio: f64,
+    time_ns: f64,
+    copy_ns: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Machine {
+    device: String,
+    arch: String,
+    cpu: String,
+    cores: usize,
+    os: String,
+}
+
+/// `perf/baseline-<driver>.json`.
+#[derive(Serialize, Deserialize)]
+struct Baseline {
+    driver: String,
+    world: usize,
+    dtype: String,
+    /// UTC, when `--update-baseline` wrote it.
+    created: String,
+    /// Where it was measured; ratios travel between machines far better than times, but not perfectly.
+    machine: Machine,
+    ratios: Vec<Ratio>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Ok,
+    Regressed,
+    /// In the baseline but not measured now: the method broke, failed its check or was not built.
+    Missing,
+    /// Measured now but not in the baseline: reported, never fails.
+    New,
+}
+
+#[derive(Debug)]
+struct Line {
+    method: String,
+    count: usize,
+    baseline: Option<f64>,
+    current: Option<f64>,
+    verdict: Verdict,
+}
+
+impl Line {
+    /// ratio / baseline ratio - 1: positive is slower.
+    fn change(&self) -> Option<f64> {
+        Some(self.current? / self.baseline? - 1.0)
+    }
+}
+
+/// Method time / copy time per (method, size); every size needs its copy.
+fn ratios(summary: &Summary) -> Result<Vec<Ratio>, String> {
+    let copy = |count| summary.entries.iter().find(|e| e.method == COPY && e.count == count);
+    summary
+        .entries
+        .iter()
+        .filter(|e| e.method != COPY)
+        .map(|e| {
+            let c =
+                copy(e.count).ok_or_else(|| format!("the summary has no {COPY} reference at {} elements", e.count))?;
+            if !(c.median_ns > 0.0 && e.median_ns > 0.0) {
+                return Err(format!("{} at {} elements: non-positive time", e.method, e.count));
+            }
+            Ok(Ratio {
+                method: e.method.clone(),
+                count: e.count,
+                ratio: e.median_ns / c.median_ns,
+                time_ns: e.median_ns,
+                copy_ns: c.median_ns,
+            })
+        })
+        .collect()
+}
+
+/// Baseline entries in order, then the new ones.
+fn compare(baseline: &[Ratio], current: &[Ratio], threshold: f64) -> Vec<Line> {
+    let find =
+        |set: &[Ratio], r: &Ratio| set.iter().find(|x| x.method == r.method && x.count == r.count).map(|x| x.ratio);
+    let mut lines: Vec<Line> = baseline
+        .iter()
+        .map(|b| {
+            let current = find(current, b);
+            let verdict = match current {
+                None => Verdict::Missing,
+                Some(now) if now / b.ratio - 1.0 > threshold => Verdict::Regressed,
+                Some(_) => Verdict::Ok,
+            };
+            Line { method: b.method.clone(), count: b.count, baseline: Some(b.ratio), current, verdict }
+        })
+        .collect();
+    lines.extend(current.iter().filter(|c| find(baseline, c).is_none()).map(|c| Line {
+        method: c.method.clone(),
+        count: c.count,
+        baseline: None,
+        current: Some(c.ratio),
+        verdict: Verdict::New,
+    }));
+    lines
+}
+
+fn failures(lines: &[Line]) -> usize {
+    lines.iter().filter(|l| matches!(l.verdict, Verdict::Regressed | Verdict::Missing)).count()
+}
+
+fn table(lines: &[Line], threshold: f64) -> String {
+    let num = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.2}"));
+    let mut out = format!(
+        "{:<12} {:>10} {:>14} {:>10} {:>9}  verdict (fails above +{:.0}%)\n",
+        "method",
+        "elements",
+        "baseline ratio",
+        "ratio",
+        "change",
+        threshold * 100.0
+    );
+    for l in lines {
+        let change = l.change().map_or("-".into(), |c| format!("{:+.1}%", c * 100.0));
+        let verdict = match l.verdict {
+            Verdict::Ok => "ok",
+            Verdict::Regressed => "REGRESSED",
+            Verdict::Missing => "MISSING (not measured)",
+            Verdict::New => "new (not in baseline)",
+        };
+        out += &format!(
+            "{:<12} {:>10} {:>14} {:>10} {:>9}  {verdict}\n",
+            l.method,
+            l.count,
+            num(l.baseline),
+            num(l.current),
+            change
+        );
+    }
+    out
+}
+
+/// UTC as `YYYY-MM-DDTHH:MM:SSZ` (Hinnant's civil-from-days), so xtask needs no date crate.
+fn utc(secs: u64) -> String {
+    let z = (secs / 86_400) as i64 + 719_468;
+    let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    let s = secs % 86_400;
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", s / 3600, s / 60 % 60, s % 60)
+}
+
+fn machine(summary: &Summary) -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).and_then(|l| l.split(':').nth(1));
+    Machine {
+        device: summary.device.clone(),
+        arch: summary.arch.clone(),
+        cpu: cpu.map_or("unknown".into(), |c| c.trim().to_string()),
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+    }
+}
+
+/// Where cargo builds: `$CARGO_TARGET_DIR` (relative to where we were started, as cargo reads it) or target/.
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => std::path::absolute(&d).unwrap_or_else(|_| PathBuf::from(d)),
+        None => root.join("target"),
+    }
+}
+
+/// Runs the quick benches once and reads their summary.
+fn measure(root: &Path) -> Result<Summary, String> {
+    let path = target_dir(root).join("perf-gate/summary.json");
+    // A stale summary must not pass for this run's.
+    let _ = std::fs::remove_file(&path);
+    let mut cargo = crate::cargo();
+    cargo.args(["bench", "-p", "allreduce-benches", "--bench", "allreduce"]);
+    cargo.env("ARX_BENCH_QUICK", "1").env("ARX_BENCH_SUMMARY", &path);
+    crate::run(&mut cargo)?;
+    load(&path)
+}
+
+fn load(path: &Path) -> Result<Summary, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("{}: {e} (the bench wrote no summary)", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The best of several runs of the same configuration: per method and size, the shortest median (the copy
+/// included). Background load only ever slows a run down, so the best is what the code can do.
+fn best(mut runs: Vec<Summary>) -> Result<Summary, String> {
+    let mut best = runs.pop().ok_or("no run to judge")?;
+    for run in runs {
+        if (run.driver.as_str(), run.world) != (best.driver.as_str(), best.world) {
+            return Err("the runs disagree on driver or world size".into());
+        }
+        for e in run.entries {
+            match best.entries.iter_mut().find(|b| b.method == e.method && b.count == e.count) {
+                Some(b) => b.median_ns = b.median_ns.min(e.median_ns),
+                None => best.entries.push(e),
+            }
+        }
+    }
+    Ok(best)
+}
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let started = Instant::now();
+    let root = &crate::root();
+    let mut runs = vec![match &args.summary {
+        Some(p) => load(p)?,
+        None => measure(root)?,
+    }];
+    let driver = runs[0].driver.clone();
+    let baseline_path = root.join(format!("perf/baseline-{driver}.json"));
+    let shown = baseline_path.strip_prefix(root).unwrap_or(&baseline_path).display().to_string();
+    if args.update_baseline {
+        while args.summary.is_none() && runs.len() < BASELINE_RUNS {
+            runs.push(measure(root)?);
+        }
+        let summary = best(runs)?;
+        let baseline = Baseline {
+            driver: summary.driver.clone(),
+            world: summary.world,
+            dtype: summary.dtype.clone(),
+            created: utc(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())),
+            machine: machine(&summary),
+            ratios: ratios(&summary)?,
+        };
+        std::fs::create_dir_all(root.join("perf")).map_err(|e| e.to_string())?;
+        let json = serde_json::to_string_pretty(&baseline).map_err(|e| e.to_string())? + "\n";
+        std::fs::write(&baseline_path, json).map_err(|e| format!("{shown}: {e}"))?;
+        print!("{}", table(&compare(&[], &baseline.ratios, args.threshold), args.threshold));
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "perf-gate: wrote {shown} ({} ratios, best of {BASELINE_RUNS} runs) in {secs:.0} s",
+            baseline.ratios.len()
+        );
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(&baseline_path).map_err(|e| {
+        format!(
+            "{shown}: {e}. There is no baseline for the {driver} driver yet: create it with \
+             `cargo xtask perf-gate --update-baseline` on a quiet machine and commit it"
+        )
+    })?;
+    let baseline: Baseline = serde_json::from_str(&text).map_err(|e| format!("{shown}: {e}"))?;
+    if (baseline.world, baseline.dtype.as_str()) != (runs[0].world, runs[0].dtype.as_str()) {
+        return Err(format!(
+            "{shown} was measured with {} ranks on {}, this run had {} ranks on {}: set ARX_BENCH_RANKS={} \
+             or update the baseline",
+            baseline.world, baseline.dtype, runs[0].world, runs[0].dtype, baseline.world
+        ));
+    }
+    let mut summary = best(runs)?;
+    let mut n_runs = 1;
+    let lines = loop {
+        let lines = compare(&baseline.ratios, &ratios(&summary)?, args.threshold);
+        let failed = failures(&lines);
+        if failed == 0 || args.summary.is_some() || n_runs > args.retries {
+            break lines;
+        }
+        println!("perf-gate: {failed} measurement(s) over the threshold; measuring again, in case load slowed them");
+        summary = best(vec![summary, measure(root)?])?;
+        n_runs += 1;
+    };
+    println!(
+        "perf-gate: {driver} driver, {} ranks, best of {n_runs} run(s); ratio = time / copy of the same bytes; \
+         baseline of {} ({}, {} cores)",
+        baseline.world, baseline.created, baseline.machine.cpu, baseline.machine.cores
+    );
+    print!("{}", table(&lines, args.threshold));
+    let secs = started.elapsed().as_secs_f64();
+    match failures(&lines) {
+        0 => {
+            println!("perf-gate: passed in {secs:.0} s");
+            Ok(())
+        }
+        n => Err(format!(
+            "perf-gate: {n} of {} measurements regressed beyond +{:.0}% or went missing ({secs:.0} s); if the \
+             slowdown is intended, rerun with --update-baseline and commit {shown}",
+            lines.len(),
+            args.threshold * 100.0
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary() -> Summary {
+        let e = |method: &str, count, median_ns| Entry { method: method.into(), count, median_ns };
+        Summary {
+            driver: "host".into(),
+            device: "host (2 cores)".into(),
+            arch: "host".into(),
+            world: 2,
+            dtype: "bf16".into(),
+            entries: vec![
+                e("copy", 1024, 50.0),
+                e("car_1shot", 1024, 5000.0),
+                e("symm_2shot", 1024, 4000.0),
+                e("copy", 65536, 2000.0),
+                e("car_1shot", 65536, 100_000.0),
+            ],
+        }
+    }
+
+    fn scaled(r: &[Ratio], by: f64) -> Vec<Ratio> {
+        r.iter().map(|x| Ratio { ratio: x.ratio * by, ..x.clone() }).collect()
+    }
+
+    #[test]
+    fn ratios_divide_by_the_copy_of_the_same_size() {
+        let r = ratios(&summary()).unwrap();
+        let got: Vec<(&str, usize, f64)> = r.iter().map(|x| (x.method.as_str(), x.count, x.ratio)).collect();
+        assert_eq!(got, [("car_1shot", 1024, 100.0), ("symm_2shot", 1024, 80.0), ("car_1shot", 65536, 50.0)]);
+        let mut s = summary();
+        s.entries.retain(|e| !(e.method == "copy" && e.count == 65536));
+        assert!(ratios(&s).unwrap_err().contains("65536"));
+    }
+
+    #[test]
+    fn a_tightened_baseline_fails_and_a_loose_one_passes() {
+        let now = ratios(&summary()).unwrap();
+        // The baseline claims everything used to be 30% faster relative to the copy: now 1/0.7 - 1 = 43% slower.
+        let tight = compare(&scaled(&now, 0.7), &now, 0.25);
+        assert_eq!(failures(&tight), 3);
+        assert!(tight.iter().all(|l| l.verdict == Verdict::Regressed));
+        assert!((tight[0].change().unwrap() - (1.0 / 0.7 - 1.0)).abs() < 1e-12);
+        // A looser threshold lets the same numbers through.
+        assert_eq!(failures(&compare(&scaled(&now, 0.7), &now, 0.5)), 0);
+        // A baseline slower than now (or equal, or within the threshold) passes.
+        assert_eq!(failures(&compare(&scaled(&now, 1.5), &now, 0.25)), 0);
+        assert_eq!(failures(&compare(&now, &now, 0.25)), 0);
+        assert_eq!(failures(&compare(&scaled(&now, 0.9), &now, 0.25)), 0);
+        assert!(table(&tight, 0.25).contains("REGRESSED"));
+    }
+
+    #[test]
+    fn missing_measurements_fail_and_new_ones_do_not() {
+        let now = ratios(&summary()).unwrap();
+        let lines = compare(&now, &now[..2], 0.25);
+        assert_eq!((failures(&lines), lines[2].verdict), (1, Verdict::Missing));
+        let lines = compare(&now[..2], &now, 0.25);
+        assert_eq!((failures(&lines), lines[2].verdict), (0, Verdict::New));
+    }
+
+    #[test]
+    fn best_of_runs_takes_each_shortest_time() {
+        let mut slow = summary();
+        slow.entries.iter_mut().for_each(|e| e.median_ns *= 2.0);
+        slow.entries[1].median_ns = 1000.0;
+        slow.entries.push(Entry { method: "car_2shot".into(), count: 1024, median_ns: 3000.0 });
+        let b = best(vec![summary(), slow]).unwrap();
+        let t: Vec<f64> = b.entries.iter().map(|e| e.median_ns).collect();
+        assert_eq!(t, [50.0, 1000.0, 4000.0, 2000.0, 100_000.0, 3000.0]);
+        assert!(best(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn thresholds_must_be_positive() {
+        assert_eq!(parse_threshold("0.4"), Ok(0.4));
+        assert!(parse_threshold("0").is_err() && parse_threshold("x").is_err() && parse_threshold("-1").is_err());
+    }
+}
