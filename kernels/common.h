@@ -17,6 +17,9 @@ typedef unsigned short u16;
 
 #if defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
 // ---------------------------------------------------------------- AMD (hipRTC / hipcc), wave size 64
+// Nothing in the shared code depends on the wave size: there are no cross-lane operations, and the barriers'
+// signalling threads (`t < world`, at most 8) all sit in a block's first wave. hipRTC provides threadIdx, blockIdx,
+// blockDim, gridDim and __syncthreads; kernels/check/clang_hip_prelude.h stands in for them in the clang check.
 #define ARX_IS_HIP 1
 ARX_DEV u64 ld_acquire_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM); }
 ARX_DEV void st_release_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM); }
@@ -28,7 +31,8 @@ ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
 }
 ARX_DEV u64 ld_relaxed_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
 ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
-ARX_DEV u64 timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }  // 100 MHz constant clock
+// s_memrealtime: the 100 MHz constant clock of gfx9 (CDNA: MI200, MI300); RDNA 3 (gfx11) has no such instruction.
+ARX_DEV u64 timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
 ARX_DEV void arx_trap() { __builtin_trap(); }
 ARX_DEV float u32_as_f32(u32 x) { return __builtin_bit_cast(float, x); }
 ARX_DEV u32 f32_as_u32(float x) { return __builtin_bit_cast(u32, x); }

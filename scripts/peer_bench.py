@@ -6,7 +6,8 @@ comm_bench.py (and so of comm-bench):
 
   torch_nccl        (CSV `nccl`)        torch.distributed.all_reduce on the NCCL backend
   torch_symm_1shot  (CSV `symm_1shot`)  torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf, src, "sum", group, dst)
-  torch_symm_2shot  (CSV `symm_2shot`)  buf.copy_(src); torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", group, dst)
+  torch_symm_2shot  (CSV `symm_2shot`)  buf.copy_(src)
+                                        torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", group, dst)
 
 The symmetric buffer is comm_bench.py's: symm_mem.empty(max N, bf16) + symm_mem.rendezvous(buf, group), and the
 symm calls are comm_bench.py's, copy-in included. What this adds over comm_bench.py, as comm-bench does:

@@ -62,12 +62,11 @@ fn launch_ranks() -> Result<(), BenchError> {
     Ok(())
 }
 
-/// 2 on the host driver, where ranks share the CPU cores; one per GPU up to 8 (comm_bench.py's 8 on a full
-/// node), since ranks sharing a GPU cannot run the spinning one-shot kernels side by side.
+/// comm-bench's defaults: 2 on the host driver, where ranks share the CPU cores; comm_bench.py's 8 on a GPU
+/// driver (with fewer GPUs than that, run under MPS as dist/gpu_node.sh does, or set ARX_BENCH_RANKS).
 fn default_world() -> Result<usize, BenchError> {
     let opened = gpu::open(gpu::Backend::Auto, &gpu::DriverOptions { device: None, shm_prefix: String::new() })?;
-    let info = opened.gpu.info();
-    Ok(if info.kind == DriverKind::Host { 2 } else { info.count.clamp(1, collective::MAX_RANKS) })
+    Ok(if opened.gpu.kind() == DriverKind::Host { 2 } else { 8 })
 }
 
 fn rank(info: &RankInfo) -> Result<(), BenchError> {

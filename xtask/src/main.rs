@@ -1,5 +1,6 @@
 //! `cargo xtask <task>`: the project's chores, in Rust so they run wherever cargo does.
 
+mod kernels;
 mod perf_gate;
 
 use clap::{Parser, Subcommand};
@@ -22,8 +23,9 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Compile kernels/*.cu for NVIDIA (clang, PTX for sm_80) as a check that needs no GPU toolkit.
-    KernelCheck,
+    /// Compile kernels/*.cu for NVIDIA (clang, PTX for sm_80) and AMD (code objects for gfx90a and gfx940) as a
+    /// check that needs no GPU toolkit.
+    KernelCheck(kernels::Args),
     /// Quick criterion run compared with perf/baseline-<driver>.json (time relative to a device copy).
     PerfGate(perf_gate::Args),
 }
@@ -74,60 +76,13 @@ fn bundle() -> Result<(), String> {
     Ok(())
 }
 
-fn kernel_check() -> Result<(), String> {
-    let clang = which_clang().ok_or("no clang on PATH: `apt-get install clang` (Debian 12 ships clang 14)")?;
-    let kernels = root().join("kernels");
-    let out = std::env::temp_dir().join(format!("arx-kernel-check-{}", std::process::id()));
-    std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
-    // 3 algorithms x 3 dtypes, plus car's barrier-only floor.
-    for (lib, want) in [("car", 10), ("symm", 9)] {
-        // The Rust side concatenates common.h and the library the same way (include_str! + concat!).
-        let mut src = std::fs::read_to_string(kernels.join("common.h")).map_err(|e| e.to_string())?;
-        src += &std::fs::read_to_string(kernels.join(format!("{lib}.cu"))).map_err(|e| e.to_string())?;
-        let cu = out.join(format!("{lib}.cu"));
-        std::fs::write(&cu, src).map_err(|e| e.to_string())?;
-        let ptx = out.join(format!("{lib}.ptx"));
-        run(Command::new(&clang)
-            .args([
-                "-x",
-                "cuda",
-                "--cuda-device-only",
-                "--cuda-gpu-arch=sm_80",
-                "-nocudainc",
-                "-nocudalib",
-                "-std=c++17",
-            ])
-            .args(["-Werror", "-Wall", "-Wno-unused-function", "-S", "-include"])
-            .arg(kernels.join("check/clang_cuda_prelude.h"))
-            .arg("-o")
-            .arg(&ptx)
-            .arg(&cu))?;
-        let text = std::fs::read_to_string(&ptx).map_err(|e| e.to_string())?;
-        let entries = text.lines().filter(|l| l.starts_with(".visible .entry")).count();
-        if entries != want {
-            return Err(format!("{lib}: expected {want} kernel entry points, found {entries}"));
-        }
-        println!("{lib}: {entries} entry points compile for sm_80 (PTX)");
-    }
-    let _ = std::fs::remove_dir_all(&out);
-    Ok(())
-}
-
-fn which_clang() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    ["clang", "clang-16", "clang-15", "clang-14"]
-        .iter()
-        .flat_map(|n| std::env::split_paths(&path).map(move |d| d.join(n)))
-        .find(|p| p.is_file())
-}
-
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Bundle => bundle(),
         Task::Bench { args } => {
             run(cargo().args(["run", "--release", "-p", "bench", "--bin", "comm-bench", "--"]).args(args))
         }
-        Task::KernelCheck => kernel_check(),
+        Task::KernelCheck(args) => kernels::kernel_check(args),
         Task::PerfGate(args) => perf_gate::run(&args),
     };
     match result {

@@ -80,6 +80,12 @@ pub struct BenchArgs {
     /// Timed measurements per method and size; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub repeats: u64,
+    /// Measure auto's candidates and write the fastest per size to this file (a tune table).
+    #[arg(long)]
+    pub tune: Option<PathBuf>,
+    /// The tune table `auto` follows [default: the built-in one].
+    #[arg(long = "tune_table", alias = "tune-table")]
+    pub tune_table: Option<PathBuf>,
     /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
     #[arg(long = "timeout_s", alias = "timeout-s", value_parser = parse_timeout)]
     pub timeout_s: Option<f64>,
@@ -104,6 +110,10 @@ fn parse_timeout(s: &str) -> Result<f64, String> {
 impl BenchArgs {
     /// Checks that clap's per-flag ranges cannot express.
     pub fn validate(&self) -> Result<(), String> {
+        if self.tune.is_some() && self.op != Op::AllReduce {
+            return Err("--tune measures allreduce methods; drop --op".into());
+        }
+        self.tune_table()?;
         if self.min_size > self.max_size {
             return Err(format!("--min_size {} is above --max_size {}", self.min_size, self.max_size));
         }
@@ -129,12 +139,18 @@ impl BenchArgs {
         }
     }
 
-    /// The methods to run, in comm_bench.py's column order.
+    /// The methods to run, in comm_bench.py's column order (with `--tune`: auto's candidates).
     pub fn method_names(&self) -> Vec<String> {
-        match &self.methods {
-            Some(m) => m.clone(),
-            None => crate::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
+        match (&self.methods, &self.tune) {
+            (Some(m), _) => m.clone(),
+            (None, Some(_)) => crate::auto::CANDIDATES.iter().map(|s| s.to_string()).collect(),
+            (None, None) => crate::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
         }
+    }
+
+    /// The table `auto` follows.
+    pub fn tune_table(&self) -> Result<crate::auto::TuneTable, String> {
+        self.tune_table.as_deref().map_or_else(|| Ok(Default::default()), crate::auto::TuneTable::load)
     }
 }
 

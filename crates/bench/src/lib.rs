@@ -2,6 +2,7 @@
 //! against a float64 reference, ranks aligned before timing, max over ranks, medians of repeats, busbw and a
 //! graph-replay mode.
 
+pub mod auto;
 pub mod ceilings;
 pub mod check;
 pub mod cli;

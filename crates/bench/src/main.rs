@@ -78,6 +78,17 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
                     let (csv, json) = outcome.export(&args.output_dir, args.op)?;
                     println!("# wrote {} and {}", csv.display(), json.display());
                 }
+                if let Some(path) = &args.tune {
+                    let mode = if args.graph { "graph" } else { "eager" };
+                    let on = format!(
+                        "{}, {} ranks, {}, {mode}, {}",
+                        outcome.device, outcome.world, outcome.driver, outcome.dtype
+                    );
+                    let table = bench::auto::TuneTable::from_rows(&outcome.rows, on).map_err(BenchError::Config)?;
+                    let json = serde_json::to_string_pretty(&table).map_err(|e| BenchError::Config(e.to_string()))?;
+                    std::fs::write(path, json)?;
+                    println!("# wrote the tune table {}: {:?}", path.display(), table.entries);
+                }
                 let failed =
                     outcome.rows.iter().filter(|r| matches!(r.status, bench::report::Status::Failed(_))).count();
                 if failed > 0 {

@@ -1,6 +1,7 @@
 //! The registry of methods by name: the benchmark knows implementations only through it and the
 //! [`Collective`] trait.
 
+use crate::auto::{Auto, TuneTable};
 use collective::{Collective, CollectiveError, Op};
 use gpu::Gpu;
 use ipc::Rendezvous;
@@ -13,6 +14,7 @@ pub const METHODS: &[(&str, Op, Option<&str>)] = &[
     ("car_2shot", Op::AllReduce, Some("fbgemm_2shot")),
     ("symm_2shot", Op::AllReduce, Some("symm_2shot")),
     ("nccl", Op::AllReduce, Some("nccl")),
+    ("auto", Op::AllReduce, None),
     ("symm_1shot_tuned", Op::AllReduce, None),
     ("symm_2shot_tuned", Op::AllReduce, None),
     ("symm_ll", Op::AllReduce, None),
@@ -54,6 +56,7 @@ pub fn build(
     gpu: &Gpu,
     rdv: &Rendezvous,
     capacity_bytes: usize,
+    tune: &TuneTable,
 ) -> Result<Box<dyn Collective>, CollectiveError> {
     let car = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
         let opts = car::CarOptions { capacity_bytes, uncached: true, rule: None };
@@ -73,6 +76,7 @@ pub fn build(
         "symm_1shot" => symm(symm::Algo::OneShot),
         "symm_2shot" => symm(symm::Algo::TwoShot),
         "symm_rs" => symm(symm::Algo::ReduceScatter),
+        "auto" => Ok(Box::new(Auto::new(gpu, rdv, capacity_bytes, tune.clone())?)),
         "symm_1shot_tuned" => tuned(Design::OneShotTuned),
         "symm_2shot_tuned" => tuned(Design::TwoShotTuned),
         "symm_ll" => tuned(Design::Ll),

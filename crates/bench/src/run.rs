@@ -71,7 +71,9 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
     let (rank, world) = (rdv.rank(), rdv.world());
     let sizes = args.sizes(gpu.info().size_align);
     let names = args.method_names();
-    agree(rdv, &fingerprint_config(args, gpu, &sizes, &names))?;
+    let tune = args.tune_table().map_err(BenchError::Config)?;
+    let table = serde_json::to_string(&tune).map_err(|e| BenchError::Config(e.to_string()))?;
+    agree(rdv, &format!("{}tune_table={table}\n", fingerprint_config(args, gpu, &sizes, &names)))?;
     let capacity = sizes.iter().max().copied().unwrap_or(1) * args.dtype.size();
     if rank == 0 {
         let i = gpu.info();
@@ -90,7 +92,7 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
 
     let mut built: Vec<(String, Built)> = Vec::new();
     for name in &names {
-        let m = methods::build(name, gpu, rdv, capacity).map_err(|e| e.to_string());
+        let m = methods::build(name, gpu, rdv, capacity, &tune).map_err(|e| e.to_string());
         // Every rank learns whether every rank built it, so all skip it together.
         let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
         let m = match ok.iter().position(|v| v[..] != [1]) {

@@ -48,6 +48,7 @@ const DEFAULT: &[&str] = &[
     "symm_1shot_tuned",
     "symm_2shot_tuned",
     "symm_zc_2shot",
+    "auto",
 ];
 
 /// Rank `rank`'s value at element `i` of call `call`: at most 16, so a sum over 8 ranks (<= 128) is exact in bf16.
@@ -88,7 +89,7 @@ fn soak(args: &SoakArgs, gpu: &Gpu, rdv: &Rendezvous) -> Result<(), BenchError> 
     let mut built: Vec<(Op, Box<dyn Collective>)> = Vec::new();
     for name in &names {
         let op = methods::op_of(name).map_err(BenchError::Config)?;
-        built.push((op, methods::build(name, gpu, rdv, capacity)?));
+        built.push((op, methods::build(name, gpu, rdv, capacity, &crate::auto::TuneTable::default())?));
     }
     let seed = match args.seed {
         Some(s) => s,

@@ -88,8 +88,8 @@ impl Design {
 fn rule(kind: DriverKind, kernel: &str) -> LaunchRule {
     match (kind, kernel) {
         (DriverKind::Host, _) => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
-        // One packet (4 bytes) per thread and pass; small grids, since every block polls every source.
-        (_, "symm_ll") => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 16 },
+        // One packet (4 bytes) per thread: a single pass, so no thread waits for peers twice.
+        (_, "symm_ll") => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
         _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
     }
 }
@@ -210,6 +210,35 @@ impl SymmTuned {
     }
 }
 
+impl SymmTuned {
+    /// Runs any of the designs on these buffers (what `auto` picks per size), as `Collective::run` runs its own.
+    pub fn run_design(
+        &mut self,
+        design: Design,
+        dtype: DType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<(), CollectiveError> {
+        let limit = if design == Design::Ll { self.capacity.min(LL_MAX_BYTES) } else { self.capacity };
+        check_args(Op::AllReduce, dtype, count, self.base.world as usize, limit)?;
+        let bytes = count * dtype.size();
+        if input != self.input.ptr() {
+            stream.copy(self.input.ptr(), input, bytes)?;
+        }
+        let stem = design.kernel(bytes);
+        let plan = rule(self.kind, stem).plan(bytes, self.caps[stem]);
+        let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
+        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
+        stream.launch(&self.kernels[&(stem, dtype)], dims, &params)?;
+        if output != self.output.ptr() {
+            stream.copy(output, self.output.ptr(), bytes)?;
+        }
+        Ok(())
+    }
+}
+
 impl Collective for SymmTuned {
     fn name(&self) -> &str {
         self.design.method()
@@ -251,19 +280,6 @@ impl Collective for SymmTuned {
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
         self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
-        check_args(op, dtype, count, self.base.world as usize, self.capacity_bytes())?;
-        let bytes = count * dtype.size();
-        if input != self.input.ptr() {
-            stream.copy(self.input.ptr(), input, bytes)?;
-        }
-        let stem = self.design.kernel(bytes);
-        let plan = rule(self.kind, stem).plan(bytes, self.caps[stem]);
-        let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
-        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
-        stream.launch(&self.kernels[&(stem, dtype)], dims, &params)?;
-        if output != self.output.ptr() {
-            stream.copy(output, self.output.ptr(), bytes)?;
-        }
-        Ok(())
+        self.run_design(self.design, dtype, input, output, count, stream)
     }
 }
