@@ -9,6 +9,8 @@
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
 //    one per block and phase) replace torch's CAS handshake. Phase 0: inputs ready; phase 1: this block's reads of
 //    every input and its pushes are done, so the caller may reuse its input and read its output once the kernel ends.
+//  - symm_epoch_1shot: car's one-shot protocol on symmetric memory (copy-in fused per block into a staging half
+//    chosen by epoch parity, one epoch-flag barrier): one barrier instead of two, for the sizes between the two.
 // Sums run in rank order 0..W-1 with f32 accumulation, so every rank gets the same bits.
 
 struct TunedParams {
@@ -16,9 +18,11 @@ struct TunedParams {
     u64 outputs[ARX_MAX_RANKS];  // every rank's registered output
     u64 packets[ARX_MAX_RANKS];  // every rank's packet area: u64 [2 parities][ARX_MAX_RANKS sources][ll_packets]
     u64 flags[ARX_MAX_RANKS];    // every rank's epoch flags: u64 [ARX_MAX_BLOCKS][2 phases][ARX_MAX_RANKS]
+    u64 staging[ARX_MAX_RANKS];  // every rank's staging buffer: two halves of half_bytes, by epoch parity
     u64 counters;                // this rank's per-block epoch counters
     u64 count;
     u64 ll_packets;              // packets per source and parity
+    u64 half_bytes;
     u64 timeout_ns;
     u32 rank;
     u32 world;
@@ -136,6 +140,18 @@ template <int DT> ARX_DEV void symm_zc_2shot(TunedParams p) {
     flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
 }
 
+template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
+    typedef Elem<DT> E;
+    u64 epoch = next_epoch(p.counters);
+    u64 views[ARX_MAX_RANKS];
+    for (u32 r = 0; r < p.world; ++r) views[r] = p.staging[r] + (epoch & 1) * p.half_bytes;
+    Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
+    copy_range<DT>((const void*)p.inputs[p.rank], (void*)views[p.rank], r);
+    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
+    reduce_range<DT>(views, p.world, (void*)p.outputs[p.rank], r);
+}
+
 ARX_INSTANTIATE(symm_ll, TunedParams)
+ARX_INSTANTIATE(symm_epoch_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot, TunedParams)

@@ -38,3 +38,5 @@ for mode in eager graph; do
     "$here/comm-bench" --backend cuda --num_ranks "$ranks" --export_csv --output_dir "$out/$mode" \
         --tune_table "$out/tune.json" "${flag[@]}" "$@" 2>&1 | tee "$out/$mode.txt"
 done
+# One file to carry back: the device tool returns at most 8.
+tar -C "$out" --exclude kernel-cache -czf "$out.tar.gz" .

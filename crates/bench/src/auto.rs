@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use symm::tuned::{Design, SymmTuned, TunedOptions};
 
 /// The methods `auto` chooses among (and `--tune` measures).
-pub const CANDIDATES: &[&str] = &["car_1shot", "car_2shot", "symm_ll", "symm_zc_1shot", "symm_zc_2shot"];
+pub const CANDIDATES: &[&str] =
+    &["car_1shot", "car_2shot", "symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot"];
 
 /// One size range: messages of at most `max_bytes` (the last entry: any size) run `method`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,7 +32,7 @@ impl Default for TuneTable {
         let e = |max_bytes: Option<usize>, m: &str| TuneEntry { max_bytes, method: m.into() };
         TuneTable {
             measured_on: "built-in: one H200, 8 ranks under MPS, graph mode (results/h200-mps)".into(),
-            entries: vec![e(Some(2048), "symm_ll"), e(Some(128 << 10), "car_1shot"), e(None, "symm_zc_2shot")],
+            entries: vec![e(Some(73216), "symm_ll"), e(Some(121856), "car_1shot"), e(None, "symm_zc_2shot")],
         }
     }
 }
@@ -172,8 +173,8 @@ mod tests {
     fn picks_by_range_and_falls_through_to_the_last() {
         let t = TuneTable::default();
         assert_eq!(t.pick(16), "symm_ll");
-        assert_eq!(t.pick(2048), "symm_ll");
-        assert_eq!(t.pick(2049), "car_1shot");
+        assert_eq!(t.pick(73216), "symm_ll");
+        assert_eq!(t.pick(73217), "car_1shot");
         assert_eq!(t.pick(1 << 30), "symm_zc_2shot");
     }
 

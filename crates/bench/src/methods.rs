@@ -18,6 +18,7 @@ pub const METHODS: &[(&str, Op, Option<&str>)] = &[
     ("symm_1shot_tuned", Op::AllReduce, None),
     ("symm_2shot_tuned", Op::AllReduce, None),
     ("symm_ll", Op::AllReduce, None),
+    ("symm_epoch_1shot", Op::AllReduce, None),
     ("symm_zc_1shot", Op::AllReduce, None),
     ("symm_zc_2shot", Op::AllReduce, None),
     ("nccl_symm", Op::AllReduce, None),
@@ -80,6 +81,7 @@ pub fn build(
         "symm_1shot_tuned" => tuned(Design::OneShotTuned),
         "symm_2shot_tuned" => tuned(Design::TwoShotTuned),
         "symm_ll" => tuned(Design::Ll),
+        "symm_epoch_1shot" => tuned(Design::EpochOneShot),
         "symm_zc_1shot" => tuned(Design::ZeroCopyOneShot),
         "symm_zc_2shot" => tuned(Design::ZeroCopyTwoShot),
         "nccl" | "nccl_symm" | "nccl_rs" | "nccl_symm_rs" => {

@@ -168,6 +168,7 @@ mod tests {
             copy_gbs: 10.0,
             empty_launch_us: 1.0,
             empty_graph_replay_us: 1.0,
+            empty_all_ranks_us: 1.0,
             barrier_us: None,
         };
         Outcome::new(&info, 2, &args, ceilings, rows)

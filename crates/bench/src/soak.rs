@@ -48,6 +48,7 @@ const DEFAULT: &[&str] = &[
     "symm_1shot_tuned",
     "symm_2shot_tuned",
     "symm_zc_2shot",
+    "symm_epoch_1shot",
     "auto",
 ];
 

@@ -51,7 +51,9 @@ fn allreduce_every_world_size_and_odd_counts() {
     for world in [1, 2, 3, 4, 8] {
         let rows = sweep(world, &["--counts", &counts]);
         assert_passed(&rows, &["car_1shot", "symm_1shot", "car_2shot", "symm_2shot"], COUNTS);
-        assert_passed(&rows, &["symm_1shot_tuned", "symm_2shot_tuned", "symm_zc_1shot", "symm_zc_2shot"], COUNTS);
+        let tuned =
+            ["symm_1shot_tuned", "symm_2shot_tuned", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot", "auto"];
+        assert_passed(&rows, &tuned, COUNTS);
         assert_passed(&rows, &["symm_ll"], &COUNTS[..4]);
         let nccl = rows.iter().find(|r| r["method"] == "nccl").unwrap();
         assert_eq!(nccl["status"], "skipped", "the host driver has no NCCL");

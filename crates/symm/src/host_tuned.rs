@@ -14,6 +14,9 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_ll_bf16", ll),
     ("symm_ll_fp16", ll),
     ("symm_ll_fp32", ll),
+    ("symm_epoch_1shot_bf16", epoch_one_shot),
+    ("symm_epoch_1shot_fp16", epoch_one_shot),
+    ("symm_epoch_1shot_fp32", epoch_one_shot),
     ("symm_zc_1shot_bf16", zc_one_shot),
     ("symm_zc_1shot_fp16", zc_one_shot),
     ("symm_zc_1shot_fp32", zc_one_shot),
@@ -136,6 +139,25 @@ fn zc(l: &HostLaunch<'_>, two_shot: bool) -> Result<(), String> {
         }
         // SAFETY: as above.
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, &c.deadline, name)? };
+    }
+    Ok(())
+}
+
+fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+    let c = call(l)?;
+    let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
+    let count = p.count as usize;
+    for b in 0..c.grid {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
+        let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
+        let off = (epoch & 1) * p.half_bytes;
+        let views: Vec<*const u8> = p.staging[..c.world].iter().map(|&a| (a + off) as *const u8).collect();
+        let (lo, hi) = block_range(0, count, b, c.grid, vec);
+        // SAFETY: registered input and staging halves hold `count` elements.
+        unsafe { HostElem::copy(c.dtype, p.inputs[c.rank] as *const u8, views[c.rank] as *mut u8, lo, hi) };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_epoch_1shot")? };
+        // SAFETY: as above; the output holds `count` elements.
+        unsafe { HostElem::reduce(c.dtype, &views, lo, hi, (p.outputs[c.rank] as *mut u8).add(lo * size)) };
     }
     Ok(())
 }

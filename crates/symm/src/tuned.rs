@@ -1,10 +1,13 @@
 //! Tuned symmetric memory: the designs that close the gap to car and pass it (kernels in `kernels/symm_tuned.cu`).
-//! Each rank registers three VMM buffers, mapped by every peer: its input, its output, and a sync area (flag-and-data
-//! packets, then epoch flags). The methods:
+//! Each rank registers four VMM buffers, mapped by every peer: its input, its output, a sync area (flag-and-data
+//! packets, then epoch flags) and a staging buffer of two halves. The methods:
 //! - `symm_ll`: barrier-free one-shot for small messages: data carries its own arrival flag.
 //! - `symm_zc_1shot`, `symm_zc_2shot`: no copy-in; ranks read each other's registered inputs, and two-shot pushes
 //!   every reduced shard straight into every peer's registered output. Epoch flags instead of the CAS handshake.
-//! - `symm_1shot_tuned`, `symm_2shot_tuned`: `symm_ll` up to [`LL_MAX_BYTES`], the zero-copy kernel above it.
+//! - `symm_epoch_1shot`: car's one-shot protocol (fused copy-in to a staging half by epoch parity, one barrier) on
+//!   symmetric memory, for the middle sizes where one barrier beats zero-copy's two.
+//! - `symm_1shot_tuned`, `symm_2shot_tuned`: `symm_ll` up to [`LL_MAX_BYTES`], `symm_epoch_1shot` up to
+//!   [`EPOCH_MAX_BYTES`], the zero-copy one- or two-shot kernel above.
 //!
 //! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
 //! (and the output out of it) on the stream.
@@ -26,8 +29,10 @@ pub static LIBRARY: KernelLibrary = KernelLibrary {
     host: host_tuned::KERNELS,
 };
 
-/// Largest message the packet (LL) path carries; above it the zero-copy kernels run.
-pub const LL_MAX_BYTES: usize = 128 << 10;
+/// Largest message the packet (LL) path carries.
+pub const LL_MAX_BYTES: usize = 96 << 10;
+/// Largest message the tuned methods send through `symm_epoch_1shot` (one barrier); above it, zero-copy.
+pub const EPOCH_MAX_BYTES: usize = 256 << 10;
 
 /// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -37,9 +42,11 @@ pub struct TunedParams {
     pub outputs: [u64; MAX_RANKS],
     pub packets: [u64; MAX_RANKS],
     pub flags: [u64; MAX_RANKS],
+    pub staging: [u64; MAX_RANKS],
     pub counters: u64,
     pub count: u64,
     pub ll_packets: u64,
+    pub half_bytes: u64,
     pub timeout_ns: u64,
     pub rank: u32,
     pub world: u32,
@@ -51,11 +58,12 @@ pub struct TunedParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Design {
     Ll,
+    EpochOneShot,
     ZeroCopyOneShot,
     ZeroCopyTwoShot,
-    /// `Ll` up to [`LL_MAX_BYTES`], else zero-copy one-shot.
+    /// `Ll` up to [`LL_MAX_BYTES`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
     OneShotTuned,
-    /// `Ll` up to [`LL_MAX_BYTES`], else zero-copy two-shot.
+    /// As `OneShotTuned`, with zero-copy two-shot for the large messages.
     TwoShotTuned,
 }
 
@@ -63,6 +71,7 @@ impl Design {
     pub fn method(self) -> &'static str {
         match self {
             Design::Ll => "symm_ll",
+            Design::EpochOneShot => "symm_epoch_1shot",
             Design::ZeroCopyOneShot => "symm_zc_1shot",
             Design::ZeroCopyTwoShot => "symm_zc_2shot",
             Design::OneShotTuned => "symm_1shot_tuned",
@@ -74,11 +83,12 @@ impl Design {
     fn kernel(self, bytes: usize) -> &'static str {
         match self {
             Design::Ll => "symm_ll",
+            Design::EpochOneShot => "symm_epoch_1shot",
             Design::ZeroCopyOneShot => "symm_zc_1shot",
             Design::ZeroCopyTwoShot => "symm_zc_2shot",
-            Design::OneShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
+            Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
+            Design::OneShotTuned | Design::TwoShotTuned if bytes <= EPOCH_MAX_BYTES => "symm_epoch_1shot",
             Design::OneShotTuned => "symm_zc_1shot",
-            Design::TwoShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
             Design::TwoShotTuned => "symm_zc_2shot",
         }
     }
@@ -113,6 +123,7 @@ pub struct SymmTuned {
     input: DeviceBuffer,
     output: DeviceBuffer,
     _sync: DeviceBuffer,
+    _staging: DeviceBuffer,
     _counters: DeviceBuffer,
 }
 
@@ -140,17 +151,24 @@ impl SymmTuned {
             )));
         }
         let (input, output, sync) = (gpu.vmm_create(data)?, gpu.vmm_create(data)?, gpu.vmm_create(sync_bytes)?);
+        let staging = gpu.vmm_create(2 * data)?;
         let counters = gpu.alloc(MAX_BLOCKS * 8, MemKind::Device)?;
         let stream = gpu.stream()?;
         stream.memset(sync.ptr(), 0, sync_bytes)?;
         stream.memset(counters.ptr(), 0, MAX_BLOCKS * 8)?;
         stream.sync()?;
-        let fds = [gpu.vmm_export_fd(&input)?, gpu.vmm_export_fd(&output)?, gpu.vmm_export_fd(&sync)?];
+        let fds = [
+            gpu.vmm_export_fd(&input)?,
+            gpu.vmm_export_fd(&output)?,
+            gpu.vmm_export_fd(&sync)?,
+            gpu.vmm_export_fd(&staging)?,
+        ];
         let fds = fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>();
         let all = rdv.all_gather_fds(&format!("{name} buffers"), &fds)?;
         let mut base = TunedParams {
             counters: counters.ptr().0,
             ll_packets: ll_packets as u64,
+            half_bytes: data as u64,
             timeout_ns: rdv.timeout().as_nanos().min(u64::MAX as u128) as u64,
             rank: rank as u32,
             world: world as u32,
@@ -158,15 +176,19 @@ impl SymmTuned {
         };
         let mut peers = Vec::new();
         for (r, theirs) in all.into_iter().enumerate() {
-            let (i, o, s) = if r == rank {
-                (input.ptr(), output.ptr(), sync.ptr())
+            let (i, o, s, g) = if r == rank {
+                (input.ptr(), output.ptr(), sync.ptr(), staging.ptr())
             } else {
-                let [fi, fo, fs]: [_; 3] = theirs.try_into().map_err(|v: Vec<_>| {
-                    CollectiveError::Mismatch(format!("{name}: rank {r} sent {} buffer handles, not 3", v.len()))
+                let [fi, fo, fs, fg]: [_; 4] = theirs.try_into().map_err(|v: Vec<_>| {
+                    CollectiveError::Mismatch(format!("{name}: rank {r} sent {} buffer handles, not 4", v.len()))
                 })?;
-                let mapped =
-                    [gpu.vmm_import_fd(fi, data)?, gpu.vmm_import_fd(fo, data)?, gpu.vmm_import_fd(fs, sync_bytes)?];
-                let ptrs = (mapped[0].ptr(), mapped[1].ptr(), mapped[2].ptr());
+                let mapped = [
+                    gpu.vmm_import_fd(fi, data)?,
+                    gpu.vmm_import_fd(fo, data)?,
+                    gpu.vmm_import_fd(fs, sync_bytes)?,
+                    gpu.vmm_import_fd(fg, 2 * data)?,
+                ];
+                let ptrs = (mapped[0].ptr(), mapped[1].ptr(), mapped[2].ptr(), mapped[3].ptr());
                 peers.extend(mapped);
                 ptrs
             };
@@ -174,11 +196,12 @@ impl SymmTuned {
             base.outputs[r] = o.0;
             base.packets[r] = s.0;
             base.flags[r] = s.offset(packet_bytes(ll_packets)).0;
+            base.staging[r] = g.0;
         }
         let module = gpu.load(&LIBRARY)?;
         let mut kernels = HashMap::new();
         let mut caps = HashMap::new();
-        for stem in ["symm_ll", "symm_zc_1shot", "symm_zc_2shot"] {
+        for stem in ["symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot"] {
             for dtype in DType::ALL {
                 kernels.insert((stem, dtype), module.kernel(&format!("{stem}_{dtype}"))?);
             }
@@ -205,6 +228,7 @@ impl SymmTuned {
             input,
             output,
             _sync: sync,
+            _staging: staging,
             _counters: counters,
         })
     }
