@@ -98,7 +98,7 @@ struct Job<'a> {
     sizes: Vec<usize>,
     /// Names of `targets`, kept after teardown drops the methods.
     names: Vec<String>,
-    targets: Vec<(String, Target)>,
+    targets: Vec<Target>,
     input: DeviceBuffer,
     output: DeviceBuffer,
     stream: Stream,
@@ -116,9 +116,10 @@ impl<'a> Job<'a> {
             return Err(BenchError::Config(format!("rank {} has {b}, rank 0 has {a}", rdv.rank())));
         }
         let capacity = sizes.iter().max().copied().unwrap_or(1) * DTYPE.size();
-        let mut targets = vec![(COPY.to_string(), Target::Copy)];
+        let (mut names, mut targets) = (vec![COPY.to_string()], vec![Target::Copy]);
+        let tune = bench::auto::TuneTable::default();
         for name in METHODS {
-            let m = methods::build(name, &gpu, rdv, capacity).map_err(|e| e.to_string());
+            let m = methods::build(name, &gpu, rdv, capacity, &tune).map_err(|e| e.to_string());
             // Every rank learns whether every rank built it, so all skip it together.
             let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
             let m = match ok.iter().position(|v| v[..] != [1]) {
@@ -126,7 +127,10 @@ impl<'a> Job<'a> {
                 Some(r) => Err(m.err().unwrap_or_else(|| format!("rank {r} could not build it"))),
             };
             match m.and_then(|m| m.supports(OP, DTYPE).map(|()| m)) {
-                Ok(m) => targets.push((name.to_string(), Target::Method(m))),
+                Ok(m) => {
+                    names.push(name.to_string());
+                    targets.push(Target::Method(m));
+                }
                 Err(reason) if rdv.rank() == 0 => println!("# skipped {name}: {reason}"),
                 Err(_) => {}
             }
@@ -140,7 +144,7 @@ impl<'a> Job<'a> {
             gpu,
             rdv,
             sizes,
-            names: targets.iter().map(|t| t.0.clone()).collect(),
+            names,
             targets,
         })
     }
@@ -161,10 +165,7 @@ impl<'a> Job<'a> {
                 match self.check(t, self.sizes[s])? {
                     None => runnable.push((t, s)),
                     Some(failure) if rank == 0 => {
-                        println!(
-                            "# FAILED {} at {} elements, not benchmarked: {failure}",
-                            self.targets[t].0, self.sizes[s]
-                        )
+                        println!("# FAILED {} at {} elements, not benchmarked: {failure}", self.names[t], self.sizes[s])
                     }
                     Some(_) => {}
                 }
@@ -210,7 +211,7 @@ impl<'a> Job<'a> {
         let mut samples: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
         let mut group = c.benchmark_group(format!("allreduce-{DTYPE}-{}ranks", self.rdv.world()));
         for &(t, s) in runnable {
-            let (name, count) = (self.targets[t].0.clone(), self.sizes[s]);
+            let (name, count) = (self.names[t].clone(), self.sizes[s]);
             group.throughput(Throughput::Bytes((count * DTYPE.size()) as u64));
             group.bench_function(BenchmarkId::new(name, count), |b| {
                 b.iter_custom(|iters| {
@@ -264,7 +265,7 @@ impl<'a> Job<'a> {
 
     fn call(&mut self, t: usize, count: usize) -> Result<(), BenchError> {
         let (input, output) = (self.input.ptr(), self.output.ptr());
-        match &mut self.targets[t].1 {
+        match &mut self.targets[t] {
             Target::Copy => self.stream.copy(output, input, count * DTYPE.size())?,
             Target::Method(m) => m.run(OP, DTYPE, input, output, count, &self.stream)?,
         }
@@ -302,11 +303,11 @@ impl<'a> Job<'a> {
         self.call(t, count)?;
         let mut out = vec![0u8; bytes];
         self.stream.download(&self.output, 0, &mut out)?;
-        let want: Vec<f64> = match self.targets[t].1 {
+        let want: Vec<f64> = match self.targets[t] {
             Target::Copy => values.iter().map(|&v| v as f64).collect(),
             Target::Method(_) => reference(seed, world, count, DTYPE, 0, count),
         };
-        let tol = match self.targets[t].1 {
+        let tol = match self.targets[t] {
             Target::Copy => 0.0,
             Target::Method(_) => tolerance(DTYPE, world),
         };
@@ -324,7 +325,7 @@ impl<'a> Job<'a> {
             )));
         }
         let differs = all.iter().position(|b| field(b, 3) != field(&all[0], 3));
-        if let (Target::Method(_), Some(r)) = (&self.targets[t].1, differs) {
+        if let (Target::Method(_), Some(r)) = (&self.targets[t], differs) {
             return Ok(Some(format!("rank {r}'s result differs bitwise from rank 0's")));
         }
         Ok(None)

@@ -324,7 +324,22 @@ pub fn run(args: &Args) -> Result<(), String> {
         if failed == 0 || args.summary.is_some() || n_runs > args.retries {
             break lines;
         }
-        println!("perf-gate: {failed} measurement(s) over the threshold; measuring again, in case load slowed them");
+        let over: Vec<String> = lines
+            .iter()
+            .filter(|l| l.verdict != Verdict::Ok && l.verdict != Verdict::New)
+            .map(|l| {
+                format!(
+                    "{} at {} ({})",
+                    l.method,
+                    l.count,
+                    l.change().map_or("missing".into(), |c| format!("{:+.0}%", c * 100.0))
+                )
+            })
+            .collect();
+        println!(
+            "perf-gate: {failed} over the threshold ({}); measuring again, in case load slowed them",
+            over.join(", ")
+        );
         summary = best(vec![summary, measure(root)?])?;
         n_runs += 1;
     };

@@ -7,7 +7,7 @@ use crate::run::{time_calls, Buffers};
 use crate::BenchError;
 use gpu::{Gpu, HostLaunch, KernelLibrary, LaunchDims};
 use ipc::Rendezvous;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 static LIBRARY: KernelLibrary = KernelLibrary {
     name: "ceilings",
@@ -22,7 +22,7 @@ fn empty(_: &HostLaunch<'_>) -> Result<(), String> {
 const LAUNCHES: u32 = 1000;
 const COPIES: u32 = 10;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ceilings {
     /// Bytes of each timed device-to-device copy.
     pub copy_bytes: usize,

@@ -21,6 +21,12 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Draw the log-log plot (SVG and PNG) of a comm_ops_benchmark.json, next to it.
+    Plot {
+        /// comm_ops_benchmark.json files.
+        #[arg(required = true)]
+        json: Vec<PathBuf>,
+    },
     /// Many back-to-back calls with random methods, sizes and dtypes, every result checked exactly.
     Soak(crate::soak::SoakArgs),
     /// Run any command as W ranks (RANK, WORLD_SIZE, LOCAL_RANK and the job id set), like torchrun.

@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
         Some(Command::Soak(args)) => soak(&args),
+        Some(Command::Plot { json }) => json.iter().try_for_each(|p| plot(p)),
         None => bench(&cli.bench),
     };
     match result {
@@ -45,6 +46,16 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
+fn plot(json: &std::path::Path) -> Result<(), BenchError> {
+    let text = std::fs::read_to_string(json)?;
+    let outcome: bench::report::Outcome =
+        serde_json::from_str(&text).map_err(|e| BenchError::Config(format!("{}: {e}", json.display())))?;
+    let dir = json.parent().unwrap_or(std::path::Path::new("."));
+    let (svg, png) = bench::plot::plot(&outcome, dir).map_err(BenchError::Config)?;
+    println!("plotted {} and {}", svg.display(), png.display());
+    Ok(())
+}
+
 fn soak(args: &bench::soak::SoakArgs) -> Result<(), BenchError> {
     match launch::detect()? {
         Some(info) => bench::soak::run_rank(args, &info),
@@ -77,6 +88,10 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
                 if args.export_csv {
                     let (csv, json) = outcome.export(&args.output_dir, args.op)?;
                     println!("# wrote {} and {}", csv.display(), json.display());
+                    match bench::plot::plot(&outcome, &args.output_dir) {
+                        Ok((svg, png)) => println!("# plotted {} and {}", svg.display(), png.display()),
+                        Err(e) => println!("# no plot: {e}"),
+                    }
                 }
                 if let Some(path) = &args.tune {
                     let mode = if args.graph { "graph" } else { "eager" };

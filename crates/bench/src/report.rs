@@ -5,11 +5,11 @@ use crate::ceilings::Ceilings;
 use crate::cli::BenchArgs;
 use crate::methods::{csv_column, csv_columns};
 use collective::Op;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "status", content = "reason", rename_all = "lowercase")]
 pub enum Status {
     Passed,
@@ -18,7 +18,7 @@ pub enum Status {
 }
 
 /// One method at one size.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub method: String,
     pub op: String,
@@ -112,7 +112,7 @@ pub fn print_header() {
 }
 
 /// The whole sweep, as rank 0 reports it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Outcome {
     pub driver: String,
     pub device: String,

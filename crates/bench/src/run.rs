@@ -115,6 +115,7 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
         crate::report::print_header();
     }
     let mut rows = Vec::new();
+    let progress = crate::progress::Progress::new(sizes.len() * built.len(), rank == 0);
     for &count in &sizes {
         for (name, method) in built.iter_mut() {
             let row = match method {
@@ -122,11 +123,13 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
                 Ok(m) => measure(args, rdv, &bufs, m.as_mut(), count)?,
             };
             if rank == 0 {
-                row.print();
+                progress.suspend(|| row.print());
+                progress.inc(format!("{name} {count}"));
             }
             rows.push(row);
         }
     }
+    progress.finish();
     bufs.stream.sync()?;
     // Nobody unmaps a buffer while a peer's last call may still read it.
     rdv.barrier("teardown")?;
