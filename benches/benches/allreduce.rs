@@ -117,9 +117,9 @@ impl<'a> Job<'a> {
         }
         let capacity = sizes.iter().max().copied().unwrap_or(1) * DTYPE.size();
         let (mut names, mut targets) = (vec![COPY.to_string()], vec![Target::Copy]);
-        let tune = bench::auto::TuneTable::default();
+        let opts = methods::BuildOptions::new(capacity);
         for name in METHODS {
-            let m = methods::build(name, &gpu, rdv, capacity, &tune).map_err(|e| e.to_string());
+            let m = methods::build(name, &gpu, rdv, &opts).map_err(|e| e.to_string());
             // Every rank learns whether every rank built it, so all skip it together.
             let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
             let m = match ok.iter().position(|v| v[..] != [1]) {

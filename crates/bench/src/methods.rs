@@ -51,16 +51,31 @@ pub fn op_of(name: &str) -> Result<Op, String> {
     })
 }
 
+/// How methods are built: their largest message, auto's table, and car's memory type.
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    pub capacity_bytes: usize,
+    pub tune: TuneTable,
+    /// car's buffers and flags uncached (fine-grained; ROCm's hipDeviceMallocUncached) or coarse-grained.
+    pub car_uncached: bool,
+}
+
+impl BuildOptions {
+    pub fn new(capacity_bytes: usize) -> BuildOptions {
+        BuildOptions { capacity_bytes, tune: TuneTable::default(), car_uncached: true }
+    }
+}
+
 /// Builds a method. Collective: every rank calls it with the same arguments, in the same order.
 pub fn build(
     name: &str,
     gpu: &Gpu,
     rdv: &Rendezvous,
-    capacity_bytes: usize,
-    tune: &TuneTable,
+    opts: &BuildOptions,
 ) -> Result<Box<dyn Collective>, CollectiveError> {
+    let capacity_bytes = opts.capacity_bytes;
     let car = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
-        let opts = car::CarOptions { capacity_bytes, uncached: true, rule: None };
+        let opts = car::CarOptions { capacity_bytes, uncached: opts.car_uncached, rule: None };
         Ok(Box::new(car::Car::new(gpu, rdv, algo, opts)?))
     };
     let symm = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
@@ -77,7 +92,7 @@ pub fn build(
         "symm_1shot" => symm(symm::Algo::OneShot),
         "symm_2shot" => symm(symm::Algo::TwoShot),
         "symm_rs" => symm(symm::Algo::ReduceScatter),
-        "auto" => Ok(Box::new(Auto::new(gpu, rdv, capacity_bytes, tune.clone())?)),
+        "auto" => Ok(Box::new(Auto::new(gpu, rdv, capacity_bytes, opts.tune.clone())?)),
         "symm_1shot_tuned" => tuned(Design::OneShotTuned),
         "symm_2shot_tuned" => tuned(Design::TwoShotTuned),
         "symm_ll" => tuned(Design::Ll),

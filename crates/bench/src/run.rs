@@ -3,7 +3,7 @@
 //! ranks, median of repeats), check again after the timed calls, and report.
 
 use crate::check::{compare, fingerprint, input_values, output_range, reference, tolerance, POISON};
-use crate::cli::BenchArgs;
+use crate::cli::{BenchArgs, CarMemory};
 use crate::report::{Outcome, Row, Status};
 use crate::{methods, BenchError};
 use collective::{Collective, DType, Op};
@@ -73,7 +73,8 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
     let names = args.method_names();
     let tune = args.tune_table().map_err(BenchError::Config)?;
     let table = serde_json::to_string(&tune).map_err(|e| BenchError::Config(e.to_string()))?;
-    agree(rdv, &format!("{}tune_table={table}\n", fingerprint_config(args, gpu, &sizes, &names)))?;
+    let config = fingerprint_config(args, gpu, &sizes, &names);
+    agree(rdv, &format!("{config}car_memory={:?}\ntune_table={table}\n", args.car_memory))?;
     let capacity = sizes.iter().max().copied().unwrap_or(1) * args.dtype.size();
     if rank == 0 {
         let i = gpu.info();
@@ -90,9 +91,11 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
         notes.iter().for_each(|n| println!("# passed over {n}"));
     }
 
+    let build =
+        methods::BuildOptions { capacity_bytes: capacity, tune, car_uncached: args.car_memory == CarMemory::Uncached };
     let mut built: Vec<(String, Built)> = Vec::new();
     for name in &names {
-        let m = methods::build(name, gpu, rdv, capacity, &tune).map_err(|e| e.to_string());
+        let m = methods::build(name, gpu, rdv, &build).map_err(|e| e.to_string());
         // Every rank learns whether every rank built it, so all skip it together.
         let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
         let m = match ok.iter().position(|v| v[..] != [1]) {

@@ -90,7 +90,7 @@ fn soak(args: &SoakArgs, gpu: &Gpu, rdv: &Rendezvous) -> Result<(), BenchError> 
     let mut built: Vec<(Op, Box<dyn Collective>)> = Vec::new();
     for name in &names {
         let op = methods::op_of(name).map_err(BenchError::Config)?;
-        built.push((op, methods::build(name, gpu, rdv, capacity, &crate::auto::TuneTable::default())?));
+        built.push((op, methods::build(name, gpu, rdv, &methods::BuildOptions::new(capacity))?));
     }
     let seed = match args.seed {
         Some(s) => s,
