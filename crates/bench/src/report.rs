@@ -124,6 +124,9 @@ pub struct Outcome {
     pub num_iters: u64,
     pub num_warmup_iters: u64,
     pub repeats: u64,
+    /// car's memory type (`--car_memory`).
+    #[serde(default)]
+    pub car_memory: String,
     /// Seconds since the Unix epoch when the sweep ended.
     pub unix_time: u64,
     pub ceilings: Ceilings,
@@ -143,6 +146,7 @@ impl Outcome {
             num_iters: args.num_iters,
             num_warmup_iters: args.num_warmup_iters,
             repeats: args.repeats,
+            car_memory: format!("{:?}", args.car_memory).to_lowercase(),
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             ceilings,
             rows,
