@@ -16,7 +16,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Build the release binaries a GPU node needs into dist/ (comm-bench, gpu_smoke, scripts).
+    /// Build the release binaries a GPU node needs into dist/ (comm-bench, gpu_smoke, the GPU tests, scripts).
     Bundle,
     /// Run comm-bench (release build) with these arguments.
     Bench {
@@ -41,6 +41,14 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     } else {
         Err(format!("{cmd:?} failed: {status}"))
     }
+}
+
+fn output(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn cargo() -> Command {
@@ -72,7 +80,25 @@ fn bundle() -> Result<(), String> {
         let from = root().join("scripts").join(script);
         std::fs::copy(&from, dist.join(script)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
-    println!("dist/ holds comm-bench, gpu_smoke, gpu_node.sh and gpu_verify.sh");
+    // The GPU tests, runnable on the node with COMM_BENCH=dist/comm-bench REQUIRE_GPU=1 dist/gpu_tests.
+    let json = output(cargo().args([
+        "test",
+        "--release",
+        "-p",
+        "bench",
+        "--test",
+        "gpu",
+        "--no-run",
+        "--message-format=json",
+    ]))?;
+    let exe = json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["target"]["name"] == "gpu" && v["executable"].is_string())
+        .and_then(|v| v["executable"].as_str().map(PathBuf::from))
+        .ok_or("cargo reported no executable for the gpu tests")?;
+    std::fs::copy(&exe, dist.join("gpu_tests")).map_err(|e| format!("copy {}: {e}", exe.display()))?;
+    println!("dist/ holds comm-bench, gpu_smoke, gpu_tests, gpu_node.sh and gpu_verify.sh");
     Ok(())
 }
 

@@ -1,13 +1,54 @@
 //! The host twins of `kernels/common.h`'s synchronisation: per-block epoch counters and the epoch-flag barrier,
-//! with std atomics on shared mappings. Host kernels run their blocks one after another, in the same order on
-//! every rank, so block b's barrier only ever waits for the peers' block b, as on the device.
+//! with std atomics on shared mappings, and torch's compare-and-swap handshake on signal pads ([`cas_barrier`],
+//! symm's). Host kernels run their blocks one after another, in the same order on every rank, so block b's
+//! barrier only ever waits for the peers' block b, as on the device.
+//!
+//! Under `--cfg loom` the atomics are loom's and the waits spin with `loom::thread::yield_now` and no deadline,
+//! so `tests/loom_protocols.rs` model-checks this very code (there the flag arrays and pads it is handed are
+//! arrays of loom atomics, allocated by the test, instead of shared mappings of plain words).
 
 use crate::{MAX_BLOCKS, MAX_RANKS};
-use deadline::{wait_all, Deadline};
-use std::sync::atomic::{AtomicU64, Ordering};
+use deadline::Deadline;
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// u64 flag slots per rank: one per (block, phase, source rank).
 pub const FLAG_SLOTS: usize = MAX_BLOCKS * 2 * MAX_RANKS;
+
+/// u32 slots of one signal pad: one per (channel, peer rank).
+pub const PAD_SLOTS: usize = MAX_BLOCKS * MAX_RANKS;
+
+/// Waits until `arrived(r)` holds for every rank in `ranks`: [`deadline::wait_all`], its error as a string.
+#[cfg(not(loom))]
+fn wait(
+    what: &str,
+    ranks: impl IntoIterator<Item = usize>,
+    deadline: &Deadline,
+    arrived: impl FnMut(usize) -> bool,
+) -> Result<(), String> {
+    deadline::wait_all(what, ranks, deadline, arrived, || None).map_err(|e| e.to_string())
+}
+
+/// Loom's twin of the wait above: the same polling of the pending ranks, yielding to loom's scheduler between
+/// rounds and never timing out (a protocol that can hang shows up as loom's deadlock report instead).
+#[cfg(loom)]
+fn wait(
+    _what: &str,
+    ranks: impl IntoIterator<Item = usize>,
+    _deadline: &Deadline,
+    mut arrived: impl FnMut(usize) -> bool,
+) -> Result<(), String> {
+    let mut pending: Vec<usize> = ranks.into_iter().collect();
+    loop {
+        pending.retain(|&r| !arrived(r));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        loom::thread::yield_now();
+    }
+}
 
 /// Block `block`'s epoch for this call; advances the counters of the blocks this grid lacks too (`next_epoch`).
 ///
@@ -52,13 +93,38 @@ pub unsafe fn flag_barrier(
             flag(peer, block, phase, rank).store(epoch, Ordering::Release);
         }
         let what = format!("{what} rank {rank} block {block} barrier {phase}");
-        wait_all(
-            &what,
-            0..flags.len(),
-            deadline,
-            |t| flag(flags[rank], block, phase, t).load(Ordering::Acquire) >= epoch,
-            || None,
-        )
-        .map_err(|e| e.to_string())
+        wait(&what, 0..flags.len(), deadline, |t| flag(flags[rank], block, phase, t).load(Ordering::Acquire) >= epoch)
+    }
+}
+
+/// # Safety
+/// `pad` is a live signal pad of [`PAD_SLOTS`] u32.
+unsafe fn slot<'a>(pad: u64, channel: usize, peer: usize) -> &'a AtomicU32 {
+    // SAFETY: the caller's contract; AtomicU32 has u32's layout and the pad is 4-aligned.
+    unsafe { &*(pad as *const AtomicU32).add(channel * MAX_RANKS + peer) }
+}
+
+fn cas(a: &AtomicU32, from: u32, to: u32) -> bool {
+    a.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
+}
+
+/// Torch's signal-pad handshake on `channel`: signal every peer (CAS 0 -> 1 on its pad's slot for us, retried
+/// until the peer consumed our previous signal), then wait for every peer's signal (CAS 1 -> 0 on our pad's slot
+/// for it). `what` names the barrier in the error, which names the ranks that did not come.
+///
+/// # Safety
+/// `pads[r]` for r < `pads.len()` are live signal pads of [`PAD_SLOTS`] u32 (rank r's, mapped here).
+pub unsafe fn cas_barrier(
+    pads: &[u64],
+    rank: usize,
+    channel: usize,
+    deadline: &Deadline,
+    what: &str,
+) -> Result<(), String> {
+    let peers = (0..pads.len()).filter(|&t| t != rank);
+    // SAFETY: the caller's contract.
+    unsafe {
+        wait(&format!("{what}: signal"), peers.clone(), deadline, |t| cas(slot(pads[t], channel, rank), 0, 1))?;
+        wait(&format!("{what}: wait"), peers, deadline, |t| cas(slot(pads[rank], channel, t), 1, 0))
     }
 }

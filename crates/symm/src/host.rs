@@ -1,11 +1,12 @@
 //! Host twins of `kernels/symm.cu`: torch's compare-and-swap handshake on the shared signal pads, one channel per
-//! block, with std atomics. Blocks run one after another in the same order on every rank.
+//! block, with std atomics (`collective::host_sync::cas_barrier`). Blocks run one after another in the same order
+//! on every rank.
 
 use crate::SymmParams;
-use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
-use deadline::{wait_all, Deadline};
+use collective::host_sync::cas_barrier;
+use collective::{block_range, shard_elems, shard_range, DType, HostElem};
+use deadline::Deadline;
 use gpu::{HostKernel, HostLaunch};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
@@ -37,33 +38,9 @@ fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
     run(l, Kind::ReduceScatter)
 }
 
-/// # Safety
-/// `pad` is a live signal pad of `MAX_BLOCKS * MAX_RANKS` u32.
-unsafe fn slot<'a>(pad: u64, channel: usize, peer: usize) -> &'a AtomicU32 {
-    // SAFETY: the caller's contract; AtomicU32 has u32's layout and the pad is 4-aligned.
-    unsafe { &*(pad as *const AtomicU32).add(channel * MAX_RANKS + peer) }
-}
-
-fn cas(a: &AtomicU32, from: u32, to: u32) -> bool {
-    a.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
-}
-
 fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> Result<(), String> {
-    let (rank, world) = (p.rank as usize, p.world as usize);
-    let peers = (0..world).filter(|&t| t != rank);
     // SAFETY: pads[r] for r < world are live signal pads, mapped at setup.
-    unsafe {
-        wait_all(
-            &format!("{what}: signal"),
-            peers.clone(),
-            deadline,
-            |t| cas(slot(p.pads[t], channel, rank), 0, 1),
-            || None,
-        )
-        .map_err(|e| e.to_string())?;
-        wait_all(&format!("{what}: wait"), peers, deadline, |t| cas(slot(p.pads[rank], channel, t), 1, 0), || None)
-            .map_err(|e| e.to_string())
-    }
+    unsafe { cas_barrier(&p.pads[..p.world as usize], p.rank as usize, channel, deadline, what) }
 }
 
 fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
