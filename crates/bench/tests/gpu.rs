@@ -43,7 +43,9 @@ fn every_custom_method_passes_on_the_gpu_eager_and_graph() {
         let rows = sweep(extra);
         let custom = rows.iter().filter(|r| !r["method"].as_str().unwrap().starts_with("nccl"));
         for r in custom {
-            assert_eq!(r["status"], "passed", "{kind} {extra:?}: {r}");
+            // symm_ll carries messages up to its packet area only, and says so.
+            let too_big = r["status"] == "skipped" && r["reason"].as_str().unwrap_or("").contains("largest message");
+            assert!(r["status"] == "passed" || too_big, "{kind} {extra:?}: {r}");
         }
     }
 }

@@ -48,7 +48,7 @@ const ABORT_CLAIMED: u64 = u64::MAX;
 const REASON_BYTES: usize = 256;
 const FD_MAGIC: u64 = u64::from_be_bytes(*b"ARXFDS\0\0");
 /// Datagram header: magic, sender rank, fd count, call sequence number.
-const FD_MSG_LEN: usize = 24;
+pub const FD_MSG_LEN: usize = 24;
 
 /// Errors of the rendezvous; each says what was attempted and, for waits, which ranks did not show up.
 #[derive(Debug, thiserror::Error)]
@@ -300,6 +300,101 @@ fn mismatch<T: PartialEq + fmt::Display>(name: &str, field: &str, found: T, want
     }
 }
 
+/// Bytes of the header's identity fields as [`validate_header`] reads them: magic (u64), version, world (u32
+/// each), slot bytes (u64), creator uid, creator pid (u32 each), ready (u64), native-endian at the segment's offsets.
+pub const HEADER_FIELDS_LEN: usize = 40;
+
+/// What a rank that attaches expects of the segment rank 0 created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpectedHeader {
+    pub world: usize,
+    pub slot_bytes: usize,
+    /// Our effective uid: the creator must be us.
+    pub uid: u32,
+}
+
+/// What a valid header says beyond what was expected of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderInfo {
+    pub world: usize,
+    pub slot_bytes: usize,
+    pub uid: u32,
+    pub pid: u32,
+    /// Bytes of the segment laid out for that world and slot size.
+    pub len: usize,
+}
+
+/// Checks another process's segment header: `bytes` are its [`HEADER_FIELDS_LEN`] field bytes (more are ignored),
+/// `segment_len` the segment's size. Refuses a short or unpublished header, a wrong magic, version, world, slot
+/// size or creator, and a size other than the layout's, in that order; `name` prefixes the error.
+pub fn validate_header(
+    name: &str,
+    bytes: &[u8],
+    segment_len: usize,
+    expected: &ExpectedHeader,
+) -> Result<HeaderInfo, IpcError> {
+    let Some(bytes) = bytes.get(..HEADER_FIELDS_LEN) else {
+        return Err(IpcError::BadSegment(format!("{name}: header of {} bytes is truncated", bytes.len())));
+    };
+    let u64_at = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let u32_at = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    if u64_at(32) != READY {
+        return Err(IpcError::BadSegment(format!("{name}: header not published (ready is {:#x})", u64_at(32))));
+    }
+    let layout = Layout::new(expected.world, expected.slot_bytes)?;
+    mismatch(name, "magic", format!("{:#x}", u64_at(0)), format!("{MAGIC:#x}"))?;
+    mismatch(name, "version", u32_at(8), VERSION)?;
+    mismatch(name, "world", u32_at(12) as usize, layout.world)?;
+    mismatch(name, "slot_bytes", u64_at(16) as usize, layout.slot_bytes)?;
+    mismatch(name, "creator uid", u32_at(24), expected.uid)?;
+    mismatch(name, "size", segment_len, layout.len)?;
+    Ok(HeaderInfo {
+        world: layout.world,
+        slot_bytes: layout.slot_bytes,
+        uid: expected.uid,
+        pid: u32_at(28),
+        len: layout.len,
+    })
+}
+
+/// The payload of a peer's slot: `slot` is its u64 length word (native-endian) and then the data. Refuses a
+/// length larger than `slot_bytes` (what the segment lays out) or than the bytes at hand; `who` prefixes the error.
+pub fn slot_payload<'a>(who: &str, slot: &'a [u8], slot_bytes: usize) -> Result<&'a [u8], IpcError> {
+    let Some((word, data)) = slot.split_first_chunk::<8>() else {
+        return Err(IpcError::BadSegment(format!("{who}: slot of {} bytes lacks its length word", slot.len())));
+    };
+    let len = u64::from_ne_bytes(*word) as usize;
+    if len > slot_bytes {
+        return Err(IpcError::BadSegment(format!("{who} posted {len} bytes")));
+    }
+    data.get(..len).ok_or_else(|| IpcError::BadSegment(format!("{who} posted {len} bytes, {} at hand", data.len())))
+}
+
+/// The header of an fd-passing datagram, once [`parse_fd_header`] accepted it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FdHeader {
+    pub sender: usize,
+    /// How many fds the sender says ride along (checked against those that came by the caller).
+    pub count: usize,
+    /// The sender's call sequence number.
+    pub seq: u64,
+}
+
+/// Parses the datagram `received` (the bytes recvmsg returned, at most [`FD_MSG_LEN`]; `truncated` if the kernel
+/// cut it) that rank `me` of `world` got: little-endian magic, sender rank, fd count, sequence number. Refuses a
+/// wrong length, a cut datagram, a wrong magic, a sender outside the world and ourselves.
+pub fn parse_fd_header(received: &[u8], truncated: bool, world: usize, me: usize) -> Result<FdHeader, IpcError> {
+    let mut buf = [0u8; FD_MSG_LEN];
+    let bytes = received.len();
+    buf[..bytes.min(FD_MSG_LEN)].copy_from_slice(&received[..bytes.min(FD_MSG_LEN)]);
+    let word = |at: usize, n: usize| buf[at..at + n].iter().rev().fold(0u64, |a, &b| a << 8 | b as u64);
+    let (magic, sender, count, seq) = (word(0, 8), word(8, 4) as usize, word(12, 4) as usize, word(16, 8));
+    if bytes != FD_MSG_LEN || truncated || magic != FD_MAGIC || sender >= world || sender == me {
+        return Err(IpcError::Fd(format!("malformed datagram ({bytes} bytes, sender {sender})")));
+    }
+    Ok(FdHeader { sender, count, seq })
+}
+
 /// The ranks of one job, attached to one segment and bound to one socket each.
 pub struct Rendezvous {
     seg: Segment,
@@ -548,14 +643,11 @@ impl Rendezvous {
     }
 
     fn read_slot(&self, rank: usize) -> Result<Vec<u8>, IpcError> {
-        let p = self.slot(rank);
-        // SAFETY: `rank` posted this generation and will not write again before we store `consumed`.
-        let len = unsafe { p.cast::<u64>().read() } as usize;
-        if len > self.layout.slot_bytes {
-            return Err(IpcError::BadSegment(format!("{}: rank {rank} posted {len} bytes", self.seg.name)));
-        }
-        // SAFETY: as above; `len` is within the slot.
-        Ok(unsafe { std::slice::from_raw_parts(p.add(8), len) }.to_vec())
+        let max = self.layout.slot_bytes;
+        // SAFETY: `rank` posted this generation and will not write again before we store `consumed`; its length
+        // word and `slot_bytes` of data lie in the mapping.
+        let slot = unsafe { std::slice::from_raw_parts(self.slot(rank), 8 + max) };
+        Ok(slot_payload(&format!("{}: rank {rank}", self.seg.name), slot, max)?.to_vec())
     }
 
     /// Sends our datagram to `peer`; false when its receive queue is full for now.
@@ -599,11 +691,8 @@ impl Rendezvous {
             if sender_uid != Some(uid) {
                 return Err(IpcError::Fd(format!("refused a datagram from uid {sender_uid:?}, we are uid {uid}")));
             }
-            let word = |at: usize, n: usize| buf[at..at + n].iter().rev().fold(0u64, |a, &b| a << 8 | b as u64);
-            let (magic, sender, count, seq) = (word(0, 8), word(8, 4) as usize, word(12, 4) as usize, word(16, 8));
-            if bytes != FD_MSG_LEN || truncated || magic != FD_MAGIC || sender >= self.world() || sender == self.rank {
-                return Err(IpcError::Fd(format!("malformed datagram ({bytes} bytes, sender {sender})")));
-            }
+            let FdHeader { sender, count, seq } =
+                parse_fd_header(&buf[..bytes.min(FD_MSG_LEN)], truncated, self.world(), self.rank)?;
             if count != fds.len() {
                 return Err(IpcError::Fd(format!("rank {sender} announced {count} fd(s) but {} came", fds.len())));
             }
@@ -649,6 +738,20 @@ fn create(name: &str, layout: &Layout) -> Result<Segment, IpcError> {
     Ok(seg)
 }
 
+/// The header's identity fields (relaxed loads, after `ready` was seen with acquire) as [`validate_header`] reads them.
+fn header_fields(h: &Header) -> [u8; HEADER_FIELDS_LEN] {
+    let mut out = [0u8; HEADER_FIELDS_LEN];
+    out[0..8].copy_from_slice(&h.magic.load(Ordering::Relaxed).to_ne_bytes());
+    out[8..12].copy_from_slice(&h.version.load(Ordering::Relaxed).to_ne_bytes());
+    out[12..16].copy_from_slice(&h.world.load(Ordering::Relaxed).to_ne_bytes());
+    out[16..24].copy_from_slice(&h.slot_bytes.load(Ordering::Relaxed).to_ne_bytes());
+    out[24..28].copy_from_slice(&h.uid.load(Ordering::Relaxed).to_ne_bytes());
+    out[28..32].copy_from_slice(&h.pid.load(Ordering::Relaxed).to_ne_bytes());
+    out[32..40].copy_from_slice(&h.ready.load(Ordering::Relaxed).to_ne_bytes());
+    out
+}
+const _: () = assert!(std::mem::offset_of!(Header, ready) + 8 == HEADER_FIELDS_LEN);
+
 /// Ranks > 0: opens the segment rank 0 creates, checks that it is ours and matches our layout.
 fn attach(name: &str, layout: &Layout, label: &str, deadline: &Deadline) -> Result<Segment, IpcError> {
     let fd = retry(&format!("{label}: rank 0 never created {name}"), 0, deadline, || {
@@ -685,13 +788,8 @@ fn attach(name: &str, layout: &Layout, label: &str, deadline: &Deadline) -> Resu
     retry(&format!("{label}: rank 0 never initialized {name}"), 0, deadline, || {
         Ok((h.ready.load(Ordering::Acquire) == READY).then_some(()))
     })?;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    mismatch(name, "magic", format!("{:#x}", load(&h.magic)), format!("{MAGIC:#x}"))?;
-    mismatch(name, "version", h.version.load(Ordering::Relaxed), VERSION)?;
-    mismatch(name, "world", h.world.load(Ordering::Relaxed) as usize, layout.world)?;
-    mismatch(name, "slot_bytes", load(&h.slot_bytes) as usize, layout.slot_bytes)?;
-    mismatch(name, "creator uid", h.uid.load(Ordering::Relaxed), geteuid().as_raw())?;
-    mismatch(name, "size", size, layout.len)?;
+    let expected = ExpectedHeader { world: layout.world, slot_bytes: layout.slot_bytes, uid: geteuid().as_raw() };
+    validate_header(name, &header_fields(h), size, &expected)?;
     seg.owned = true;
     Ok(seg)
 }
