@@ -112,19 +112,12 @@ impl Collective for Auto {
         "auto"
     }
 
-    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
-        match op {
-            Op::AllReduce => Ok(()),
-            Op::ReduceScatter => Err("auto runs allreduce, not reduce_scatter".into()),
-        }
+    fn op(&self) -> Op {
+        Op::AllReduce
     }
 
     fn capacity_bytes(&self) -> usize {
         self.symm.capacity_bytes()
-    }
-
-    fn capturable(&self) -> bool {
-        true
     }
 
     fn registered_input(&self) -> Option<&DeviceBuffer> {

@@ -214,20 +214,12 @@ impl Collective for Car {
         self.name
     }
 
-    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
-        if op == self.algo.op() {
-            Ok(())
-        } else {
-            Err(format!("{} runs {}, not {op}", self.name, self.algo.op()))
-        }
+    fn op(&self) -> Op {
+        self.algo.op()
     }
 
     fn capacity_bytes(&self) -> usize {
         self.capacity
-    }
-
-    fn capturable(&self) -> bool {
-        true
     }
 
     fn run(

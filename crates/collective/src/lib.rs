@@ -140,12 +140,23 @@ pub enum CollectiveError {
 pub trait Collective {
     /// The method's registry name (`car_1shot`, `symm_2shot`, `nccl`, ...).
     fn name(&self) -> &str;
-    /// `Err(reason)` when this method cannot run `op` on `dtype`.
-    fn supports(&self, op: Op, dtype: DType) -> Result<(), String>;
+    /// The one operation this method runs.
+    fn op(&self) -> Op;
+    /// `Err(reason)` when this method cannot run `op` on `dtype` (every method takes every dtype).
+    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
+        if op == self.op() {
+            Ok(())
+        } else {
+            Err(format!("{} runs {}, not {op}", self.name(), self.op()))
+        }
+    }
     /// Largest input, in bytes, that `run` accepts.
     fn capacity_bytes(&self) -> usize;
-    /// Whether `run` may be captured into a graph and replayed.
-    fn capturable(&self) -> bool;
+    /// Whether `run` may be captured into a graph and replayed (every method here keeps its per-call state, such
+    /// as epochs, in device memory, so replays advance it).
+    fn capturable(&self) -> bool {
+        true
+    }
     /// A registered input the method reads in place, the way a tensor allocated in torch's symmetric memory is
     /// read: a caller that writes its input there saves the copy-in. `None`: the method takes input from anywhere.
     fn registered_input(&self) -> Option<&gpu::DeviceBuffer> {

@@ -236,20 +236,12 @@ impl Collective for Nccl {
         self.name
     }
 
-    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
-        if op == self.op {
-            Ok(())
-        } else {
-            Err(format!("{} runs {} only; {op} is method {}", self.name, self.op, method_name(op, self.symm.is_some())))
-        }
+    fn op(&self) -> Op {
+        self.op
     }
 
     fn capacity_bytes(&self) -> usize {
         self.capacity
-    }
-
-    fn capturable(&self) -> bool {
-        true
     }
 
     fn run(

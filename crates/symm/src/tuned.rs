@@ -268,11 +268,8 @@ impl Collective for SymmTuned {
         self.design.method()
     }
 
-    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
-        match op {
-            Op::AllReduce => Ok(()),
-            Op::ReduceScatter => Err(format!("{} runs allreduce, not {op}", self.name())),
-        }
+    fn op(&self) -> Op {
+        Op::AllReduce
     }
 
     fn capacity_bytes(&self) -> usize {
@@ -280,10 +277,6 @@ impl Collective for SymmTuned {
             Design::Ll => self.capacity.min(LL_MAX_BYTES),
             _ => self.capacity,
         }
-    }
-
-    fn capturable(&self) -> bool {
-        true
     }
 
     fn registered_input(&self) -> Option<&DeviceBuffer> {
