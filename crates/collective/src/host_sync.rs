@@ -32,7 +32,11 @@ fn wait(
 }
 
 /// Loom's twin of the wait above: the same polling of the pending ranks, yielding to loom's scheduler between
-/// rounds and never timing out (a protocol that can hang shows up as loom's deadlock report instead).
+/// rounds and never timing out (a protocol that can hang shows up as loom's deadlock or branch-limit report).
+///
+/// Two spinning threads can pass the turn back and forth without a preemption, so with 3 ranks loom would explore
+/// ever longer spins; after `LOOM_SPIN_ROUNDS` (default 2) fruitless rounds a wait stops loom branching for the
+/// rest of that execution (`loom::skip_branch`), which still runs to its end on loom's fair default schedule.
 #[cfg(loom)]
 fn wait(
     _what: &str,
@@ -40,11 +44,17 @@ fn wait(
     _deadline: &Deadline,
     mut arrived: impl FnMut(usize) -> bool,
 ) -> Result<(), String> {
+    let bound = std::env::var("LOOM_SPIN_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize);
     let mut pending: Vec<usize> = ranks.into_iter().collect();
+    let mut rounds = 0;
     loop {
         pending.retain(|&r| !arrived(r));
         if pending.is_empty() {
             return Ok(());
+        }
+        rounds += 1;
+        if rounds == bound {
+            loom::skip_branch();
         }
         loom::thread::yield_now();
     }

@@ -324,6 +324,11 @@ pub struct HeaderInfo {
     pub len: usize,
 }
 
+/// Bytes of the segment laid out for `world` ranks with slots of `slot_bytes`.
+pub fn segment_len(world: usize, slot_bytes: usize) -> Result<usize, IpcError> {
+    Layout::new(world, slot_bytes).map(|l| l.len)
+}
+
 /// Checks another process's segment header: `bytes` are its [`HEADER_FIELDS_LEN`] field bytes (more are ignored),
 /// `segment_len` the segment's size. Refuses a short or unpublished header, a wrong magic, version, world, slot
 /// size or creator, and a size other than the layout's, in that order; `name` prefixes the error.
