@@ -9,8 +9,10 @@
 mod host;
 
 use collective::host_sync::FLAG_SLOTS;
+pub use collective::Algo;
 use collective::{
-    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
+    check_args, check_world, resident_cap, Collective, CollectiveError, DType, Family, LaunchRule, Op, MAX_BLOCKS,
+    MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 use ipc::Rendezvous;
@@ -39,33 +41,6 @@ pub struct CarParams {
     pub world: u32,
     pub dtype: u32,
     pub reserved: u32,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Algo {
-    /// Copy in, barrier, every rank sums all buffers.
-    OneShot,
-    /// Copy in, barrier, each rank sums its shard, barrier, every rank gathers all shards.
-    TwoShot,
-    /// The first half of two-shot with exact `count / world` shards: rank r keeps shard r.
-    ReduceScatter,
-}
-
-impl Algo {
-    /// The method's registry name, also the stem of its kernels' names.
-    pub fn method(self) -> &'static str {
-        match self {
-            Algo::OneShot => "car_1shot",
-            Algo::TwoShot => "car_2shot",
-            Algo::ReduceScatter => "car_rs",
-        }
-    }
-    fn op(self) -> Op {
-        match self {
-            Algo::OneShot | Algo::TwoShot => Op::AllReduce,
-            Algo::ReduceScatter => Op::ReduceScatter,
-        }
-    }
 }
 
 /// Options for [`Car::new`].
@@ -108,7 +83,7 @@ pub struct Car {
 impl Car {
     /// Allocates and registers this rank's buffers and maps every peer's. Collective: every rank calls it.
     pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: CarOptions) -> Result<Car, CollectiveError> {
-        let name = algo.method();
+        let name = algo.method(Family::Car);
         let (rank, world) = (rdv.rank(), rdv.world());
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {

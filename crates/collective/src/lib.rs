@@ -122,6 +122,44 @@ impl FromStr for Op {
     }
 }
 
+/// The algorithm families car and symm both implement (each with its own protocol).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    /// Every rank sums all buffers.
+    OneShot,
+    /// Each rank sums its shard, then every rank gathers all shards.
+    TwoShot,
+    /// The first half of two-shot with exact `count / world` shards: rank r keeps shard r.
+    ReduceScatter,
+}
+
+impl Algo {
+    pub fn op(self) -> Op {
+        match self {
+            Algo::OneShot | Algo::TwoShot => Op::AllReduce,
+            Algo::ReduceScatter => Op::ReduceScatter,
+        }
+    }
+    /// The registry name, also the stem of the kernels' names.
+    pub fn method(self, family: Family) -> &'static str {
+        match (family, self) {
+            (Family::Car, Algo::OneShot) => "car_1shot",
+            (Family::Car, Algo::TwoShot) => "car_2shot",
+            (Family::Car, Algo::ReduceScatter) => "car_rs",
+            (Family::Symm, Algo::OneShot) => "symm_1shot",
+            (Family::Symm, Algo::TwoShot) => "symm_2shot",
+            (Family::Symm, Algo::ReduceScatter) => "symm_rs",
+        }
+    }
+}
+
+/// Whose protocol runs an [`Algo`]: FBGEMM's custom allreduce or PyTorch's symmetric memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Car,
+    Symm,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CollectiveError {
     #[error(transparent)]

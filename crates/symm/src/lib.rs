@@ -10,8 +10,10 @@ mod host;
 mod host_tuned;
 pub mod tuned;
 
+pub use collective::Algo;
 use collective::{
-    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
+    check_args, check_world, resident_cap, Collective, CollectiveError, DType, Family, LaunchRule, Op, MAX_BLOCKS,
+    MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, Module, Stream};
 use ipc::Rendezvous;
@@ -43,33 +45,6 @@ pub struct SymmParams {
 
 /// Bytes of one signal pad: a u32 per (channel = block, peer).
 pub const PAD_BYTES: usize = MAX_BLOCKS * MAX_RANKS * 4;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Algo {
-    /// Barrier, every rank sums all buffers, barrier.
-    OneShot,
-    /// Barrier, each rank sums its shard, barrier, every rank gathers all shards, barrier.
-    TwoShot,
-    /// The first half of two-shot with exact `count / world` shards: rank r keeps shard r.
-    ReduceScatter,
-}
-
-impl Algo {
-    /// The method's registry name, also the stem of its kernels' names.
-    pub fn method(self) -> &'static str {
-        match self {
-            Algo::OneShot => "symm_1shot",
-            Algo::TwoShot => "symm_2shot",
-            Algo::ReduceScatter => "symm_rs",
-        }
-    }
-    fn op(self) -> Op {
-        match self {
-            Algo::OneShot | Algo::TwoShot => Op::AllReduce,
-            Algo::ReduceScatter => Op::ReduceScatter,
-        }
-    }
-}
 
 /// Options for [`Symm::new`].
 #[derive(Clone, Copy, Debug)]
@@ -104,7 +79,7 @@ pub struct Symm {
 impl Symm {
     /// Creates, exchanges and maps the symmetric buffers. Collective: every rank calls it.
     pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: SymmOptions) -> Result<Symm, CollectiveError> {
-        let name = algo.method();
+        let name = algo.method(Family::Symm);
         let (rank, world) = (rdv.rank(), rdv.world());
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {
