@@ -2,60 +2,140 @@
 // acquire load, never reset). Fixed against upstream's defects: every block signals for the slice it copied,
 // buffers alternate by epoch parity (so the next call never overwrites what a peer still reads), and the sum
 // order is the same on every rank.
+//
+// The ablation variants (crates/car's `Variant`) are car's kernels with one factor changed, chosen at compile time
+// by the knob bits K, so the base kernels (K = 0) are exactly car's.
 
 struct CarParams {
     u64 bufs[ARX_MAX_RANKS];   // every rank's data buffer (two halves, by epoch parity), mapped here
-    u64 flags[ARX_MAX_RANKS];  // every rank's flag array: u64 [ARX_MAX_BLOCKS][2 phases][ARX_MAX_RANKS]
-    u64 counters;              // this rank's per-block epoch counters: u64 [ARX_MAX_BLOCKS]
+    u64 flags[ARX_MAX_RANKS];  // every rank's flag array: u64 [ARX_MAX_BLOCKS][ARX_PHASES][ARX_MAX_RANKS]
+    u64 counters;              // this rank's u64 [ARX_MAX_BLOCKS] epoch counters, then CAR_ONEBLOCK's words
     u64 input;
     u64 output;
     u64 count;
     u64 half_bytes;
     u64 timeout_ns;
+    u64 table;       // CAR_TABLE: u64 [2 parities][ARX_MAX_RANKS] views, then [ARX_MAX_RANKS] flag arrays
+    u64 slot_bytes;  // CAR_PUSH: bytes between two sources' slots in a half
     u32 rank;
     u32 world;
     u32 dtype;
     u32 reserved;
 };
 
+#define CAR_ROUND 1     // the sum rounded to the element type after every add, not accumulated in f32
+#define CAR_TABLE 2     // peer pointers read from a device array, not from the kernel arguments
+#define CAR_PUSH 4      // one-shot: push the input into slot `rank` of every peer's buffer, then sum locally
+#define CAR_ONEBLOCK 8  // one-shot: block 0 alone runs the cross-rank barrier for the whole grid
+#define CAR_EXIT 16     // two-shot: a third barrier at exit, as torch's two-shot has
+#define CAR_CAS 32      // torch's compare-and-swap handshake on signal pads instead of epoch flags
+
 ARX_DEV u64 car_next_epoch(const CarParams& p) { return next_epoch(p.counters); }
 
-ARX_DEV void car_barrier(const CarParams& p, u32 ph, u64 epoch) {
-    flag_barrier(p.flags, p.rank, p.world, ph, epoch, p.timeout_ns);
+template <int K> ARX_DEV const u64* car_flags(const CarParams& p) {
+    return (K & CAR_TABLE) ? (const u64*)p.table + 2 * ARX_MAX_RANKS : p.flags;
 }
 
-ARX_DEV void car_views(const CarParams& p, u64 epoch, u64* views) {
-    u64 off = (epoch & 1) * p.half_bytes;
-    for (u32 r = 0; r < p.world; ++r) views[r] = p.bufs[r] + off;
+template <int K> ARX_DEV void car_barrier(const CarParams& p, u32 ph, u64 epoch) {
+    if (K & CAR_CAS)
+        cas_barrier(car_flags<K>(p), p.rank, p.world, p.timeout_ns);
+    else
+        flag_barrier(car_flags<K>(p), p.rank, p.world, ph, epoch, p.timeout_ns);
 }
 
-template <int DT> ARX_DEV void car_1shot(CarParams p) {
+template <int K> ARX_DEV void car_views(const CarParams& p, u64 epoch, u64* views) {
+    if (K & CAR_TABLE) {
+        const u64* t = (const u64*)p.table + (epoch & 1) * ARX_MAX_RANKS;
+        for (u32 r = 0; r < p.world; ++r) views[r] = t[r];
+    } else {
+        u64 off = (epoch & 1) * p.half_bytes;
+        for (u32 r = 0; r < p.world; ++r) views[r] = p.bufs[r] + off;
+    }
+}
+
+// CAR_ONEBLOCK: every block of this rank reports its copy-in done; block 0 waits for them all, runs the cross-rank
+// barrier in its own slot, and releases the other blocks. Words after the epoch counters: u64 [ARX_MAX_BLOCKS]
+// arrivals, then one release word, all epoch-valued (never reset). All blocks are co-resident (the launch cap).
+template <int K> ARX_DEV void one_block_barrier(const CarParams& p, u64 epoch) {
+    u64* arrived = (u64*)p.counters + ARX_MAX_BLOCKS;
+    u64* release = arrived + ARX_MAX_BLOCKS;
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        for (u32 b = threadIdx.x + 1; b < gridDim.x; b += blockDim.x) {
+            Spin s = spin_start(p.timeout_ns);
+            while (ld_acquire_sys(arrived + b) < epoch) s.check();
+        }
+        car_barrier<K>(p, 0, epoch);
+        if (threadIdx.x == 0) st_release_sys(release, epoch);
+    } else {
+        if (threadIdx.x == 0) {
+            st_release_sys(arrived + blockIdx.x, epoch);
+            Spin s = spin_start(p.timeout_ns);
+            while (ld_acquire_sys(release) < epoch) s.check();
+        }
+        __syncthreads();
+    }
+}
+
+// CAR_PUSH: dst[d][i] = src[i] for every rank d (one load, `world` stores).
+template <int DT> ARX_DEV void copy_to_all(const void* src, const u64* dsts, u32 world, Range r) {
     typedef Elem<DT> E;
+    u64 h, z;
+    split<DT>(src, r, h, z);
+    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x)
+        for (u32 d = 0; d < world; ++d) E::store((void*)dsts[d], i, E::load(src, i));
+    const vec16* s = (const vec16*)((const char*)src + h * E::SIZE);
+    for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
+        vec16 x = s[v];
+#pragma unroll
+        for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
+            if (d < world) ((vec16*)((char*)dsts[d] + h * E::SIZE))[v] = x;
+    }
+    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x)
+        for (u32 d = 0; d < world; ++d) E::store((void*)dsts[d], i, E::load(src, i));
+}
+
+template <int DT, int K> ARX_DEV void car_1shot_k(CarParams p) {
+    typedef Elem<DT> E;
+    const bool round = (K & CAR_ROUND) != 0;
     u64 epoch = car_next_epoch(p);
     u64 views[ARX_MAX_RANKS];
-    car_views(p, epoch, views);
+    car_views<K>(p, epoch, views);
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
+    if (K & CAR_PUSH) {
+        u64 mine[ARX_MAX_RANKS];  // slot `rank` of every rank's half; then every source's slot of this rank's
+        for (u32 d = 0; d < p.world; ++d) mine[d] = views[d] + p.rank * p.slot_bytes;
+        copy_to_all<DT>((const void*)p.input, mine, p.world, r);
+        car_barrier<K>(p, 0, epoch);
+        for (u32 s = 0; s < p.world; ++s) mine[s] = views[p.rank] + s * p.slot_bytes;
+        reduce_range<DT, round>(mine, p.world, (void*)p.output, r);
+        return;
+    }
     copy_range<DT>((const void*)p.input, (void*)views[p.rank], r);
-    car_barrier(p, 0, epoch);
-    reduce_range<DT>(views, p.world, (void*)p.output, r);
+    if (K & CAR_ONEBLOCK)
+        one_block_barrier<K>(p, epoch);
+    else
+        car_barrier<K>(p, 0, epoch);
+    reduce_range<DT, round>(views, p.world, (void*)p.output, r);
 }
 
-template <int DT> ARX_DEV void car_2shot(CarParams p) {
+template <int DT, int K> ARX_DEV void car_2shot_k(CarParams p) {
     typedef Elem<DT> E;
     u64 epoch = car_next_epoch(p);
     u64 views[ARX_MAX_RANKS];
-    car_views(p, epoch, views);
+    car_views<K>(p, epoch, views);
     u64 shard = shard_elems(p.count, p.world, E::VEC);
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)p.input, (void*)views[p.rank],
                        block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
-    car_barrier(p, 0, epoch);
+    car_barrier<K>(p, 0, epoch);
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     reduce_range<DT>(views, p.world, (void*)views[p.rank], mine);
-    car_barrier(p, 1, epoch);
+    car_barrier<K>(p, 1, epoch);
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)views[s], (void*)p.output,
                        block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
+    if (K & CAR_EXIT) car_barrier<K>(p, 2, epoch);
 }
 
 // Reduce-scatter: the first half of two-shot, with exact count / world shards; rank r's shard goes to output[0..).
@@ -63,12 +143,12 @@ template <int DT> ARX_DEV void car_rs(CarParams p) {
     typedef Elem<DT> E;
     u64 epoch = car_next_epoch(p);
     u64 views[ARX_MAX_RANKS];
-    car_views(p, epoch, views);
+    car_views<0>(p, epoch, views);
     u64 shard = p.count / p.world;
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)p.input, (void*)views[p.rank],
                        block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
-    car_barrier(p, 0, epoch);
+    car_barrier<0>(p, 0, epoch);
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     // Shifted so that element i of the sum lands at output[i - shard start].
     u64 out = p.output - (u64)p.rank * shard * E::SIZE;
@@ -76,8 +156,14 @@ template <int DT> ARX_DEV void car_rs(CarParams p) {
 }
 
 // The floor every method pays: the epoch and one barrier, nothing moved.
-ARX_KERNEL void car_barrier_only(CarParams p) { car_barrier(p, 0, car_next_epoch(p)); }
+ARX_KERNEL void car_barrier_only(CarParams p) { car_barrier<0>(p, 0, car_next_epoch(p)); }
 
-ARX_INSTANTIATE(car_1shot, CarParams)
-ARX_INSTANTIATE(car_2shot, CarParams)
+ARX_INSTANTIATE_K(car_1shot, car_1shot_k, 0, CarParams)
+ARX_INSTANTIATE_K(car_2shot, car_2shot_k, 0, CarParams)
 ARX_INSTANTIATE(car_rs, CarParams)
+ARX_INSTANTIATE_K(car_1shot_round, car_1shot_k, CAR_ROUND, CarParams)
+ARX_INSTANTIATE_K(car_1shot_ptrtable, car_1shot_k, CAR_TABLE, CarParams)
+ARX_INSTANTIATE_K(car_1shot_push, car_1shot_k, CAR_PUSH, CarParams)
+ARX_INSTANTIATE_K(car_1shot_oneblock, car_1shot_k, CAR_ONEBLOCK, CarParams)
+ARX_INSTANTIATE_K(car_1shot_cas, car_1shot_k, CAR_CAS, CarParams)
+ARX_INSTANTIATE_K(car_2shot_3bar, car_2shot_k, CAR_EXIT, CarParams)

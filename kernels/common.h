@@ -12,6 +12,7 @@ typedef unsigned short u16;
 
 #define ARX_MAX_RANKS 8
 #define ARX_MAX_BLOCKS 64
+#define ARX_PHASES 3  // barriers per call that the epoch flags can tell apart (== collective::host_sync::PHASES)
 #define ARX_DEV static __device__ __forceinline__
 #define ARX_KERNEL extern "C" __global__
 
@@ -100,6 +101,7 @@ template <> struct Elem<0> {
     enum { SIZE = 2, VEC = 8 };
     ARX_DEV float load(const void* p, u64 i) { return bf16_to_f32(((const u16*)p)[i]); }
     ARX_DEV void store(void* p, u64 i, float v) { ((u16*)p)[i] = f32_to_bf16(v); }
+    ARX_DEV float round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
     ARX_DEV float lane(const vec16& v, int k) { return bf16_to_f32((u16)(v.w[k >> 1] >> ((k & 1) * 16))); }
     ARX_DEV vec16 pack(const float* a) {
         vec16 v;
@@ -111,6 +113,7 @@ template <> struct Elem<1> {
     enum { SIZE = 2, VEC = 8 };
     ARX_DEV float load(const void* p, u64 i) { return f16_to_f32(((const u16*)p)[i]); }
     ARX_DEV void store(void* p, u64 i, float v) { ((u16*)p)[i] = f32_to_f16(v); }
+    ARX_DEV float round(float v) { return f16_to_f32(f32_to_f16(v)); }
     ARX_DEV float lane(const vec16& v, int k) { return f16_to_f32((u16)(v.w[k >> 1] >> ((k & 1) * 16))); }
     ARX_DEV vec16 pack(const float* a) {
         vec16 v;
@@ -122,6 +125,7 @@ template <> struct Elem<2> {
     enum { SIZE = 4, VEC = 4 };
     ARX_DEV float load(const void* p, u64 i) { return ((const float*)p)[i]; }
     ARX_DEV void store(void* p, u64 i, float v) { ((float*)p)[i] = v; }
+    ARX_DEV float round(float v) { return v; }
     ARX_DEV float lane(const vec16& v, int k) { return u32_as_f32(v.w[k]); }
     ARX_DEV vec16 pack(const float* a) {
         vec16 v;
@@ -168,8 +172,14 @@ template <int DT> ARX_DEV void copy_range(const void* src, void* dst, Range r) {
     for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) E::store(dst, i, E::load(src, i));
 }
 
-// dst[i] = srcs[0][i] + ... + srcs[world-1][i] (f32 accumulation, rank order). dst may be one of the sources.
-template <int DT> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* dst, Range r) {
+// One step of a sum: f32 accumulation, or (ROUND, the ablation of torch-style low-precision adds) the running sum
+// rounded to the element type after every add.
+template <int DT, bool ROUND> ARX_DEV float add(float acc, float x) {
+    return ROUND ? Elem<DT>::round(acc + x) : acc + x;
+}
+
+// dst[i] = srcs[0][i] + ... + srcs[world-1][i] (rank order; see add()). dst may be one of the sources.
+template <int DT, bool ROUND = false> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* dst, Range r) {
     typedef Elem<DT> E;
     u64 h, z;
     split<DT>(dst, r, h, z);
@@ -178,7 +188,7 @@ template <int DT> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* ds
     if ((((u64)dst ^ srcs[0]) & 15) != 0) h = z = r.lo;
     for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) {
         float acc = E::load((const void*)srcs[0], i);
-        for (u32 p = 1; p < world; ++p) acc += E::load((const void*)srcs[p], i);
+        for (u32 p = 1; p < world; ++p) acc = add<DT, ROUND>(acc, E::load((const void*)srcs[p], i));
         E::store(dst, i, acc);
     }
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
@@ -195,13 +205,13 @@ template <int DT> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* ds
         for (u32 p = 1; p < ARX_MAX_RANKS; ++p)
             if (p < world) {
 #pragma unroll
-                for (int k = 0; k < E::VEC; ++k) acc[k] += E::lane(in[p], k);
+                for (int k = 0; k < E::VEC; ++k) acc[k] = add<DT, ROUND>(acc[k], E::lane(in[p], k));
             }
         ((vec16*)((char*)dst + h * E::SIZE))[v] = E::pack(acc);
     }
     for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) {
         float acc = E::load((const void*)srcs[0], i);
-        for (u32 p = 1; p < world; ++p) acc += E::load((const void*)srcs[p], i);
+        for (u32 p = 1; p < world; ++p) acc = add<DT, ROUND>(acc, E::load((const void*)srcs[p], i));
         E::store(dst, i, acc);
     }
 }
@@ -231,14 +241,14 @@ struct Spin {
 };
 ARX_DEV Spin spin_start(u64 timeout_ns) { return Spin{timer_ns(), timeout_ns, 0}; }
 
-// Block-level barrier of phase `ph` over epoch flags u64 [ARX_MAX_BLOCKS][2][ARX_MAX_RANKS] per rank: thread t
+// Block-level barrier of phase `ph` over epoch flags u64 [ARX_MAX_BLOCKS][ARX_PHASES][ARX_MAX_RANKS] per rank: thread t
 // tells rank t that this block reached `epoch` (remote release store), then waits until rank t's block said the
 // same (local acquire load). Block b's work depends only on block b of the peers.
 ARX_DEV void flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epoch, u64 timeout_ns) {
     __syncthreads();
     u32 t = threadIdx.x;
     if (t < world) {
-        u64 slot = ((u64)blockIdx.x * 2 + ph) * ARX_MAX_RANKS;
+        u64 slot = ((u64)blockIdx.x * ARX_PHASES + ph) * ARX_MAX_RANKS;
         st_release_sys((u64*)flags[t] + slot + rank, epoch);
         const u64* mine = (const u64*)flags[rank] + slot + t;
         Spin s = spin_start(timeout_ns);
@@ -247,7 +257,29 @@ ARX_DEV void flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epo
     __syncthreads();
 }
 
+// Torch's signal-pad handshake on channel `blockIdx.x` of pads u32 [ARX_MAX_BLOCKS][ARX_MAX_RANKS] per rank:
+// signal = remote compare-and-swap 0 -> 1 (retried until the peer consumed our previous signal), wait = local
+// compare-and-swap 1 -> 0.
+ARX_DEV void cas_barrier(const u64* pads, u32 rank, u32 world, u64 timeout_ns) {
+    __syncthreads();
+    u32 t = threadIdx.x;
+    if (t < world && t != rank) {
+        u32* remote = (u32*)pads[t] + blockIdx.x * ARX_MAX_RANKS + rank;
+        u32* local = (u32*)pads[rank] + blockIdx.x * ARX_MAX_RANKS + t;
+        Spin s = spin_start(timeout_ns);
+        while (cas_acq_rel_sys(remote, 0u, 1u) != 0u) s.check();
+        while (cas_acq_rel_sys(local, 1u, 0u) != 1u) s.check();
+    }
+    __syncthreads();
+}
+
 #define ARX_INSTANTIATE(NAME, PARAMS)                                         \
     ARX_KERNEL void NAME##_bf16(PARAMS p) { NAME<0>(p); }                     \
     ARX_KERNEL void NAME##_fp16(PARAMS p) { NAME<1>(p); }                     \
     ARX_KERNEL void NAME##_fp32(PARAMS p) { NAME<2>(p); }
+
+// NAME_{bf16,fp16,fp32} running BASE<DT, K>: a kernel with compile-time knobs K (the ablation variants).
+#define ARX_INSTANTIATE_K(NAME, BASE, K, PARAMS)                              \
+    ARX_KERNEL void NAME##_bf16(PARAMS p) { BASE<0, K>(p); }                  \
+    ARX_KERNEL void NAME##_fp16(PARAMS p) { BASE<1, K>(p); }                  \
+    ARX_KERNEL void NAME##_fp32(PARAMS p) { BASE<2, K>(p); }

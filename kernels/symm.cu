@@ -17,18 +17,7 @@ struct SymmParams {
     u32 reserved;
 };
 
-ARX_DEV void symm_barrier(const SymmParams& p) {
-    __syncthreads();
-    u32 t = threadIdx.x;
-    if (t < p.world && t != p.rank) {
-        u32* remote = (u32*)p.pads[t] + blockIdx.x * ARX_MAX_RANKS + p.rank;
-        u32* local = (u32*)p.pads[p.rank] + blockIdx.x * ARX_MAX_RANKS + t;
-        Spin s = spin_start(p.timeout_ns);
-        while (cas_acq_rel_sys(remote, 0u, 1u) != 0u) s.check();
-        while (cas_acq_rel_sys(local, 1u, 0u) != 1u) s.check();
-    }
-    __syncthreads();
-}
+ARX_DEV void symm_barrier(const SymmParams& p) { cas_barrier(p.pads, p.rank, p.world, p.timeout_ns); }
 
 template <int DT> ARX_DEV void symm_1shot(SymmParams p) {
     typedef Elem<DT> E;

@@ -4,7 +4,9 @@
 //! The other ranks only follow rank 0's commands, so criterion's own arguments (filters, `--list`, baselines)
 //! need no handling there. Every method is checked against the float64 reference before it is timed.
 
-use allreduce_benches::{env_flag, median, sizes, Command, Entry, Summary, COPY, METHODS, QUICK_ENV, RANKS_ENV};
+use allreduce_benches::{
+    env_flag, median, methods as method_list, sizes, Command, Entry, Summary, COPY, METHODS_ENV, QUICK_ENV, RANKS_ENV,
+};
 use allreduce_benches::{SUMMARY_ENV, SUMMARY_SAMPLES};
 use bench::check::{compare, fingerprint, input_values, reference, tolerance, POISON};
 use bench::{methods, BenchError};
@@ -110,7 +112,8 @@ impl<'a> Job<'a> {
     /// Agrees on the configuration, builds every method every rank can build, and allocates like comm-bench.
     fn new(gpu: Gpu, rdv: &'a Rendezvous) -> Result<Job<'a>, BenchError> {
         let sizes = sizes(gpu.kind() != DriverKind::Host, gpu.info().size_align);
-        let config = format!("driver={}\nworld={}\nsizes={sizes:?}\nmethods={METHODS:?}\n", gpu.kind(), rdv.world());
+        let list = method_list(std::env::var(METHODS_ENV).ok().as_deref()).map_err(BenchError::Config)?;
+        let config = format!("driver={}\nworld={}\nsizes={sizes:?}\nmethods={list:?}\n", gpu.kind(), rdv.world());
         let root = rdv.broadcast("configuration", 0, config.as_bytes())?;
         if let Some((a, b)) = String::from_utf8_lossy(&root).lines().zip(config.lines()).find(|(a, b)| a != b) {
             return Err(BenchError::Config(format!("rank {} has {b}, rank 0 has {a}", rdv.rank())));
@@ -118,7 +121,7 @@ impl<'a> Job<'a> {
         let capacity = sizes.iter().max().copied().unwrap_or(1) * DTYPE.size();
         let (mut names, mut targets) = (vec![COPY.to_string()], vec![Target::Copy]);
         let opts = methods::BuildOptions::new(capacity);
-        for name in METHODS {
+        for name in &list {
             let m = methods::build(name, &gpu, rdv, &opts).map_err(|e| e.to_string());
             // Every rank learns whether every rank built it, so all skip it together.
             let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
@@ -307,9 +310,9 @@ impl<'a> Job<'a> {
             Target::Copy => values.iter().map(|&v| v as f64).collect(),
             Target::Method(_) => reference(seed, world, count, DTYPE, 0, count),
         };
-        let tol = match self.targets[t] {
+        let tol = match &self.targets[t] {
             Target::Copy => 0.0,
-            Target::Method(_) => tolerance(DTYPE, world),
+            Target::Method(m) => tolerance(DTYPE, world, m.rounds_every_add()),
         };
         let v = compare(&DTYPE.decode(&out), &want, tol);
         let mut blob = (v.wrong as u64).to_le_bytes().to_vec();

@@ -11,8 +11,27 @@ pub const QUICK_ENV: &str = "ARX_BENCH_QUICK";
 /// Where rank 0 writes the [`Summary`] once criterion is done.
 pub const SUMMARY_ENV: &str = "ARX_BENCH_SUMMARY";
 
-/// The allreduce methods benchmarked, in comm_bench.py's column order; those a driver lacks are skipped.
+/// Comma-separated allreduce methods to bench instead of [`METHODS`]: any comm-bench name, `@BLOCKSxTHREADS`
+/// shapes and groups (`ablation`, `shapes`) included.
+pub const METHODS_ENV: &str = "ARX_BENCH_METHODS";
+
+/// The allreduce methods benchmarked by default, in comm_bench.py's column order; those a driver lacks are skipped.
 pub const METHODS: [&str; 6] = ["car_1shot", "symm_1shot", "car_2shot", "symm_2shot", "nccl", "nccl_symm"];
+
+/// The methods to bench: `list` (the value of [`METHODS_ENV`]) with its groups expanded, or [`METHODS`].
+pub fn methods(list: Option<&str>) -> Result<Vec<String>, String> {
+    let Some(list) = list.filter(|l| !l.trim().is_empty()) else {
+        return Ok(METHODS.iter().map(|m| m.to_string()).collect());
+    };
+    let names: Vec<String> = list.split(',').map(|m| m.trim().to_string()).collect();
+    let names = bench::methods::expand(&names);
+    for m in &names {
+        if bench::methods::op_of(m)? != collective::Op::AllReduce {
+            return Err(format!("{METHODS_ENV}: {m} is not an allreduce method"));
+        }
+    }
+    Ok(names)
+}
 /// The pseudo-method that times a plain device copy of the same bytes: the perf gate divides by it, which
 /// cancels the machine's speed.
 pub const COPY: &str = "copy";
@@ -112,6 +131,17 @@ pub fn median(v: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn method_lists_expand_groups_and_refuse_unknown_or_other_ops() {
+        assert_eq!(methods(None).unwrap(), METHODS);
+        assert_eq!(methods(Some(" ")).unwrap(), METHODS);
+        let m = methods(Some("car_1shot@4x256, ablation")).unwrap();
+        assert_eq!(m[0], "car_1shot@4x256");
+        assert!(m.contains(&"car_1shot_push".to_string()));
+        assert!(methods(Some("car_9shot")).unwrap_err().contains("unknown method"));
+        assert!(methods(Some("car_rs")).unwrap_err().contains("not an allreduce"));
+    }
 
     #[test]
     fn commands_round_trip_and_garbage_is_refused() {

@@ -153,12 +153,13 @@ fn same(lib: &str, what: &str, expected: &BTreeSet<String>, found: &BTreeSet<Str
     Err(format!("{lib} for {what}: entry points missing {missing:?}, unexpected {extra:?}"))
 }
 
-/// The entry points a library's source declares: `ARX_INSTANTIATE(name, ...)` gives `name_{bf16,fp16,fp32}`,
+/// The entry points a library's source declares: `ARX_INSTANTIATE(name, ...)` and `ARX_INSTANTIATE_K(name, ...)` give
+/// `name_{bf16,fp16,fp32}`,
 /// `ARX_KERNEL void name(` gives `name`.
 fn declared_entries(src: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for line in src.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
-        if let Some(rest) = line.strip_prefix("ARX_INSTANTIATE(") {
+        if let Some(rest) = line.strip_prefix("ARX_INSTANTIATE(").or_else(|| line.strip_prefix("ARX_INSTANTIATE_K(")) {
             let name = rest.split(',').next().unwrap_or("").trim();
             names.extend(DTYPES.iter().map(|d| format!("{name}_{d}")));
         } else if let Some(rest) = line.strip_prefix("ARX_KERNEL void ") {

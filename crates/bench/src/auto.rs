@@ -97,7 +97,14 @@ pub struct Auto {
 impl Auto {
     /// Builds every candidate. Collective: every rank calls it with the same table.
     pub fn new(gpu: &Gpu, rdv: &Rendezvous, capacity_bytes: usize, table: TuneTable) -> Result<Auto, CollectiveError> {
-        let car = |algo| car::Car::new(gpu, rdv, algo, car::CarOptions { capacity_bytes, uncached: true, rule: None });
+        let car = |algo| {
+            car::Car::new(
+                gpu,
+                rdv,
+                algo,
+                car::CarOptions { capacity_bytes, uncached: true, rule: None, variant: car::Variant::Base },
+            )
+        };
         Ok(Auto {
             table,
             car_1shot: car(car::Algo::OneShot)?,

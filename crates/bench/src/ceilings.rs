@@ -93,7 +93,7 @@ pub(crate) fn measure(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, b: &Buffers
     let (repeats, _) = time_calls(args, rdv, b, |s| Ok(s.launch(&kernel, dims, &0u64)?))?;
     let empty_all_ranks_us = median(repeats) * 1e3;
     let barrier_us = if rdv.world() <= collective::MAX_RANKS {
-        let opts = car::CarOptions { capacity_bytes: 256, uncached: true, rule: None };
+        let opts = car::CarOptions { capacity_bytes: 256, uncached: true, rule: None, variant: car::Variant::Base };
         let floor = car::Car::new(gpu, rdv, car::Algo::OneShot, opts)?;
         let (repeats, _) = time_calls(args, rdv, b, |s| Ok(floor.barrier_only(1, s)?))?;
         b.stream.sync()?;

@@ -27,14 +27,16 @@ pub fn reference(seed: u64, world: usize, count: usize, dtype: DType, lo: usize,
     sum
 }
 
-/// Largest error allowed relative to |reference|: half an ulp of the output type plus f32 accumulation.
-pub fn tolerance(dtype: DType, world: usize) -> f64 {
+/// Largest error allowed relative to |reference|: half an ulp of the output type plus f32 accumulation; with
+/// `rounds_every_add`, half an ulp per add (the inputs are non-negative, so no partial sum exceeds the total).
+pub fn tolerance(dtype: DType, world: usize, rounds_every_add: bool) -> f64 {
     let half_ulp = match dtype {
         DType::Bf16 => 2f64.powi(-8),
         DType::F16 => 2f64.powi(-11),
         DType::F32 => 2f64.powi(-24),
     };
-    half_ulp + world as f64 * 2f64.powi(-23)
+    let roundings = if rounds_every_add { world.saturating_sub(1).max(1) } else { 1 };
+    roundings as f64 * half_ulp + world as f64 * 2f64.powi(-23)
 }
 
 /// One rank's verdict on one run.
@@ -107,7 +109,7 @@ mod tests {
         let r = reference(seed, world, n, DType::Bf16, 0, n);
         let rounded: Vec<f64> =
             DType::Bf16.decode(&DType::Bf16.encode(&r.iter().map(|&v| v as f32).collect::<Vec<_>>()));
-        let tol = tolerance(DType::Bf16, world);
+        let tol = tolerance(DType::Bf16, world, false);
         assert_eq!(compare(&rounded, &r, tol).wrong, 0);
         let missing = reference(seed, world - 1, n, DType::Bf16, 0, n);
         assert!(compare(&missing, &r, tol).wrong > n / 2);
@@ -118,6 +120,20 @@ mod tests {
         let mut off = rounded;
         off[999] *= 1.01;
         assert_eq!(compare(&off, &r, tol).first_wrong, Some(999));
+    }
+
+    #[test]
+    fn rounding_every_add_gets_its_own_bound_and_still_catches_a_missing_peer() {
+        let (seed, world, n) = (11, 8, 4000);
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| input_values(seed, r, n, DType::Bf16)).collect();
+        let round = |v: f32| DType::Bf16.decode(&DType::Bf16.encode(&[v]))[0] as f32;
+        let out: Vec<f64> =
+            (0..n).map(|i| inputs[1..].iter().fold(inputs[0][i], |acc, x| round(acc + x[i])) as f64).collect();
+        let r = reference(seed, world, n, DType::Bf16, 0, n);
+        assert_eq!(compare(&out, &r, tolerance(DType::Bf16, world, true)).wrong, 0);
+        assert!(compare(&out, &r, tolerance(DType::Bf16, world, false)).wrong > 0, "the f32 bound is tighter");
+        let missing = reference(seed, world - 1, n, DType::Bf16, 0, n);
+        assert!(compare(&missing, &r, tolerance(DType::Bf16, world, true)).wrong > n / 2);
     }
 
     #[test]

@@ -80,7 +80,9 @@ pub struct BenchArgs {
     /// auto, host, cuda or hip.
     #[arg(long, default_value = "auto", value_parser = parse_backend)]
     pub backend: gpu::Backend,
-    /// Comma-separated methods [default: all of the op's comm_bench.py methods].
+    /// Comma-separated methods [default: comm_bench.py's methods of the op, then ours]. Also: the ablation variants
+    /// (car_1shot_vmm, ...), a launch shape on any car or symm_1shot/2shot/rs method (car_1shot@16x512: 16 blocks
+    /// of 512 threads at every size), and groups: `ablation`, `shapes`.
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
     /// Element type.
@@ -137,7 +139,7 @@ impl BenchArgs {
             if methods.is_empty() {
                 return Err("--methods names no method".into());
             }
-            for m in methods {
+            for m in &crate::methods::expand(methods) {
                 crate::methods::op_of(m).map_err(|e| e.to_string())?;
                 if crate::methods::op_of(m)? != self.op {
                     return Err(format!("method {m} does not run --op {}", self.op));
@@ -158,7 +160,7 @@ impl BenchArgs {
     /// The methods to run, in comm_bench.py's column order (with `--tune`: auto's candidates).
     pub fn method_names(&self) -> Vec<String> {
         match (&self.methods, &self.tune) {
-            (Some(m), _) => m.clone(),
+            (Some(m), _) => crate::methods::expand(m),
             (None, Some(_)) => crate::auto::CANDIDATES.iter().map(|s| s.to_string()).collect(),
             (None, None) => crate::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
         }

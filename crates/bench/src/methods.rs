@@ -2,7 +2,7 @@
 //! [`Collective`] trait.
 
 use crate::auto::{Auto, TuneTable};
-use collective::{Collective, CollectiveError, Op};
+use collective::{Collective, CollectiveError, LaunchRule, Op};
 use gpu::Gpu;
 use ipc::Rendezvous;
 use symm::tuned::{Design, SymmTuned, TunedOptions};
@@ -28,6 +28,84 @@ pub const METHODS: &[(&str, Op, Option<&str>)] = &[
     ("nccl_symm_rs", Op::ReduceScatter, None),
 ];
 
+/// The ablation variants of car (`car::Variant`), each one factor changed; not in the default sweep.
+pub const ABLATIONS: &[&str] = &[
+    "car_1shot_vmm",
+    "car_1shot_cas",
+    "car_1shot_round",
+    "car_1shot_ptrtable",
+    "car_1shot_push",
+    "car_1shot_oneblock",
+    "car_2shot_3bar",
+];
+
+/// `--methods` keywords, each standing for a set: the ablation study (its variants and the methods they are
+/// compared with) and its launch-shape sweep.
+pub const GROUPS: &[(&str, &[&str])] = &[
+    (
+        "ablation",
+        &[
+            "car_1shot",
+            "car_2shot",
+            "symm_1shot",
+            "symm_2shot",
+            "car_1shot_vmm",
+            "car_1shot_cas",
+            "car_1shot_round",
+            "car_1shot_ptrtable",
+            "car_1shot_push",
+            "car_1shot_oneblock",
+            "car_2shot_3bar",
+            "symm_epoch_1shot",
+            "symm_zc_1shot",
+            "symm_zc_2shot",
+            "symm_ll",
+        ],
+    ),
+    (
+        "shapes",
+        &[
+            "car_1shot",
+            "car_1shot@1x512",
+            "car_1shot@4x512",
+            "car_1shot@16x512",
+            "car_1shot@64x512",
+            "car_1shot@16x128",
+            "car_1shot@16x1024",
+            "car_2shot",
+            "car_2shot@8x512",
+            "car_2shot@64x512",
+            "symm_1shot@4x512",
+            "symm_1shot@64x512",
+        ],
+    ),
+];
+
+/// `names` with every group keyword replaced by its methods (first mention kept).
+pub fn expand(names: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for n in names {
+        let members = GROUPS
+            .iter()
+            .find(|g| g.0 == n)
+            .map_or_else(|| vec![n.clone()], |g| g.1.iter().map(|m| m.to_string()).collect());
+        for m in members {
+            if !out.contains(&m) {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+/// A method name and the launch shape asked for with `@GRIDxTHREADS`, if any.
+fn split_shape(name: &str) -> Result<(&str, Option<LaunchRule>), String> {
+    match name.split_once('@') {
+        None => Ok((name, None)),
+        Some((base, shape)) => Ok((base, Some(LaunchRule::parse_fixed(shape)?))),
+    }
+}
+
 /// Every method of `op`: comm_bench.py's, in its column order, then ours.
 pub fn defaults(op: Op) -> Vec<&'static str> {
     METHODS.iter().filter(|m| m.1 == op).map(|m| m.0).collect()
@@ -43,12 +121,29 @@ pub fn csv_column(method: &str) -> Option<&'static str> {
     METHODS.iter().find(|m| m.0 == method).and_then(|m| m.2)
 }
 
-/// The op a method runs; unknown names are refused with the list of known ones.
+/// The op a method runs; unknown names (and shapes on methods that take none) are refused with what is known.
 pub fn op_of(name: &str) -> Result<Op, String> {
-    METHODS.iter().find(|m| m.0 == name).map(|m| m.1).ok_or_else(|| {
-        let known: Vec<&str> = METHODS.iter().map(|m| m.0).collect();
-        format!("unknown method {name:?}; known: {}", known.join(", "))
+    let (base, shape) = split_shape(name)?;
+    if shape.is_some() && !takes_shape(base) {
+        return Err(format!("{name}: launch shapes (@BLOCKSxTHREADS) apply to car_* and symm_1shot/2shot/rs only"));
+    }
+    if ABLATIONS.contains(&base) {
+        return Ok(Op::AllReduce);
+    }
+    METHODS.iter().find(|m| m.0 == base).map(|m| m.1).ok_or_else(|| {
+        let known: Vec<&str> = METHODS.iter().map(|m| m.0).chain(ABLATIONS.iter().copied()).collect();
+        let groups: Vec<&str> = GROUPS.iter().map(|g| g.0).collect();
+        format!(
+            "unknown method {name:?}; known: {}; groups: {}; any car or symm_1shot/2shot/rs method takes @BLOCKSxTHREADS",
+            known.join(", "),
+            groups.join(", ")
+        )
     })
+}
+
+/// Whether a method has one launch rule, which `@GRIDxTHREADS` replaces (the tuned ones pick a kernel per size).
+fn takes_shape(base: &str) -> bool {
+    base.starts_with("car_") || ["symm_1shot", "symm_2shot", "symm_rs"].contains(&base)
 }
 
 /// How methods are built: their largest message, auto's table, and car's memory type.
@@ -74,18 +169,24 @@ pub fn build(
     opts: &BuildOptions,
 ) -> Result<Box<dyn Collective>, CollectiveError> {
     let capacity_bytes = opts.capacity_bytes;
-    let car = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
-        let opts = car::CarOptions { capacity_bytes, uncached: opts.car_uncached, rule: None };
+    op_of(name).map_err(CollectiveError::BadArgs)?;
+    let (base, rule) = split_shape(name).map_err(CollectiveError::BadArgs)?;
+    let car_variant = |algo, variant| -> Result<Box<dyn Collective>, CollectiveError> {
+        let opts = car::CarOptions { capacity_bytes, uncached: opts.car_uncached, rule, variant };
         Ok(Box::new(car::Car::new(gpu, rdv, algo, opts)?))
     };
+    let car = |algo| car_variant(algo, car::Variant::Base);
     let symm = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
-        let opts = symm::SymmOptions { capacity_bytes, rule: None };
+        let opts = symm::SymmOptions { capacity_bytes, rule };
         Ok(Box::new(symm::Symm::new(gpu, rdv, algo, opts)?))
     };
     let tuned = |design| -> Result<Box<dyn Collective>, CollectiveError> {
         Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes })?))
     };
-    match name {
+    if let Some((algo, variant)) = car_ablation(base) {
+        return car_variant(algo, variant);
+    }
+    match base {
         "car_1shot" => car(car::Algo::OneShot),
         "car_2shot" => car(car::Algo::TwoShot),
         "car_rs" => car(car::Algo::ReduceScatter),
@@ -108,6 +209,17 @@ pub fn build(
     }
 }
 
+/// The car variant an ablation name stands for.
+fn car_ablation(name: &str) -> Option<(car::Algo, car::Variant)> {
+    [car::Algo::OneShot, car::Algo::TwoShot].into_iter().find_map(|algo| {
+        car::Variant::ALL
+            .into_iter()
+            .filter(|&v| v != car::Variant::Base)
+            .find(|v| v.method(algo) == Some(name))
+            .map(|v| (algo, v))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +229,27 @@ mod tests {
         assert_eq!(csv_columns(Op::AllReduce), ["fbgemm_1shot", "symm_1shot", "fbgemm_2shot", "symm_2shot", "nccl"]);
         assert_eq!(csv_columns(Op::ReduceScatter), ["fbgemm_rs", "symm_rs", "nccl_rs"]);
         assert!(op_of("car_9shot").unwrap_err().contains("car_1shot"));
+    }
+
+    #[test]
+    fn ablations_shapes_and_groups_resolve() {
+        for name in ABLATIONS {
+            assert_eq!(op_of(name), Ok(Op::AllReduce), "{name}");
+            assert!(car_ablation(name).is_some(), "{name} has no car variant");
+            assert!(!defaults(Op::AllReduce).contains(name));
+        }
+        for (group, members) in GROUPS {
+            for m in *members {
+                assert!(op_of(m).is_ok(), "{group}: {m}");
+            }
+        }
+        assert_eq!(op_of("car_rs@8x256"), Ok(Op::ReduceScatter));
+        assert!(op_of("symm_ll@8x256").unwrap_err().contains("launch shapes"));
+        assert!(op_of("car_1shot@8x100").unwrap_err().contains("multiple of 32"));
+        assert_eq!(csv_column("car_1shot@8x512"), None);
+        let e = expand(&["car_1shot".into(), "shapes".into()]);
+        assert_eq!(e[0], "car_1shot");
+        assert_eq!(e.iter().filter(|m| *m == "car_1shot").count(), 1);
+        assert!(e.contains(&"car_1shot@64x512".to_string()));
     }
 }

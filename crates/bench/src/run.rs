@@ -123,7 +123,7 @@ fn sweep(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, notes: &[String]) -> Res
         for (name, method) in built.iter_mut() {
             let row = match method {
                 Err(reason) => Row::new(name, args, count, world, Status::Skipped(reason.clone())),
-                Ok(m) => measure(args, rdv, &bufs, m.as_mut(), count)?,
+                Ok(m) => measure(args, rdv, &bufs, name, m.as_mut(), count)?,
             };
             if rank == 0 {
                 progress.suspend(|| row.print());
@@ -145,12 +145,13 @@ fn measure(
     args: &BenchArgs,
     rdv: &Rendezvous,
     b: &Buffers,
+    name: &str,
     m: &mut dyn Collective,
     count: usize,
 ) -> Result<Row, BenchError> {
     let (op, dtype, world) = (args.op, args.dtype, rdv.world());
-    let name = m.name().to_string();
-    let row = |status| Row::new(&name, args, count, world, status);
+    // The name asked for (a launch shape included), not only the method's own.
+    let row = |status| Row::new(name, args, count, world, status);
     if let Err(reason) = m.supports(op, dtype) {
         return Ok(row(Status::Skipped(reason)));
     }
@@ -179,9 +180,10 @@ fn measure(
     b.stream.memset(output, POISON, out_bytes)?;
     m.run(op, dtype, input, output, count, &b.stream)?;
     let want = reference(seed, world, count, dtype, lo, hi);
+    let tol = tolerance(dtype, world, m.rounds_every_add());
     let verify = |m: &dyn Collective, when| {
         let out = m.registered_output().unwrap_or(&b.output);
-        verify(rdv, &b.stream, out, op, dtype, &want, out_bytes, when)
+        verify(rdv, &b.stream, out, op, dtype, &want, tol, when)
     };
     if let Some(failure) = verify(m, "before timing")? {
         return Ok(row(Status::Failed(failure)));
@@ -249,12 +251,12 @@ fn verify(
     op: Op,
     dtype: DType,
     want: &[f64],
-    bytes: usize,
+    tol: f64,
     when: &str,
 ) -> Result<Option<String>, BenchError> {
-    let mut out = vec![0u8; bytes];
+    let mut out = vec![0u8; want.len() * dtype.size()];
     stream.download(output, 0, &mut out)?;
-    let v = compare(&dtype.decode(&out), want, tolerance(dtype, rdv.world()));
+    let v = compare(&dtype.decode(&out), want, tol);
     let mut blob = (v.wrong as u64).to_le_bytes().to_vec();
     blob.extend(fingerprint(&out).to_le_bytes());
     blob.extend(v.max_rel_err.to_le_bytes());

@@ -61,6 +61,44 @@ fn allreduce_every_world_size_and_odd_counts() {
 }
 
 #[test]
+fn ablation_variants_and_launch_shapes_every_world_size() {
+    let counts = [8, 13, 4099, 65536, 300_001];
+    let list = counts.map(|c| c.to_string()).join(",");
+    let variants = [
+        "car_1shot_vmm",
+        "car_1shot_cas",
+        "car_1shot_round",
+        "car_1shot_ptrtable",
+        "car_1shot_push",
+        "car_1shot_oneblock",
+        "car_2shot_3bar",
+    ];
+    let shapes = ["car_1shot@1x512", "car_1shot@64x512", "car_2shot@64x512", "symm_1shot@4x512", "car_1shot@16x128"];
+    for world in [1, 2, 3, 8] {
+        let rows = sweep(world, &["--counts", &list, "--methods", "ablation,shapes"]);
+        assert_passed(&rows, &variants, &counts);
+        assert_passed(&rows, &shapes, &counts);
+    }
+    for dtype in ["fp16", "fp32"] {
+        let rows = sweep(3, &["--counts", "8,4099,70001", "--dtype", dtype, "--methods", "ablation"]);
+        assert_passed(&rows, &variants, &[8, 4099, 70001]);
+    }
+    let rows = sweep(4, &["--counts", "1000,300000", "--graph", "--methods", "ablation"]);
+    assert_passed(&rows, &variants, &[1000, 300000]);
+}
+
+#[test]
+fn launch_shapes_the_device_cannot_give_are_refused() {
+    let o = comm_bench(&["--num_ranks", "2", "--counts", "64", "--methods", "car_1shot@65x512"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("blocks must be 1 to 64"), "{}", text(&o));
+    let o = comm_bench(&["--num_ranks", "2", "--counts", "64", "--methods", "symm_ll@4x512"]);
+    assert!(text(&o).contains("launch shapes"), "{}", text(&o));
+    let rows = sweep(3, &["--counts", "64", "--methods", "car_1shot@64x32"]);
+    assert_eq!(rows[0]["status"], "passed", "32 threads serve 3 ranks: {}", rows[0]);
+}
+
+#[test]
 fn allreduce_fp16_fp32_and_graph_mode() {
     for dtype in ["fp16", "fp32"] {
         let rows = sweep(3, &["--counts", "8,4099,70001", "--dtype", dtype]);

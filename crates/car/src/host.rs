@@ -1,26 +1,35 @@
 //! Host twins of `kernels/car.cu`: the same partition, epochs, flag slots and barriers, with std atomics on the
 //! shared mappings. Blocks run one after another; every rank runs them in the same order, so block b's barrier
-//! only ever waits for the peers' block b, as on the device.
+//! only ever waits for the peers' block b, as on the device. The ablation variants take the same knobs as the
+//! kernels' `K` bits.
 
 use crate::CarParams;
-use collective::host_sync::{flag_barrier, next_epoch};
-use collective::{block_range, shard_elems, shard_range, DType, HostElem};
+use collective::host_sync::{cas_barrier, flag_barrier, next_epoch};
+use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
 use deadline::Deadline;
 use gpu::{HostKernel, HostLaunch};
 use std::time::Duration;
 
-pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
-    ("car_1shot_bf16", one_shot),
-    ("car_1shot_fp16", one_shot),
-    ("car_1shot_fp32", one_shot),
-    ("car_2shot_bf16", two_shot),
-    ("car_2shot_fp16", two_shot),
-    ("car_2shot_fp32", two_shot),
-    ("car_rs_bf16", reduce_scatter),
-    ("car_rs_fp16", reduce_scatter),
-    ("car_rs_fp32", reduce_scatter),
-    ("car_barrier_only", barrier_only),
-];
+macro_rules! kernels {
+    ($($stem:literal => $f:ident),* $(,)?) => {
+        pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
+            $((concat!($stem, "_bf16"), $f), (concat!($stem, "_fp16"), $f), (concat!($stem, "_fp32"), $f),)*
+            ("car_barrier_only", barrier_only),
+        ];
+    };
+}
+
+kernels! {
+    "car_1shot" => one_shot,
+    "car_2shot" => two_shot,
+    "car_rs" => reduce_scatter,
+    "car_1shot_round" => one_shot_round,
+    "car_1shot_ptrtable" => one_shot_table,
+    "car_1shot_push" => one_shot_push,
+    "car_1shot_oneblock" => one_shot_one_block,
+    "car_1shot_cas" => one_shot_cas,
+    "car_2shot_3bar" => two_shot_exit,
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -30,21 +39,54 @@ enum Kind {
     ReduceScatter,
 }
 
+/// The kernels' `K` bits.
+#[derive(Clone, Copy, Default)]
+struct Knobs {
+    round: bool,
+    table: bool,
+    push: bool,
+    one_block: bool,
+    exit: bool,
+    cas: bool,
+}
+
 fn barrier_only(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::BarrierOnly)
+    run(l, "car_barrier_only", Kind::BarrierOnly, Knobs::default())
 }
 fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::OneShot)
+    run(l, "car_1shot", Kind::OneShot, Knobs::default())
 }
 fn two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::TwoShot)
+    run(l, "car_2shot", Kind::TwoShot, Knobs::default())
 }
 fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::ReduceScatter)
+    run(l, "car_rs", Kind::ReduceScatter, Knobs::default())
+}
+fn one_shot_round(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, "car_1shot_round", Kind::OneShot, Knobs { round: true, ..Knobs::default() })
+}
+fn one_shot_table(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, "car_1shot_ptrtable", Kind::OneShot, Knobs { table: true, ..Knobs::default() })
+}
+fn one_shot_push(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, "car_1shot_push", Kind::OneShot, Knobs { push: true, ..Knobs::default() })
+}
+fn one_shot_one_block(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, "car_1shot_oneblock", Kind::OneShot, Knobs { one_block: true, ..Knobs::default() })
+}
+fn one_shot_cas(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, "car_1shot_cas", Kind::OneShot, Knobs { cas: true, ..Knobs::default() })
+}
+fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, "car_2shot_3bar", Kind::TwoShot, Knobs { exit: true, ..Knobs::default() })
 }
 
 struct Call<'a> {
     p: &'a CarParams,
+    knobs: Knobs,
+    name: &'a str,
+    /// Every rank's flag array (or signal pad, with `cas`).
+    flags: Vec<u64>,
     dtype: DType,
     rank: usize,
     world: usize,
@@ -52,48 +94,105 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
-    fn barrier(&self, block: usize, phase: usize, epoch: u64, kernel: &str) -> Result<(), String> {
-        // SAFETY: flags[r] for r < world are live flag arrays, mapped at setup.
-        unsafe { flag_barrier(&self.p.flags[..self.world], self.rank, block, phase, epoch, &self.deadline, kernel) }
+    fn barrier(&self, block: usize, phase: usize, epoch: u64) -> Result<(), String> {
+        // SAFETY: flags[r] for r < world are live flag arrays (signal pads), mapped at setup.
+        unsafe {
+            if self.knobs.cas {
+                let what = format!("{} rank {} block {block} barrier {phase}", self.name, self.rank);
+                cas_barrier(&self.flags, self.rank, block, &self.deadline, &what)
+            } else {
+                flag_barrier(&self.flags, self.rank, block, phase, epoch, &self.deadline, self.name)
+            }
+        }
+    }
+
+    /// Every rank's buffer half for `epoch`.
+    fn views(&self, epoch: u64) -> Vec<u64> {
+        if self.knobs.table {
+            let parity = (epoch & 1) as usize * MAX_RANKS;
+            // SAFETY: the table holds 3 * MAX_RANKS u64 (views of both parities, then flag arrays).
+            (0..self.world).map(|r| unsafe { *(self.p.table as *const u64).add(parity + r) }).collect()
+        } else {
+            let off = (epoch & 1) * self.p.half_bytes;
+            self.p.bufs[..self.world].iter().map(|&a| a + off).collect()
+        }
     }
 
     fn copy(&self, src: u64, dst: u64, (lo, hi): (usize, usize)) {
         // SAFETY: both are buffers of at least `count` elements (input, or a registered half of capacity).
         unsafe { HostElem::copy(self.dtype, src as *const u8, dst as *mut u8, lo, hi) }
     }
+
+    fn reduce(&self, srcs: &[u64], (lo, hi): (usize, usize), dst: *mut u8) {
+        let srcs: Vec<*const u8> = srcs.iter().map(|&a| a as *const u8).collect();
+        // SAFETY: every source holds `hi` elements; `dst` holds `hi - lo` (or is the sources' element `lo`).
+        unsafe {
+            if self.knobs.round {
+                HostElem::reduce_rounded(self.dtype, &srcs, lo, hi, dst)
+            } else {
+                HostElem::reduce(self.dtype, &srcs, lo, hi, dst)
+            }
+        }
+    }
 }
 
-fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
+fn run(l: &HostLaunch<'_>, name: &str, kind: Kind, knobs: Knobs) -> Result<(), String> {
     let p: CarParams = l.params()?;
+    let world = p.world as usize;
+    let flags = if knobs.table {
+        // SAFETY: the table holds 3 * MAX_RANKS u64.
+        (0..world).map(|r| unsafe { *(p.table as *const u64).add(2 * MAX_RANKS + r) }).collect()
+    } else {
+        p.flags[..world].to_vec()
+    };
     let call = Call {
         p: &p,
+        knobs,
+        name,
+        flags,
         dtype: DType::from_code(p.dtype)?,
         rank: p.rank as usize,
-        world: p.world as usize,
+        world,
         deadline: Deadline::after(Duration::from_nanos(p.timeout_ns)),
     };
     let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, call.dtype.vec(), call.dtype.size());
-    let name = match kind {
-        Kind::BarrierOnly => "car_barrier_only",
-        Kind::OneShot => "car_1shot",
-        Kind::TwoShot => "car_2shot",
-        Kind::ReduceScatter => "car_rs",
-    };
+    let at = |base: u64, elem: usize| (base as *mut u8).wrapping_add(elem * size);
+    if knobs.one_block {
+        // Every block copies in, then one barrier (block 0's slot) for the grid, then every block sums.
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
+        let epochs: Vec<u64> = (0..grid).map(|b| unsafe { next_epoch(p.counters, b, grid) }).collect();
+        let views = call.views(epochs[0]);
+        for b in 0..grid {
+            call.copy(p.input, views[call.rank], block_range(0, count, b, grid, vec));
+        }
+        call.barrier(0, 0, epochs[0])?;
+        for b in 0..grid {
+            let r = block_range(0, count, b, grid, vec);
+            call.reduce(&views, r, at(p.output, r.0));
+        }
+        return Ok(());
+    }
     for b in 0..grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
         let epoch = unsafe { next_epoch(p.counters, b, grid) };
-        let off = (epoch & 1) * p.half_bytes;
-        let views: Vec<u64> = p.bufs[..call.world].iter().map(|&a| a + off).collect();
-        let srcs: Vec<*const u8> = views.iter().map(|&a| a as *const u8).collect();
+        let views = call.views(epoch);
         let mine = views[call.rank];
         match kind {
-            Kind::BarrierOnly => call.barrier(b, 0, epoch, name)?,
+            Kind::BarrierOnly => call.barrier(b, 0, epoch)?,
+            Kind::OneShot if knobs.push => {
+                let r = block_range(0, count, b, grid, vec);
+                for &peer in &views {
+                    call.copy(p.input, peer + call.rank as u64 * p.slot_bytes, r);
+                }
+                call.barrier(b, 0, epoch)?;
+                let slots: Vec<u64> = (0..call.world).map(|s| mine + s as u64 * p.slot_bytes).collect();
+                call.reduce(&slots, r, at(p.output, r.0));
+            }
             Kind::OneShot => {
                 let r = block_range(0, count, b, grid, vec);
                 call.copy(p.input, mine, r);
-                call.barrier(b, 0, epoch, name)?;
-                // SAFETY: all views hold `count` elements, the output too.
-                unsafe { HostElem::reduce(call.dtype, &srcs, r.0, r.1, (p.output as *mut u8).add(r.0 * size)) };
+                call.barrier(b, 0, epoch)?;
+                call.reduce(&views, r, at(p.output, r.0));
             }
             Kind::TwoShot | Kind::ReduceScatter => {
                 let shard =
@@ -105,19 +204,21 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                 for s in 0..call.world {
                     call.copy(p.input, mine, sub(s));
                 }
-                call.barrier(b, 0, epoch, name)?;
+                call.barrier(b, 0, epoch)?;
                 let (lo, hi) = sub(call.rank);
                 if kind == Kind::ReduceScatter {
-                    let dst = (p.output as *mut u8).wrapping_add((lo - call.rank * shard) * size);
-                    // SAFETY: the output holds `shard` elements; [lo, hi) lies in this rank's shard.
-                    unsafe { HostElem::reduce(call.dtype, &srcs, lo, hi, dst) };
+                    // The output holds `shard` elements; [lo, hi) lies in this rank's shard.
+                    call.reduce(&views, (lo, hi), at(p.output, lo - call.rank * shard));
                     continue;
                 }
-                // SAFETY: in place into this rank's own shard of its own buffer.
-                unsafe { HostElem::reduce(call.dtype, &srcs, lo, hi, (mine as *mut u8).add(lo * size)) };
-                call.barrier(b, 1, epoch, name)?;
+                // In place into this rank's own shard of its own buffer.
+                call.reduce(&views, (lo, hi), at(mine, lo));
+                call.barrier(b, 1, epoch)?;
                 for (s, &view) in views.iter().enumerate() {
                     call.copy(view, p.output, sub(s));
+                }
+                if knobs.exit {
+                    call.barrier(b, 2, epoch)?;
                 }
             }
         }

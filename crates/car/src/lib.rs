@@ -17,6 +17,7 @@ use collective::{
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 use ipc::Rendezvous;
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
@@ -37,6 +38,8 @@ pub struct CarParams {
     pub count: u64,
     pub half_bytes: u64,
     pub timeout_ns: u64,
+    pub table: u64,
+    pub slot_bytes: u64,
     pub rank: u32,
     pub world: u32,
     pub dtype: u32,
@@ -52,6 +55,65 @@ pub struct CarOptions {
     pub uncached: bool,
     /// Launch shape rule; `None` takes the driver's default.
     pub rule: Option<LaunchRule>,
+    /// Car itself, or one factor of it changed.
+    pub variant: Variant,
+}
+
+/// One factor of car's kernel changed, for the ablation study (`docs/symm-vs-car.md`); `Base` is car itself.
+/// Each is its own method in the registry, named `<algo>_<suffix>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Base,
+    /// Buffers and flags in VMM allocations exported as POSIX fds (torch's mapping), not classic IPC memory.
+    Vmm,
+    /// Torch's compare-and-swap handshake on signal pads instead of the epoch-flag barrier.
+    Cas,
+    /// The running sum rounded to the element type after every add, not accumulated in f32.
+    RoundEveryAdd,
+    /// Peer pointers read from a device array (as torch passes them), not from the kernel arguments.
+    PeerTable,
+    /// One-shot by push: each rank writes its input into its slot of every peer's buffer, then sums locally.
+    Push,
+    /// One block runs the cross-rank barrier for the whole grid, instead of every block for its own slice.
+    OneBlockBarrier,
+    /// Two-shot with a third (exit) barrier, as torch's two-shot has.
+    ExitBarrier,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 8] = [
+        Variant::Base,
+        Variant::Vmm,
+        Variant::Cas,
+        Variant::RoundEveryAdd,
+        Variant::PeerTable,
+        Variant::Push,
+        Variant::OneBlockBarrier,
+        Variant::ExitBarrier,
+    ];
+
+    /// The method name of this variant of `algo`, or `None` where it does not apply.
+    pub fn method(self, algo: Algo) -> Option<&'static str> {
+        Some(match (algo, self) {
+            (_, Variant::Base) => algo.method(Family::Car),
+            (Algo::OneShot, Variant::Vmm) => "car_1shot_vmm",
+            (Algo::OneShot, Variant::Cas) => "car_1shot_cas",
+            (Algo::OneShot, Variant::RoundEveryAdd) => "car_1shot_round",
+            (Algo::OneShot, Variant::PeerTable) => "car_1shot_ptrtable",
+            (Algo::OneShot, Variant::Push) => "car_1shot_push",
+            (Algo::OneShot, Variant::OneBlockBarrier) => "car_1shot_oneblock",
+            (Algo::TwoShot, Variant::ExitBarrier) => "car_2shot_3bar",
+            _ => return None,
+        })
+    }
+
+    /// The kernel stem: the variant's own, except where only the memory changes.
+    fn kernel(self, algo: Algo) -> Option<&'static str> {
+        match self {
+            Variant::Vmm => Some(algo.method(Family::Car)),
+            _ => self.method(algo),
+        }
+    }
 }
 
 /// The default launch rule per driver.
@@ -67,6 +129,7 @@ pub fn default_rule(kind: DriverKind) -> LaunchRule {
 pub struct Car {
     name: &'static str,
     algo: Algo,
+    variant: Variant,
     capacity: usize,
     rule: LaunchRule,
     cap: usize,
@@ -78,59 +141,67 @@ pub struct Car {
     _data: DeviceBuffer,
     _flags: DeviceBuffer,
     _counters: DeviceBuffer,
+    _table: Option<DeviceBuffer>,
 }
+
+/// u64 words of a rank's counter array: epoch counters, then `Variant::OneBlockBarrier`'s arrival and release words.
+const COUNTER_WORDS: usize = 2 * MAX_BLOCKS + 1;
 
 impl Car {
     /// Allocates and registers this rank's buffers and maps every peer's. Collective: every rank calls it.
     pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: CarOptions) -> Result<Car, CollectiveError> {
-        let name = algo.method(Family::Car);
+        let variant = opts.variant;
+        let name = variant.method(algo).ok_or_else(|| {
+            CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to {}", algo.method(Family::Car)))
+        })?;
         let (rank, world) = (rdv.rank(), rdv.world());
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {
             return Err(CollectiveError::BadArgs("car capacity must be at least 1 byte".into()));
         }
-        let half = opts.capacity_bytes.next_multiple_of(256);
-        let kind = MemKind::Ipc { uncached: opts.uncached };
-        let data = gpu.alloc(2 * half, kind)?;
-        let flags = gpu.alloc(FLAG_SLOTS * 8, kind)?;
-        let counters = gpu.alloc(MAX_BLOCKS * 8, MemKind::Device)?;
+        let slot = opts.capacity_bytes.next_multiple_of(256);
+        // Push keeps one slot per source in each half.
+        let half = if variant == Variant::Push { world * slot } else { slot };
+        let counters = gpu.alloc(COUNTER_WORDS * 8, MemKind::Device)?;
+        let shared = Shared::new(gpu, rdv, name, variant == Variant::Vmm, opts.uncached, 2 * half)?;
         let stream = gpu.stream()?;
-        stream.memset(flags.ptr(), 0, flags.bytes())?;
         stream.memset(counters.ptr(), 0, counters.bytes())?;
         stream.sync()?;
 
-        // Handles travel only after the flags are zero, so no peer can signal into an uninitialised array.
-        let mut blob = (opts.capacity_bytes as u64).to_le_bytes().to_vec();
-        blob.extend(gpu.ipc_export(&data)?);
-        let data_handles = rdv.all_gather(&format!("{name} data handles"), &blob)?;
-        let flag_handles = rdv.all_gather(&format!("{name} flag handles"), &gpu.ipc_export(&flags)?)?;
-        let mut base = CarParams::zeroed_with(rank, world, half, rdv.timeout());
-        let mut peers = Vec::new();
-        for (r, (dh, fh)) in data_handles.iter().zip(&flag_handles).enumerate() {
-            let theirs = dh.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-            if theirs != Some(opts.capacity_bytes as u64) {
-                return Err(CollectiveError::Mismatch(format!(
-                    "{name}: rank {r} registered {theirs:?} bytes, rank {rank} {}",
-                    opts.capacity_bytes
-                )));
-            }
-            if r == rank {
-                base.bufs[r] = data.ptr().0;
-                base.flags[r] = flags.ptr().0;
-            } else {
-                let d = gpu.ipc_import(&dh[8..], 2 * half)?;
-                let f = gpu.ipc_import(fh, FLAG_SLOTS * 8)?;
-                base.bufs[r] = d.ptr().0;
-                base.flags[r] = f.ptr().0;
-                peers.extend([d, f]);
-            }
+        // Every rank's capacity must agree, or peers would read past a buffer.
+        let caps = rdv.all_gather(&format!("{name} capacity"), &(opts.capacity_bytes as u64).to_le_bytes())?;
+        if let Some(r) = caps.iter().position(|c| c[..] != (opts.capacity_bytes as u64).to_le_bytes()) {
+            return Err(CollectiveError::Mismatch(format!(
+                "{name}: rank {r} registered a different capacity than rank {rank} ({} bytes)",
+                opts.capacity_bytes
+            )));
         }
+        let mut base = CarParams::zeroed_with(rank, world, half, rdv.timeout());
+        base.bufs[..world].copy_from_slice(&shared.data);
+        base.flags[..world].copy_from_slice(&shared.flags);
         base.counters = counters.ptr().0;
+        base.slot_bytes = slot as u64;
+        let table = if variant == Variant::PeerTable {
+            let mut words = vec![0u64; 3 * MAX_RANKS];
+            for r in 0..world {
+                words[r] = base.bufs[r];
+                words[MAX_RANKS + r] = base.bufs[r] + half as u64;
+                words[2 * MAX_RANKS + r] = base.flags[r];
+            }
+            let t = gpu.alloc(words.len() * 8, MemKind::Device)?;
+            stream.upload(&t, 0, bytemuck::cast_slice(&words))?;
+            stream.sync()?;
+            base.table = t.ptr().0;
+            Some(t)
+        } else {
+            None
+        };
 
         let module = gpu.load(&LIBRARY)?;
+        let stem = variant.kernel(algo).expect("the method exists, so does its kernel");
         let mut kernels = HashMap::new();
         for dtype in DType::ALL {
-            kernels.insert(dtype, module.kernel(&format!("{name}_{dtype}"))?);
+            kernels.insert(dtype, module.kernel(&format!("{stem}_{dtype}"))?);
         }
         let barrier = module.kernel("car_barrier_only")?;
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
@@ -142,10 +213,14 @@ impl Car {
                 rule.threads
             )));
         }
+        if let Some(asked) = opts.rule {
+            asked.check_requested(name, cap, world)?;
+        }
         rdv.barrier(&format!("{name} setup"))?;
         Ok(Car {
             name,
             algo,
+            variant,
             capacity: opts.capacity_bytes,
             rule,
             cap,
@@ -153,11 +228,86 @@ impl Car {
             kernels,
             barrier,
             _module: module,
-            _peers: peers,
-            _data: data,
-            _flags: flags,
+            _peers: shared.peers,
+            _data: shared.local_data,
+            _flags: shared.local_flags,
             _counters: counters,
+            _table: table,
         })
+    }
+}
+
+/// A data buffer and a flag array per rank, zeroed flags, mapped by every peer: through classic IPC handles, or
+/// (`vmm`) VMM allocations whose POSIX fds travel over the rendezvous socket.
+struct Shared {
+    local_data: DeviceBuffer,
+    local_flags: DeviceBuffer,
+    /// Every rank's data buffer and flag array, as mapped here.
+    data: Vec<u64>,
+    flags: Vec<u64>,
+    peers: Vec<DeviceBuffer>,
+}
+
+impl Shared {
+    fn new(
+        gpu: &Gpu,
+        rdv: &Rendezvous,
+        name: &str,
+        vmm: bool,
+        uncached: bool,
+        data_bytes: usize,
+    ) -> Result<Shared, CollectiveError> {
+        let flag_bytes = FLAG_SLOTS * 8;
+        let (local_data, local_flags) = if vmm {
+            (gpu.vmm_create(data_bytes)?, gpu.vmm_create(flag_bytes)?)
+        } else {
+            let kind = MemKind::Ipc { uncached };
+            (gpu.alloc(data_bytes, kind)?, gpu.alloc(flag_bytes, kind)?)
+        };
+        let stream = gpu.stream()?;
+        stream.memset(local_flags.ptr(), 0, flag_bytes)?;
+        stream.sync()?;
+        // Handles travel only after the flags are zero, so no peer can signal into an uninitialised array.
+        let rank = rdv.rank();
+        let mut shared = Shared { data: Vec::new(), flags: Vec::new(), peers: Vec::new(), local_data, local_flags };
+        if vmm {
+            let fds = [gpu.vmm_export_fd(&shared.local_data)?, gpu.vmm_export_fd(&shared.local_flags)?];
+            let fds = fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>();
+            for (r, theirs) in rdv.all_gather_fds(&format!("{name} buffers"), &fds)?.into_iter().enumerate() {
+                if r == rank {
+                    shared.push_local();
+                    continue;
+                }
+                let [fd, ff]: [_; 2] = theirs.try_into().map_err(|v: Vec<_>| {
+                    CollectiveError::Mismatch(format!("{name}: rank {r} sent {} buffer handles, not 2", v.len()))
+                })?;
+                let (d, f) = (gpu.vmm_import_fd(fd, data_bytes)?, gpu.vmm_import_fd(ff, flag_bytes)?);
+                shared.push_peer(d, f);
+            }
+        } else {
+            let data = rdv.all_gather(&format!("{name} data handles"), &gpu.ipc_export(&shared.local_data)?)?;
+            let flags = rdv.all_gather(&format!("{name} flag handles"), &gpu.ipc_export(&shared.local_flags)?)?;
+            for (r, (dh, fh)) in data.iter().zip(&flags).enumerate() {
+                if r == rank {
+                    shared.push_local();
+                } else {
+                    let (d, f) = (gpu.ipc_import(dh, data_bytes)?, gpu.ipc_import(fh, flag_bytes)?);
+                    shared.push_peer(d, f);
+                }
+            }
+        }
+        Ok(shared)
+    }
+
+    fn push_local(&mut self) {
+        self.data.push(self.local_data.ptr().0);
+        self.flags.push(self.local_flags.ptr().0);
+    }
+
+    fn push_peer(&mut self, data: DeviceBuffer, flags: DeviceBuffer) {
+        self.data.push(data.ptr().0);
+        self.flags.push(flags.ptr().0);
+        self.peers.extend([data, flags]);
     }
 }
 
@@ -195,6 +345,10 @@ impl Collective for Car {
 
     fn capacity_bytes(&self) -> usize {
         self.capacity
+    }
+
+    fn rounds_every_add(&self) -> bool {
+        self.variant == Variant::RoundEveryAdd
     }
 
     fn run(

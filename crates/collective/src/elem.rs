@@ -90,9 +90,25 @@ impl HostElem {
         // SAFETY: forwarded contract.
         unsafe {
             match dtype {
-                DType::Bf16 => reduce::<Bf16>(srcs, lo, hi, dst),
-                DType::F16 => reduce::<F16>(srcs, lo, hi, dst),
-                DType::F32 => reduce::<F32>(srcs, lo, hi, dst),
+                DType::Bf16 => reduce::<Bf16, false>(srcs, lo, hi, dst),
+                DType::F16 => reduce::<F16, false>(srcs, lo, hi, dst),
+                DType::F32 => reduce::<F32, false>(srcs, lo, hi, dst),
+            }
+        }
+    }
+
+    /// As [`HostElem::reduce`], with the running sum rounded to the element type after every add (the kernels'
+    /// `add<DT, true>`: the low-precision-accumulation ablation).
+    ///
+    /// # Safety
+    /// As [`HostElem::reduce`].
+    pub unsafe fn reduce_rounded(dtype: DType, srcs: &[*const u8], lo: usize, hi: usize, dst: *mut u8) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            match dtype {
+                DType::Bf16 => reduce::<Bf16, true>(srcs, lo, hi, dst),
+                DType::F16 => reduce::<F16, true>(srcs, lo, hi, dst),
+                DType::F32 => reduce::<F32, true>(srcs, lo, hi, dst),
             }
         }
     }
@@ -108,16 +124,22 @@ impl HostElem {
     }
 }
 
-unsafe fn reduce<E: Element>(srcs: &[*const u8], lo: usize, hi: usize, dst: *mut u8) {
+/// The sum in rank order with f32 accumulation, or (`ROUND`) rounded to `E` after every add, as the kernels' `add`.
+unsafe fn reduce<E: Element, const ROUND: bool>(srcs: &[*const u8], lo: usize, hi: usize, dst: *mut u8) {
     let Some((&first, rest)) = srcs.split_first() else {
         return;
     };
+    let mut cell = [0u8; 4];
     for i in lo..hi {
-        // SAFETY: forwarded contract.
+        // SAFETY: forwarded contract; `cell` holds one element of any type.
         unsafe {
             let mut acc = E::load(first, i);
             for &p in rest {
                 acc += E::load(p, i);
+                if ROUND {
+                    E::store(cell.as_mut_ptr(), 0, acc);
+                    acc = E::load(cell.as_ptr(), 0);
+                }
             }
             E::store(dst, i - lo, acc);
         }

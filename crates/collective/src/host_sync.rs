@@ -14,8 +14,11 @@ use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+/// Barriers per call that the epoch flags tell apart (`ARX_PHASES` in `kernels/common.h`).
+pub const PHASES: usize = 3;
+
 /// u64 flag slots per rank: one per (block, phase, source rank).
-pub const FLAG_SLOTS: usize = MAX_BLOCKS * 2 * MAX_RANKS;
+pub const FLAG_SLOTS: usize = MAX_BLOCKS * PHASES * MAX_RANKS;
 
 /// u32 slots of one signal pad: one per (channel, peer rank).
 pub const PAD_SLOTS: usize = MAX_BLOCKS * MAX_RANKS;
@@ -80,7 +83,7 @@ pub unsafe fn next_epoch(counters: u64, block: usize, grid: usize) -> u64 {
 /// `base` is a live flag array of [`FLAG_SLOTS`] u64.
 unsafe fn flag<'a>(base: u64, block: usize, phase: usize, src: usize) -> &'a AtomicU64 {
     // SAFETY: the caller's contract; AtomicU64 has u64's layout and the array is 8-aligned.
-    unsafe { &*(base as *const AtomicU64).add((block * 2 + phase) * MAX_RANKS + src) }
+    unsafe { &*(base as *const AtomicU64).add((block * PHASES + phase) * MAX_RANKS + src) }
 }
 
 /// Tells every rank that `block` of `rank` reached `epoch` in `phase` (release store into their slot for us), then

@@ -190,6 +190,12 @@ pub trait Collective {
     }
     /// Largest input, in bytes, that `run` accepts.
     fn capacity_bytes(&self) -> usize;
+    /// Whether the sum is rounded to the element type after every add (an ablation) rather than accumulated in f32:
+    /// its results are checked against a bound that grows with the number of adds.
+    fn rounds_every_add(&self) -> bool {
+        false
+    }
+
     /// Whether `run` may be captured into a graph and replayed (every method here keeps its per-call state, such
     /// as epochs, in device memory, so replays advance it).
     fn capturable(&self) -> bool {

@@ -136,6 +136,9 @@ impl Symm {
                 rule.threads
             )));
         }
+        if let Some(asked) = opts.rule {
+            asked.check_requested(name, cap, world)?;
+        }
         // Every pad is zero before anyone signals.
         rdv.barrier(&format!("{name} setup"))?;
         Ok(Symm {
