@@ -2,7 +2,7 @@
 # The GPU node's correctness runs, from the binaries in dist/: a soak of back-to-back calls with random methods,
 # sizes and dtypes (8 ranks, under MPS when they share GPUs), then compute-sanitizer memcheck and racecheck on the
 # kernels (2 ranks without MPS, which the sanitizer does not support).
-#   gpu_verify.sh OUT_DIR [soak calls]
+#   [SOAK_METHODS=list] gpu_verify.sh OUT_DIR [soak calls]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: gpu_verify.sh OUT_DIR [soak calls]}
@@ -20,7 +20,7 @@ status=0
         nvidia-cuda-mps-control -d
         trap 'echo quit | nvidia-cuda-mps-control' EXIT
     fi
-    "$here/comm-bench" soak --backend cuda --num_ranks "$ranks" --calls "$calls"
+    "$here/comm-bench" soak --backend cuda --num_ranks "$ranks" --calls "$calls" ${SOAK_METHODS:+--methods "$SOAK_METHODS"}
 ) 2>&1 | tee "$out/soak.txt" || status=1
 sanitize() {
     local tool=$1

@@ -109,7 +109,7 @@ impl Auto {
             table,
             car_1shot: car(car::Algo::OneShot)?,
             car_2shot: car(car::Algo::TwoShot)?,
-            symm: SymmTuned::new(gpu, rdv, Design::TwoShotTuned, TunedOptions { capacity_bytes })?,
+            symm: SymmTuned::new(gpu, rdv, Design::TwoShotTuned, TunedOptions::new(capacity_bytes))?,
         })
     }
 }
@@ -151,6 +151,7 @@ impl Collective for Auto {
             "symm_ll" if count * dtype.size() <= symm::tuned::LL_MAX_BYTES => {
                 self.symm.run_design(Design::Ll, dtype, input, output, count, stream)
             }
+            "symm_epoch_1shot" => self.symm.run_design(Design::EpochOneShot, dtype, input, output, count, stream),
             "symm_ll" | "symm_zc_1shot" => {
                 self.symm.run_design(Design::ZeroCopyOneShot, dtype, input, output, count, stream)
             }

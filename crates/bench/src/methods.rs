@@ -5,7 +5,7 @@ use crate::auto::{Auto, TuneTable};
 use collective::{Collective, CollectiveError, LaunchRule, Op};
 use gpu::Gpu;
 use ipc::Rendezvous;
-use symm::tuned::{Design, SymmTuned, TunedOptions};
+use symm::tuned::{Design, Staging, SymmTuned, TunedOptions};
 
 /// Every method, with the op it runs and the comm_bench.py column it fills (if any).
 pub const METHODS: &[(&str, Op, Option<&str>)] = &[
@@ -28,7 +28,8 @@ pub const METHODS: &[(&str, Op, Option<&str>)] = &[
     ("nccl_symm_rs", Op::ReduceScatter, None),
 ];
 
-/// The ablation variants of car (`car::Variant`), each one factor changed; not in the default sweep.
+/// The ablation variants, each one factor changed, not in the default sweep: car's (`car::Variant`), and the tuned
+/// designs with their staging buffer and flags in classic IPC memory (`symm::tuned::Staging::Ipc`).
 pub const ABLATIONS: &[&str] = &[
     "car_1shot_vmm",
     "car_1shot_cas",
@@ -37,6 +38,11 @@ pub const ABLATIONS: &[&str] = &[
     "car_1shot_push",
     "car_1shot_oneblock",
     "car_2shot_3bar",
+    "symm_epoch_1shot_ipc",
+    "symm_zc_1shot_ipc",
+    "symm_zc_2shot_ipc",
+    "symm_1shot_tuned_ipc",
+    "symm_2shot_tuned_ipc",
 ];
 
 /// `--methods` keywords, each standing for a set: the ablation study (its variants and the methods they are
@@ -60,6 +66,24 @@ pub const GROUPS: &[(&str, &[&str])] = &[
             "symm_zc_1shot",
             "symm_zc_2shot",
             "symm_ll",
+        ],
+    ),
+    (
+        "staging",
+        &[
+            "car_1shot",
+            "car_1shot_vmm",
+            "car_1shot_push",
+            "symm_epoch_1shot",
+            "symm_epoch_1shot_ipc",
+            "symm_zc_1shot",
+            "symm_zc_1shot_ipc",
+            "symm_zc_2shot",
+            "symm_zc_2shot_ipc",
+            "symm_1shot_tuned",
+            "symm_1shot_tuned_ipc",
+            "symm_2shot_tuned",
+            "symm_2shot_tuned_ipc",
         ],
     ),
     (
@@ -180,9 +204,10 @@ pub fn build(
         let opts = symm::SymmOptions { capacity_bytes, rule };
         Ok(Box::new(symm::Symm::new(gpu, rdv, algo, opts)?))
     };
-    let tuned = |design| -> Result<Box<dyn Collective>, CollectiveError> {
-        Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes })?))
+    let tuned_on = |design, staging| -> Result<Box<dyn Collective>, CollectiveError> {
+        Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes, staging })?))
     };
+    let tuned = |design| tuned_on(design, Staging::Vmm);
     if let Some((algo, variant)) = car_ablation(base) {
         return car_variant(algo, variant);
     }
@@ -200,6 +225,11 @@ pub fn build(
         "symm_epoch_1shot" => tuned(Design::EpochOneShot),
         "symm_zc_1shot" => tuned(Design::ZeroCopyOneShot),
         "symm_zc_2shot" => tuned(Design::ZeroCopyTwoShot),
+        "symm_epoch_1shot_ipc" => tuned_on(Design::EpochOneShot, Staging::Ipc),
+        "symm_zc_1shot_ipc" => tuned_on(Design::ZeroCopyOneShot, Staging::Ipc),
+        "symm_zc_2shot_ipc" => tuned_on(Design::ZeroCopyTwoShot, Staging::Ipc),
+        "symm_1shot_tuned_ipc" => tuned_on(Design::OneShotTuned, Staging::Ipc),
+        "symm_2shot_tuned_ipc" => tuned_on(Design::TwoShotTuned, Staging::Ipc),
         "nccl" | "nccl_symm" | "nccl_rs" | "nccl_symm_rs" => {
             let op = op_of(name).map_err(CollectiveError::BadArgs)?;
             let opts = rccl::NcclOptions { op, symmetric: name.contains("symm"), capacity_bytes };
@@ -235,7 +265,7 @@ mod tests {
     fn ablations_shapes_and_groups_resolve() {
         for name in ABLATIONS {
             assert_eq!(op_of(name), Ok(Op::AllReduce), "{name}");
-            assert!(car_ablation(name).is_some(), "{name} has no car variant");
+            assert!(!name.starts_with("car_") || car_ablation(name).is_some(), "{name} has no car variant");
             assert!(!defaults(Op::AllReduce).contains(name));
         }
         for (group, members) in GROUPS {

@@ -31,7 +31,7 @@ pub struct SoakArgs {
     pub num_ranks: Option<u64>,
     #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<gpu::Backend>().map_err(|e| e.to_string()))]
     pub backend: gpu::Backend,
-    /// Comma-separated methods [default: every car and symm method, tuned ones included].
+    /// Comma-separated methods or groups, as comm-bench's [default: every car and symm method, tuned ones included].
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
     #[arg(long = "timeout_s", alias = "timeout-s")]
@@ -82,7 +82,7 @@ pub fn run_rank(args: &SoakArgs, info: &RankInfo) -> Result<(), BenchError> {
 fn soak(args: &SoakArgs, gpu: &Gpu, rdv: &Rendezvous) -> Result<(), BenchError> {
     let (rank, world) = (rdv.rank(), rdv.world());
     let names: Vec<String> = match &args.methods {
-        Some(m) => m.clone(),
+        Some(m) => methods::expand(m),
         None => DEFAULT.iter().map(|s| s.to_string()).collect(),
     };
     let max = args.max_count as usize;

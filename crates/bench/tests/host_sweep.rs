@@ -72,18 +72,23 @@ fn ablation_variants_and_launch_shapes_every_world_size() {
         "car_1shot_push",
         "car_1shot_oneblock",
         "car_2shot_3bar",
+        "symm_epoch_1shot_ipc",
+        "symm_zc_1shot_ipc",
+        "symm_zc_2shot_ipc",
+        "symm_1shot_tuned_ipc",
+        "symm_2shot_tuned_ipc",
     ];
     let shapes = ["car_1shot@1x512", "car_1shot@64x512", "car_2shot@64x512", "symm_1shot@4x512", "car_1shot@16x128"];
     for world in [1, 2, 3, 8] {
-        let rows = sweep(world, &["--counts", &list, "--methods", "ablation,shapes"]);
+        let rows = sweep(world, &["--counts", &list, "--methods", "ablation,staging,shapes"]);
         assert_passed(&rows, &variants, &counts);
         assert_passed(&rows, &shapes, &counts);
     }
     for dtype in ["fp16", "fp32"] {
-        let rows = sweep(3, &["--counts", "8,4099,70001", "--dtype", dtype, "--methods", "ablation"]);
+        let rows = sweep(3, &["--counts", "8,4099,70001", "--dtype", dtype, "--methods", "ablation,staging"]);
         assert_passed(&rows, &variants, &[8, 4099, 70001]);
     }
-    let rows = sweep(4, &["--counts", "1000,300000", "--graph", "--methods", "ablation"]);
+    let rows = sweep(4, &["--counts", "1000,300000", "--graph", "--methods", "ablation,staging"]);
     assert_passed(&rows, &variants, &[1000, 300000]);
 }
 

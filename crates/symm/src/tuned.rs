@@ -108,10 +108,42 @@ fn rule(kind: DriverKind, kernel: &str) -> LaunchRule {
 #[derive(Clone, Copy, Debug)]
 pub struct TunedOptions {
     pub capacity_bytes: usize,
+    /// Where the internal staging buffer and the epoch flags live (the registered input and output and the
+    /// packet area are VMM memory either way).
+    pub staging: Staging,
+}
+
+/// The allocation behind the staging buffer and the epoch flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staging {
+    /// VMM allocations exported as POSIX fds, like the registered buffers.
+    Vmm,
+    /// Classic IPC allocations (`cuMemAlloc` / `hipExtMallocWithFlags`), car's memory.
+    Ipc,
+}
+
+impl TunedOptions {
+    pub fn new(capacity_bytes: usize) -> TunedOptions {
+        TunedOptions { capacity_bytes, staging: Staging::Vmm }
+    }
+}
+
+/// The registry name of `design` with its staging memory.
+pub fn method_name(design: Design, staging: Staging) -> Option<&'static str> {
+    Some(match (design, staging) {
+        (_, Staging::Vmm) => design.method(),
+        (Design::Ll, Staging::Ipc) => return None,
+        (Design::EpochOneShot, Staging::Ipc) => "symm_epoch_1shot_ipc",
+        (Design::ZeroCopyOneShot, Staging::Ipc) => "symm_zc_1shot_ipc",
+        (Design::ZeroCopyTwoShot, Staging::Ipc) => "symm_zc_2shot_ipc",
+        (Design::OneShotTuned, Staging::Ipc) => "symm_1shot_tuned_ipc",
+        (Design::TwoShotTuned, Staging::Ipc) => "symm_2shot_tuned_ipc",
+    })
 }
 
 /// One tuned symmetric-memory communicator.
 pub struct SymmTuned {
+    name: &'static str,
     design: Design,
     capacity: usize,
     kind: DriverKind,
@@ -135,7 +167,9 @@ fn packet_bytes(ll_packets: usize) -> usize {
 impl SymmTuned {
     /// Creates, exchanges and maps the registered buffers. Collective: every rank calls it.
     pub fn new(gpu: &Gpu, rdv: &Rendezvous, design: Design, opts: TunedOptions) -> Result<SymmTuned, CollectiveError> {
-        let name = design.method();
+        let name = method_name(design, opts.staging).ok_or_else(|| {
+            CollectiveError::BadArgs(format!("{} has no staging buffer to move to IPC memory", design.method()))
+        })?;
         let (rank, world) = (rdv.rank(), rdv.world());
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {
@@ -143,7 +177,11 @@ impl SymmTuned {
         }
         let data = opts.capacity_bytes.next_multiple_of(256);
         let ll_packets = LL_MAX_BYTES.min(data).div_ceil(4);
-        let sync_bytes = packet_bytes(ll_packets) + FLAG_SLOTS * 8;
+        let ipc = opts.staging == Staging::Ipc;
+        // The sync area: packets, then (VMM staging) the epoch flags; with IPC staging the flags follow the staging
+        // halves in the IPC allocation.
+        let sync_bytes = packet_bytes(ll_packets) + if ipc { 0 } else { FLAG_SLOTS * 8 };
+        let staging_bytes = 2 * data + if ipc { FLAG_SLOTS * 8 } else { 0 };
         let sizes = rdv.all_gather(&format!("{name} sizes"), &(data as u64).to_le_bytes())?;
         if let Some(r) = sizes.iter().position(|s| s[..] != (data as u64).to_le_bytes()) {
             return Err(CollectiveError::Mismatch(format!(
@@ -151,20 +189,30 @@ impl SymmTuned {
             )));
         }
         let (input, output, sync) = (gpu.vmm_create(data)?, gpu.vmm_create(data)?, gpu.vmm_create(sync_bytes)?);
-        let staging = gpu.vmm_create(2 * data)?;
+        let staging = if ipc {
+            gpu.alloc(staging_bytes, MemKind::Ipc { uncached: true })?
+        } else {
+            gpu.vmm_create(staging_bytes)?
+        };
         let counters = gpu.alloc(MAX_BLOCKS * 8, MemKind::Device)?;
         let stream = gpu.stream()?;
         stream.memset(sync.ptr(), 0, sync_bytes)?;
+        if ipc {
+            stream.memset(staging.ptr().offset(2 * data), 0, FLAG_SLOTS * 8)?;
+        }
         stream.memset(counters.ptr(), 0, MAX_BLOCKS * 8)?;
         stream.sync()?;
-        let fds = [
-            gpu.vmm_export_fd(&input)?,
-            gpu.vmm_export_fd(&output)?,
-            gpu.vmm_export_fd(&sync)?,
-            gpu.vmm_export_fd(&staging)?,
-        ];
-        let fds = fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>();
-        let all = rdv.all_gather_fds(&format!("{name} buffers"), &fds)?;
+        let mut fds = vec![gpu.vmm_export_fd(&input)?, gpu.vmm_export_fd(&output)?, gpu.vmm_export_fd(&sync)?];
+        if !ipc {
+            fds.push(gpu.vmm_export_fd(&staging)?);
+        }
+        let borrowed = fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>();
+        let all = rdv.all_gather_fds(&format!("{name} buffers"), &borrowed)?;
+        let staging_handles = if ipc {
+            rdv.all_gather(&format!("{name} staging handles"), &gpu.ipc_export(&staging)?)?
+        } else {
+            Vec::new()
+        };
         let mut base = TunedParams {
             counters: counters.ptr().0,
             ll_packets: ll_packets as u64,
@@ -179,23 +227,25 @@ impl SymmTuned {
             let (i, o, s, g) = if r == rank {
                 (input.ptr(), output.ptr(), sync.ptr(), staging.ptr())
             } else {
-                let [fi, fo, fs, fg]: [_; 4] = theirs.try_into().map_err(|v: Vec<_>| {
-                    CollectiveError::Mismatch(format!("{name}: rank {r} sent {} buffer handles, not 4", v.len()))
-                })?;
-                let mapped = [
-                    gpu.vmm_import_fd(fi, data)?,
-                    gpu.vmm_import_fd(fo, data)?,
-                    gpu.vmm_import_fd(fs, sync_bytes)?,
-                    gpu.vmm_import_fd(fg, 2 * data)?,
-                ];
-                let ptrs = (mapped[0].ptr(), mapped[1].ptr(), mapped[2].ptr(), mapped[3].ptr());
-                peers.extend(mapped);
+                let want = fds.len();
+                if theirs.len() != want {
+                    return Err(CollectiveError::Mismatch(format!(
+                        "{name}: rank {r} sent {} buffer handles, not {want}",
+                        theirs.len()
+                    )));
+                }
+                let mut theirs = theirs.into_iter();
+                let mut import = |bytes| gpu.vmm_import_fd(theirs.next().expect("length checked"), bytes);
+                let (i, o, s) = (import(data)?, import(data)?, import(sync_bytes)?);
+                let g = if ipc { gpu.ipc_import(&staging_handles[r], staging_bytes)? } else { import(staging_bytes)? };
+                let ptrs = (i.ptr(), o.ptr(), s.ptr(), g.ptr());
+                peers.extend([i, o, s, g]);
                 ptrs
             };
             base.inputs[r] = i.0;
             base.outputs[r] = o.0;
             base.packets[r] = s.0;
-            base.flags[r] = s.offset(packet_bytes(ll_packets)).0;
+            base.flags[r] = if ipc { g.offset(2 * data).0 } else { s.offset(packet_bytes(ll_packets)).0 };
             base.staging[r] = g.0;
         }
         let module = gpu.load(&LIBRARY)?;
@@ -217,6 +267,7 @@ impl SymmTuned {
         // Every flag and packet is zero before anyone writes one.
         rdv.barrier(&format!("{name} setup"))?;
         Ok(SymmTuned {
+            name,
             design,
             capacity: opts.capacity_bytes,
             kind: gpu.kind(),
@@ -265,7 +316,7 @@ impl SymmTuned {
 
 impl Collective for SymmTuned {
     fn name(&self) -> &str {
-        self.design.method()
+        self.name
     }
 
     fn op(&self) -> Op {
