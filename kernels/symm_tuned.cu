@@ -151,7 +151,64 @@ template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
     reduce_range<DT>(views, p.world, (void*)p.outputs[p.rank], r);
 }
 
+// symm_zc_2shot_ll: two-shot with one barrier. Phase 0 (epoch flags): every input is ready. Each rank sums its shard
+// from every peer's registered input and pushes the result as flag-and-data packets (as symm_ll's) into slot
+// `rank` of every peer's packet area; each rank then polls its area for every shard and unpacks into its output.
+// Receiving a peer's shard means that peer has finished reading every input, so no exit barrier is needed: the
+// kernel ends only after every peer is done with this rank's input. Areas alternate by epoch parity, safe for
+// symm_ll's reason (a peer writes area e%2 again in call e+2, past the phase-0 barrier of call e+1).
+template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
+    typedef Elem<DT> E;
+    const int per = 4 / E::SIZE;  // elements per packet
+    u64 epoch = next_epoch(p.counters);
+    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
+    u64 flag = (epoch & 0xffffffffull) << 32;
+    u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
+    u64 shard = shard_elems(p.count, p.world, E::VEC);  // a multiple of `per`
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    Range mine = shard_range(p.count, shard, p.rank);
+    u64 n = (mine.hi - mine.lo + per - 1) / per;
+    for (u64 j = first; j < n; j += stride) {
+        u64 e = mine.lo + j * per;
+        float acc[2] = {0.0f, 0.0f};
+        if (e + per <= mine.hi) {
+            u32 w[ARX_MAX_RANKS];  // all loads in flight together
+#pragma unroll
+            for (u32 src = 0; src < ARX_MAX_RANKS; ++src)
+                if (src < p.world) w[src] = ((const u32*)p.inputs[src])[e / per];
+            for (int q = 0; q < per; ++q) acc[q] = payload<DT>(w[0], q);
+#pragma unroll
+            for (u32 src = 1; src < ARX_MAX_RANKS; ++src)
+                if (src < p.world)
+                    for (int q = 0; q < per; ++q) acc[q] += payload<DT>(w[src], q);
+        } else {  // a half-filled last packet (odd count of 2-byte elements): never read past the inputs
+            acc[0] = E::load((const void*)p.inputs[0], e);
+            for (u32 src = 1; src < p.world; ++src) acc[0] += E::load((const void*)p.inputs[src], e);
+        }
+        u64 pk = flag | pack_payload<DT>(acc);
+        for (u32 d = 0; d < p.world; ++d) st_relaxed_sys((u64*)p.packets[d] + area + p.rank * p.ll_packets + j, pk);
+    }
+    const u64* inbox = (const u64*)p.packets[p.rank] + area;
+    for (u32 src = 0; src < p.world; ++src) {
+        Range r = shard_range(p.count, shard, src);
+        u64 m = (r.hi - r.lo + per - 1) / per;
+        for (u64 j = first; j < m; j += stride) {
+            Spin s = spin_start(p.timeout_ns);
+            u64 v;
+            while (((v = ld_relaxed_sys(inbox + src * p.ll_packets + j)) & 0xffffffff00000000ull) != flag) s.check();
+            u64 e = r.lo + j * per;
+            if (e + per <= r.hi) {
+                ((u32*)p.outputs[p.rank])[e / per] = (u32)v;
+            } else {
+                E::store((void*)p.outputs[p.rank], e, payload<DT>((u32)v, 0));
+            }
+        }
+    }
+}
+
 ARX_INSTANTIATE(symm_ll, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_ll, TunedParams)
 ARX_INSTANTIATE(symm_epoch_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot, TunedParams)

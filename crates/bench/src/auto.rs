@@ -11,7 +11,7 @@ use symm::tuned::{Design, SymmTuned, TunedOptions};
 
 /// The methods `auto` chooses among (and `--tune` measures).
 pub const CANDIDATES: &[&str] =
-    &["car_1shot", "car_2shot", "symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot"];
+    &["car_1shot", "car_2shot", "symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot_ll", "symm_zc_2shot"];
 
 /// One size range: messages of at most `max_bytes` (the last entry: any size) run `method`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -152,6 +152,9 @@ impl Collective for Auto {
                 self.symm.run_design(Design::Ll, dtype, input, output, count, stream)
             }
             "symm_epoch_1shot" => self.symm.run_design(Design::EpochOneShot, dtype, input, output, count, stream),
+            "symm_zc_2shot_ll" if count * dtype.size() <= self.symm.capacity_for(Design::ZeroCopyTwoShotLl) => {
+                self.symm.run_design(Design::ZeroCopyTwoShotLl, dtype, input, output, count, stream)
+            }
             "symm_ll" | "symm_zc_1shot" => {
                 self.symm.run_design(Design::ZeroCopyOneShot, dtype, input, output, count, stream)
             }

@@ -55,6 +55,13 @@ fn allreduce_every_world_size_and_odd_counts() {
             ["symm_1shot_tuned", "symm_2shot_tuned", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot", "auto"];
         assert_passed(&rows, &tuned, COUNTS);
         assert_passed(&rows, &["symm_ll"], &COUNTS[..4]);
+        // One shard per source in a 96 KiB packet area: up to world x 96 KiB (bf16).
+        let (fits, above): (Vec<usize>, Vec<usize>) = COUNTS.iter().partition(|&&n| 2 * n <= world * (96 << 10));
+        assert_passed(&rows, &["symm_zc_2shot_ll"], &fits);
+        for n in above {
+            let row = rows.iter().find(|r| r["method"] == "symm_zc_2shot_ll" && r["count"] == n).unwrap();
+            assert!(row["status"].as_str().unwrap().starts_with("skipped"), "{row}");
+        }
         let nccl = rows.iter().find(|r| r["method"] == "nccl").unwrap();
         assert_eq!(nccl["status"], "skipped", "the host driver has no NCCL");
     }

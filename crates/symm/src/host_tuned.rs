@@ -23,6 +23,9 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_2shot_bf16", zc_two_shot),
     ("symm_zc_2shot_fp16", zc_two_shot),
     ("symm_zc_2shot_fp32", zc_two_shot),
+    ("symm_zc_2shot_ll_bf16", zc_two_shot_ll),
+    ("symm_zc_2shot_ll_fp16", zc_two_shot_ll),
+    ("symm_zc_2shot_ll_fp32", zc_two_shot_ll),
 ];
 
 struct Call {
@@ -167,4 +170,58 @@ fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
 }
 fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
     zc(l, true)
+}
+
+/// Block b sums packets j = b (mod grid) of this rank's shard and sends them to every peer, then waits for packets
+/// j = b (mod grid) of every shard: only the peers' block b, which came before, produces them.
+fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), String> {
+    let c = call(l)?;
+    let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
+    let per = 4 / size;
+    let (count, npk) = (p.count as usize, p.ll_packets as usize);
+    let shard = shard_elems(count, c.world, vec);
+    if shard.div_ceil(per) > npk {
+        return Err(format!(
+            "symm_zc_2shot_ll: shards of {shard} elements need more than the {npk} packets of an area"
+        ));
+    }
+    let srcs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+    let output = p.outputs[c.rank] as *mut u8;
+    for b in 0..c.grid {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
+        let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_zc_2shot_ll")? };
+        let flag = (epoch & 0xffff_ffff) << 32;
+        let area = (epoch as usize & 1) * MAX_RANKS * npk;
+        let (lo, hi) = shard_range(count, shard, c.rank);
+        for j in (b..(hi - lo).div_ceil(per)).step_by(c.grid) {
+            let (e, k) = (lo + j * per, (hi - lo - j * per).min(per));
+            let mut word = [0u8; 4];
+            // SAFETY: registered inputs hold `count` elements and [e, e + k) lies in this shard.
+            unsafe { HostElem::reduce(c.dtype, &srcs, e, e + k, word.as_mut_ptr()) };
+            let pk = flag | u32::from_le_bytes(word) as u64;
+            for &dst in &p.packets[..c.world] {
+                // SAFETY: every packet area was mapped at setup and holds this slot (checked above).
+                unsafe { packet(dst, area + c.rank * npk + j).store(pk, Ordering::Relaxed) };
+            }
+        }
+        let what = format!("symm_zc_2shot_ll rank {} block {b}", c.rank);
+        for s in 0..c.world {
+            let (lo, hi) = shard_range(count, shard, s);
+            for j in (b..(hi - lo).div_ceil(per)).step_by(c.grid) {
+                let mut v = 0;
+                // SAFETY: this rank's packet area, as above.
+                let arrived = |_| {
+                    v = unsafe { packet(p.packets[c.rank], area + s * npk + j) }.load(Ordering::Relaxed);
+                    v & 0xffff_ffff_0000_0000 == flag
+                };
+                wait_all(&what, [s], &c.deadline, arrived, || None).map_err(|e| e.to_string())?;
+                let k = (hi - lo - j * per).min(per);
+                let word = (v as u32).to_le_bytes();
+                // SAFETY: the output holds `count` elements; [lo + j * per, + k) lies in shard s.
+                unsafe { std::ptr::copy_nonoverlapping(word.as_ptr(), output.add((lo + j * per) * size), k * size) };
+            }
+        }
+    }
+    Ok(())
 }

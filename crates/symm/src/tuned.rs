@@ -6,8 +6,11 @@
 //!   every reduced shard straight into every peer's registered output. Epoch flags instead of the CAS handshake.
 //! - `symm_epoch_1shot`: car's one-shot protocol (fused copy-in to a staging half by epoch parity, one barrier) on
 //!   symmetric memory, for the middle sizes where one barrier beats zero-copy's two.
-//! - `symm_1shot_tuned`, `symm_2shot_tuned`: `symm_ll` up to [`LL_MAX_BYTES`], `symm_epoch_1shot` up to
-//!   [`EPOCH_MAX_BYTES`], the zero-copy one- or two-shot kernel above.
+//! - `symm_zc_2shot_ll`: zero-copy two-shot with one barrier: the reduced shards travel as flag-and-data packets,
+//!   whose arrival also says that the sender has finished reading every input.
+//! - `symm_1shot_tuned`: `symm_ll` up to [`LL_MAX_BYTES`], `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then
+//!   `symm_zc_1shot`; `symm_2shot_tuned`: `symm_ll`, then `symm_zc_2shot_ll` as far as its packet area reaches
+//!   (world x [`LL_MAX_BYTES`]), then `symm_zc_2shot`.
 //!
 //! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
 //! (and the output out of it) on the stream.
@@ -32,7 +35,7 @@ pub static LIBRARY: KernelLibrary = KernelLibrary {
 /// Largest message the packet (LL) path carries.
 pub const LL_MAX_BYTES: usize = 96 << 10;
 /// Largest message the tuned methods send through `symm_epoch_1shot` (one barrier); above it, zero-copy.
-pub const EPOCH_MAX_BYTES: usize = 256 << 10;
+pub const EPOCH_MAX_BYTES: usize = 384 << 10;
 
 /// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -61,9 +64,11 @@ pub enum Design {
     EpochOneShot,
     ZeroCopyOneShot,
     ZeroCopyTwoShot,
+    /// Zero-copy two-shot whose second phase is flag-and-data packets: one barrier.
+    ZeroCopyTwoShotLl,
     /// `Ll` up to [`LL_MAX_BYTES`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
     OneShotTuned,
-    /// As `OneShotTuned`, with zero-copy two-shot for the large messages.
+    /// `Ll`, then `ZeroCopyTwoShotLl` as far as its packet area reaches, then `ZeroCopyTwoShot`.
     TwoShotTuned,
 }
 
@@ -74,32 +79,41 @@ impl Design {
             Design::EpochOneShot => "symm_epoch_1shot",
             Design::ZeroCopyOneShot => "symm_zc_1shot",
             Design::ZeroCopyTwoShot => "symm_zc_2shot",
+            Design::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Design::OneShotTuned => "symm_1shot_tuned",
             Design::TwoShotTuned => "symm_2shot_tuned",
         }
     }
 
-    /// The kernel stem for a message of `bytes`.
-    fn kernel(self, bytes: usize) -> &'static str {
+    /// The kernel stem for a message of `bytes`; `ll2_max` is the largest `symm_zc_2shot_ll` takes here.
+    fn kernel(self, bytes: usize, ll2_max: usize) -> &'static str {
         match self {
             Design::Ll => "symm_ll",
             Design::EpochOneShot => "symm_epoch_1shot",
             Design::ZeroCopyOneShot => "symm_zc_1shot",
             Design::ZeroCopyTwoShot => "symm_zc_2shot",
+            Design::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
-            Design::OneShotTuned | Design::TwoShotTuned if bytes <= EPOCH_MAX_BYTES => "symm_epoch_1shot",
+            Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => "symm_epoch_1shot",
             Design::OneShotTuned => "symm_zc_1shot",
+            Design::TwoShotTuned if bytes <= ll2_max => "symm_zc_2shot_ll",
             Design::TwoShotTuned => "symm_zc_2shot",
         }
     }
 }
 
-/// Launch rules per kernel and driver.
-fn rule(kind: DriverKind, kernel: &str) -> LaunchRule {
+/// Launch rules per kernel, driver and message size.
+fn rule(kind: DriverKind, kernel: &str, bytes: usize) -> LaunchRule {
     match (kind, kernel) {
         (DriverKind::Host, _) => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
         // One packet (4 bytes) per thread: a single pass, so no thread waits for peers twice.
         (_, "symm_ll") => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
+        (_, "symm_zc_2shot_ll") => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
+        // The launch-shape sweep (results/h200-mps/ablation): up to a few hundred KiB, 4 to 16 blocks beat both
+        // one block and 32 (car_1shot@4x512 and @16x512 against car's default rule).
+        (_, "symm_epoch_1shot") if bytes <= 512 << 10 => {
+            LaunchRule { threads: 512, bytes_per_block: 1 << 10, max_grid: 16 }
+        }
         _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
     }
 }
@@ -132,10 +146,10 @@ impl TunedOptions {
 pub fn method_name(design: Design, staging: Staging) -> Option<&'static str> {
     Some(match (design, staging) {
         (_, Staging::Vmm) => design.method(),
-        (Design::Ll, Staging::Ipc) => return None,
         (Design::EpochOneShot, Staging::Ipc) => "symm_epoch_1shot_ipc",
         (Design::ZeroCopyOneShot, Staging::Ipc) => "symm_zc_1shot_ipc",
         (Design::ZeroCopyTwoShot, Staging::Ipc) => "symm_zc_2shot_ipc",
+        (Design::Ll | Design::ZeroCopyTwoShotLl, Staging::Ipc) => return None,
         (Design::OneShotTuned, Staging::Ipc) => "symm_1shot_tuned_ipc",
         (Design::TwoShotTuned, Staging::Ipc) => "symm_2shot_tuned_ipc",
     })
@@ -251,11 +265,11 @@ impl SymmTuned {
         let module = gpu.load(&LIBRARY)?;
         let mut kernels = HashMap::new();
         let mut caps = HashMap::new();
-        for stem in ["symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot"] {
+        for stem in ["symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll"] {
             for dtype in DType::ALL {
                 kernels.insert((stem, dtype), module.kernel(&format!("{stem}_{dtype}"))?);
             }
-            let threads = rule(gpu.kind(), stem).threads;
+            let threads = rule(gpu.kind(), stem, 0).threads;
             let cap = resident_cap(&kernels[&(stem, DType::Bf16)], threads, world, gpu.info().count)?;
             if cap == 0 {
                 return Err(CollectiveError::Unsupported(format!(
@@ -286,6 +300,19 @@ impl SymmTuned {
 }
 
 impl SymmTuned {
+    /// Largest message `design` takes: the packet designs are bounded by the packet area (`symm_zc_2shot_ll`
+    /// carries one shard, a multiple of 16 bytes, per source).
+    pub fn capacity_for(&self, design: Design) -> usize {
+        match design {
+            Design::Ll => self.capacity.min(LL_MAX_BYTES),
+            Design::ZeroCopyTwoShotLl => {
+                let per_source = (self.base.ll_packets as usize * 4) / 16 * 16;
+                self.capacity.min(per_source * self.base.world as usize)
+            }
+            _ => self.capacity,
+        }
+    }
+
     /// Runs any of the designs on these buffers (what `auto` picks per size), as `Collective::run` runs its own.
     pub fn run_design(
         &mut self,
@@ -296,14 +323,13 @@ impl SymmTuned {
         count: usize,
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
-        let limit = if design == Design::Ll { self.capacity.min(LL_MAX_BYTES) } else { self.capacity };
-        check_args(Op::AllReduce, dtype, count, self.base.world as usize, limit)?;
+        check_args(Op::AllReduce, dtype, count, self.base.world as usize, self.capacity_for(design))?;
         let bytes = count * dtype.size();
         if input != self.input.ptr() {
             stream.copy(self.input.ptr(), input, bytes)?;
         }
-        let stem = design.kernel(bytes);
-        let plan = rule(self.kind, stem).plan(bytes, self.caps[stem]);
+        let stem = design.kernel(bytes, self.capacity_for(Design::ZeroCopyTwoShotLl));
+        let plan = rule(self.kind, stem, bytes).plan(bytes, self.caps[stem]);
         let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         stream.launch(&self.kernels[&(stem, dtype)], dims, &params)?;
@@ -324,10 +350,7 @@ impl Collective for SymmTuned {
     }
 
     fn capacity_bytes(&self) -> usize {
-        match self.design {
-            Design::Ll => self.capacity.min(LL_MAX_BYTES),
-            _ => self.capacity,
-        }
+        self.capacity_for(self.design)
     }
 
     fn registered_input(&self) -> Option<&DeviceBuffer> {
