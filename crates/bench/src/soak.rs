@@ -111,10 +111,12 @@ fn soak(args: &SoakArgs, gpu: &Gpu, rdv: &Rendezvous) -> Result<(), BenchError> 
             .map(|_| {
                 let method = rng.gen_range(0..built.len());
                 let dtype = DType::ALL[rng.gen_range(0..3)];
-                let mut count = rng.gen_range(1..=max);
+                // Within the method's own limit too (symm_ll's packet area is smaller than --max_count).
+                let most = max.min(built[method].1.capacity_bytes() / dtype.size()).max(1);
+                let mut count = rng.gen_range(1..=most);
                 if built[method].0 == Op::ReduceScatter {
                     count = (count / world).max(1) * world;
-                    if count > max {
+                    if count > most {
                         count -= world;
                     }
                 }

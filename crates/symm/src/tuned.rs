@@ -9,8 +9,8 @@
 //! - `symm_zc_2shot_ll`: zero-copy two-shot with one barrier: the reduced shards travel as flag-and-data packets,
 //!   whose arrival also says that the sender has finished reading every input.
 //! - `symm_1shot_tuned`: `symm_ll` up to [`LL_MAX_BYTES`], `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then
-//!   `symm_zc_1shot`; `symm_2shot_tuned`: `symm_ll`, then `symm_zc_2shot_ll` as far as its packet area reaches
-//!   (world x [`LL_MAX_BYTES`]), then `symm_zc_2shot`.
+//!   `symm_zc_1shot`; `symm_2shot_tuned`: `symm_ll`, `symm_epoch_1shot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], then
+//!   `symm_zc_2shot`. The thresholds and launch rules come from the H200 sweeps in results/h200-mps.
 //!
 //! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
 //! (and the output out of it) on the stream.
@@ -36,6 +36,9 @@ pub static LIBRARY: KernelLibrary = KernelLibrary {
 pub const LL_MAX_BYTES: usize = 96 << 10;
 /// Largest message the tuned methods send through `symm_epoch_1shot` (one barrier); above it, zero-copy.
 pub const EPOCH_MAX_BYTES: usize = 384 << 10;
+/// Largest message `symm_2shot_tuned` sends through `symm_epoch_1shot`; above it, zero-copy two-shot (measured:
+/// results/h200-mps, graph mode, 8 ranks).
+pub const TWO_SHOT_EPOCH_MAX_BYTES: usize = 160 << 10;
 
 /// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -68,7 +71,7 @@ pub enum Design {
     ZeroCopyTwoShotLl,
     /// `Ll` up to [`LL_MAX_BYTES`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
     OneShotTuned,
-    /// `Ll`, then `ZeroCopyTwoShotLl` as far as its packet area reaches, then `ZeroCopyTwoShot`.
+    /// `Ll` up to [`LL_MAX_BYTES`], `EpochOneShot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], else zero-copy two-shot.
     TwoShotTuned,
 }
 
@@ -85,8 +88,8 @@ impl Design {
         }
     }
 
-    /// The kernel stem for a message of `bytes`; `ll2_max` is the largest `symm_zc_2shot_ll` takes here.
-    fn kernel(self, bytes: usize, ll2_max: usize) -> &'static str {
+    /// The kernel stem for a message of `bytes`.
+    fn kernel(self, bytes: usize) -> &'static str {
         match self {
             Design::Ll => "symm_ll",
             Design::EpochOneShot => "symm_epoch_1shot",
@@ -96,7 +99,7 @@ impl Design {
             Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
             Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => "symm_epoch_1shot",
             Design::OneShotTuned => "symm_zc_1shot",
-            Design::TwoShotTuned if bytes <= ll2_max => "symm_zc_2shot_ll",
+            Design::TwoShotTuned if bytes <= TWO_SHOT_EPOCH_MAX_BYTES => "symm_epoch_1shot",
             Design::TwoShotTuned => "symm_zc_2shot",
         }
     }
@@ -109,9 +112,9 @@ fn rule(kind: DriverKind, kernel: &str, bytes: usize) -> LaunchRule {
         // One packet (4 bytes) per thread: a single pass, so no thread waits for peers twice.
         (_, "symm_ll") => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
         (_, "symm_zc_2shot_ll") => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
-        // The launch-shape sweep (results/h200-mps/ablation): up to a few hundred KiB, 4 to 16 blocks beat both
-        // one block and 32 (car_1shot@4x512 and @16x512 against car's default rule).
-        (_, "symm_epoch_1shot") if bytes <= 512 << 10 => {
+        // The launch-shape sweep (results/h200-mps/ablation): up to ~120 KiB, 4 to 16 blocks beat car's rule (one
+        // block per 16 KiB); from ~200 KiB car's rule is as good or better (car_1shot@4x512, @16x512).
+        (_, "symm_epoch_1shot") if bytes <= 160 << 10 => {
             LaunchRule { threads: 512, bytes_per_block: 1 << 10, max_grid: 16 }
         }
         _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
@@ -328,7 +331,7 @@ impl SymmTuned {
         if input != self.input.ptr() {
             stream.copy(self.input.ptr(), input, bytes)?;
         }
-        let stem = design.kernel(bytes, self.capacity_for(Design::ZeroCopyTwoShotLl));
+        let stem = design.kernel(bytes);
         let plan = rule(self.kind, stem, bytes).plan(bytes, self.caps[stem]);
         let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
