@@ -31,8 +31,8 @@ impl Default for TuneTable {
     fn default() -> TuneTable {
         let e = |max_bytes: Option<usize>, m: &str| TuneEntry { max_bytes, method: m.into() };
         TuneTable {
-            measured_on: "built-in: one H200, 8 ranks under MPS, graph mode (results/h200-mps)".into(),
-            entries: vec![e(Some(73216), "symm_ll"), e(Some(121856), "car_1shot"), e(None, "symm_zc_2shot")],
+            measured_on: "built-in: one H200, 8 ranks under MPS, graph mode (results/h200-mps/tune.json)".into(),
+            entries: vec![e(Some(73216), "symm_ll"), e(Some(121856), "symm_epoch_1shot"), e(None, "symm_zc_2shot")],
         }
     }
 }
@@ -178,7 +178,7 @@ mod tests {
         let t = TuneTable::default();
         assert_eq!(t.pick(16), "symm_ll");
         assert_eq!(t.pick(73216), "symm_ll");
-        assert_eq!(t.pick(73217), "car_1shot");
+        assert_eq!(t.pick(73217), "symm_epoch_1shot");
         assert_eq!(t.pick(1 << 30), "symm_zc_2shot");
     }
 

@@ -38,7 +38,7 @@ pub const LL_MAX_BYTES: usize = 96 << 10;
 pub const EPOCH_MAX_BYTES: usize = 384 << 10;
 /// Largest message `symm_2shot_tuned` sends through `symm_epoch_1shot`; above it, zero-copy two-shot (measured:
 /// results/h200-mps, graph mode, 8 ranks).
-pub const TWO_SHOT_EPOCH_MAX_BYTES: usize = 160 << 10;
+pub const TWO_SHOT_EPOCH_MAX_BYTES: usize = 256 << 10;
 
 /// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -113,9 +113,13 @@ fn rule(kind: DriverKind, kernel: &str, bytes: usize) -> LaunchRule {
         (_, "symm_ll") => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
         (_, "symm_zc_2shot_ll") => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
         // The launch-shape sweep (results/h200-mps/ablation): up to ~120 KiB, 4 to 16 blocks beat car's rule (one
-        // block per 16 KiB); from ~200 KiB car's rule is as good or better (car_1shot@4x512, @16x512).
+        // block per 16 KiB); around 200 KiB car's rule is as good, and up to ~600 KiB 16 blocks beat its 20 to 32
+        // (car_1shot@4x512 and @16x512 against car_1shot).
         (_, "symm_epoch_1shot") if bytes <= 160 << 10 => {
             LaunchRule { threads: 512, bytes_per_block: 1 << 10, max_grid: 16 }
+        }
+        (_, "symm_epoch_1shot") if bytes <= 512 << 10 => {
+            LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 16 }
         }
         _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
     }
