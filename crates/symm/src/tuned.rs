@@ -22,7 +22,6 @@ use collective::{
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 use ipc::Rendezvous;
-use std::collections::HashMap;
 use std::os::fd::AsFd;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
@@ -168,9 +167,12 @@ pub struct SymmTuned {
     design: Design,
     capacity: usize,
     kind: DriverKind,
-    caps: HashMap<&'static str, usize>,
+    /// Per stem of [`STEMS`]: the blocks that fit beside the other ranks.
+    caps: Vec<usize>,
     base: TunedParams,
-    kernels: HashMap<(&'static str, DType), Kernel>,
+    /// Per stem of [`STEMS`], per dtype in `DType::ALL` order: plain indexing on the launch path (eager calls are
+    /// bound by the host's launch work).
+    kernels: Vec<Kernel>,
     _module: Module,
     _peers: Vec<DeviceBuffer>,
     input: DeviceBuffer,
@@ -179,6 +181,9 @@ pub struct SymmTuned {
     _staging: DeviceBuffer,
     _counters: DeviceBuffer,
 }
+
+/// The kernel stems of the library, each instantiated for every dtype.
+const STEMS: [&str; 5] = ["symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll"];
 
 /// Bytes of a rank's packet area: two parities, a slot per source.
 fn packet_bytes(ll_packets: usize) -> usize {
@@ -270,20 +275,21 @@ impl SymmTuned {
             base.staging[r] = g.0;
         }
         let module = gpu.load(&LIBRARY)?;
-        let mut kernels = HashMap::new();
-        let mut caps = HashMap::new();
-        for stem in ["symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll"] {
+        let mut kernels = Vec::new();
+        let mut caps = Vec::new();
+        for stem in STEMS {
+            let first = kernels.len();
             for dtype in DType::ALL {
-                kernels.insert((stem, dtype), module.kernel(&format!("{stem}_{dtype}"))?);
+                kernels.push(module.kernel(&format!("{stem}_{dtype}"))?);
             }
             let threads = rule(gpu.kind(), stem, 0).threads;
-            let cap = resident_cap(&kernels[&(stem, DType::Bf16)], threads, world, gpu.info().count)?;
+            let cap = resident_cap(&kernels[first], threads, world, gpu.info().count)?;
             if cap == 0 {
                 return Err(CollectiveError::Unsupported(format!(
                     "{name}: not even one block of {threads} threads per rank fits beside {world} ranks on one device"
                 )));
             }
-            caps.insert(stem, cap);
+            caps.push(cap);
         }
         // Every flag and packet is zero before anyone writes one.
         rdv.barrier(&format!("{name} setup"))?;
@@ -336,10 +342,12 @@ impl SymmTuned {
             stream.copy(self.input.ptr(), input, bytes)?;
         }
         let stem = design.kernel(bytes);
-        let plan = rule(self.kind, stem, bytes).plan(bytes, self.caps[stem]);
+        let s = STEMS.iter().position(|&k| k == stem).expect("every design's kernel is a stem");
+        let plan = rule(self.kind, stem, bytes).plan(bytes, self.caps[s]);
         let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
-        stream.launch(&self.kernels[&(stem, dtype)], dims, &params)?;
+        let d = DType::ALL.iter().position(|&t| t == dtype).expect("every dtype is in ALL");
+        stream.launch(&self.kernels[s * DType::ALL.len() + d], dims, &params)?;
         if output != self.output.ptr() {
             stream.copy(output, self.output.ptr(), bytes)?;
         }
