@@ -29,9 +29,8 @@ pub const METHODS: &[(&str, Op, Option<&str>)] = &[
     ("nccl_symm_rs", Op::ReduceScatter, None),
 ];
 
-/// The ablation variants, each one factor changed, not in the default sweep: car's (`car::Variant`), and the tuned
-/// designs with their staging buffer and flags in classic IPC memory (`symm::tuned::Staging::Ipc`).
-pub const ABLATIONS: &[&str] = &[
+/// car's ablation variants (`car::Variant`), each one factor of car changed.
+pub const CAR_VARIANTS: &[&str] = &[
     "car_1shot_vmm",
     "car_1shot_cas",
     "car_1shot_round",
@@ -39,73 +38,64 @@ pub const ABLATIONS: &[&str] = &[
     "car_1shot_push",
     "car_1shot_oneblock",
     "car_2shot_3bar",
-    "symm_epoch_1shot_ipc",
-    "symm_zc_1shot_ipc",
-    "symm_zc_2shot_ipc",
-    "symm_1shot_tuned_ipc",
-    "symm_2shot_tuned_ipc",
 ];
 
-/// `--methods` keywords, each standing for a set: the ablation study (its variants and the methods they are
-/// compared with) and its launch-shape sweep.
-pub const GROUPS: &[(&str, &[&str])] = &[
-    (
-        "ablation",
-        &[
-            "car_1shot",
-            "car_2shot",
-            "symm_1shot",
-            "symm_2shot",
-            "car_1shot_vmm",
-            "car_1shot_cas",
-            "car_1shot_round",
-            "car_1shot_ptrtable",
-            "car_1shot_push",
-            "car_1shot_oneblock",
-            "car_2shot_3bar",
-            "symm_epoch_1shot",
-            "symm_zc_1shot",
-            "symm_zc_2shot",
-            "symm_zc_2shot_ll",
-            "symm_ll",
-        ],
-    ),
-    (
-        "staging",
-        &[
-            "car_1shot",
-            "car_1shot_vmm",
-            "car_1shot_push",
-            "symm_epoch_1shot",
-            "symm_epoch_1shot_ipc",
-            "symm_zc_1shot",
-            "symm_zc_1shot_ipc",
-            "symm_zc_2shot",
-            "symm_zc_2shot_ipc",
-            "symm_1shot_tuned",
-            "symm_1shot_tuned_ipc",
-            "symm_2shot_tuned",
-            "symm_2shot_tuned_ipc",
-        ],
-    ),
-    (
-        "shapes",
-        &[
-            "car_1shot",
-            "car_1shot@1x512",
-            "car_1shot@4x512",
-            "car_1shot@16x512",
-            "car_1shot@64x512",
-            "car_1shot@16x128",
-            "car_1shot@16x1024",
-            "car_2shot",
-            "car_2shot@8x512",
-            "car_2shot@64x512",
-            "symm_1shot@4x512",
-            "symm_1shot@64x512",
-        ],
-    ),
+/// The tuned designs with their staging buffer and flags in classic IPC memory (`symm::tuned::Staging::Ipc`).
+pub const IPC_STAGED: &[&str] =
+    &["symm_epoch_1shot_ipc", "symm_zc_1shot_ipc", "symm_zc_2shot_ipc", "symm_1shot_tuned_ipc", "symm_2shot_tuned_ipc"];
+
+/// The ablation variants: all allreduce, none in the default sweep.
+pub const ABLATIONS: &[&[&str]] = &[CAR_VARIANTS, IPC_STAGED];
+
+/// What the variants are compared with.
+const BASELINES: &[&str] = &[
+    "car_1shot",
+    "car_2shot",
+    "symm_1shot",
+    "symm_2shot",
+    "symm_epoch_1shot",
+    "symm_zc_1shot",
+    "symm_zc_2shot",
+    "symm_zc_2shot_ll",
+    "symm_ll",
 ];
+
+/// The staging comparison: car on VMM memory and by push, the tuned designs on VMM and on IPC staging.
+const STAGING: &[&str] = &[
+    "car_1shot",
+    "car_1shot_vmm",
+    "car_1shot_push",
+    "symm_epoch_1shot",
+    "symm_zc_1shot",
+    "symm_zc_2shot",
+    "symm_1shot_tuned",
+    "symm_2shot_tuned",
+];
+
+/// The launch-shape sweep (`METHOD@BLOCKSxTHREADS`).
+const SHAPES: &[&str] = &[
+    "car_1shot",
+    "car_1shot@1x512",
+    "car_1shot@4x512",
+    "car_1shot@16x512",
+    "car_1shot@64x512",
+    "car_1shot@16x128",
+    "car_1shot@16x1024",
+    "car_2shot",
+    "car_2shot@8x512",
+    "car_2shot@64x512",
+    "symm_1shot@4x512",
+    "symm_1shot@64x512",
+];
+
+/// `--methods` keywords, each standing for the methods of its lists: the ablation study (the variants and what
+/// they are compared with), the staging comparison and the launch-shape sweep.
+pub const GROUPS: &[(&str, &[&[&str]])] =
+    &[("ablation", &[BASELINES, CAR_VARIANTS]), ("staging", &[STAGING, IPC_STAGED]), ("shapes", &[SHAPES])];
+
+fn is_ablation(name: &str) -> bool {
+    ABLATIONS.iter().any(|list| list.contains(&name))
+}
 
 /// `names` with every group keyword replaced by its methods (first mention kept).
 pub fn expand(names: &[String]) -> Vec<String> {
@@ -114,7 +104,7 @@ pub fn expand(names: &[String]) -> Vec<String> {
         let members = GROUPS
             .iter()
             .find(|g| g.0 == n)
-            .map_or_else(|| vec![n.clone()], |g| g.1.iter().map(|m| m.to_string()).collect());
+            .map_or_else(|| vec![n.clone()], |g| g.1.iter().flat_map(|l| l.iter()).map(|m| m.to_string()).collect());
         for m in members {
             if !out.contains(&m) {
                 out.push(m);
@@ -153,11 +143,11 @@ pub fn op_of(name: &str) -> Result<Op, String> {
     if shape.is_some() && !takes_shape(base) {
         return Err(format!("{name}: launch shapes (@BLOCKSxTHREADS) apply to car_* and symm_1shot/2shot/rs only"));
     }
-    if ABLATIONS.contains(&base) {
+    if is_ablation(base) {
         return Ok(Op::AllReduce);
     }
     METHODS.iter().find(|m| m.0 == base).map(|m| m.1).ok_or_else(|| {
-        let known: Vec<&str> = METHODS.iter().map(|m| m.0).chain(ABLATIONS.iter().copied()).collect();
+        let known: Vec<&str> = METHODS.iter().map(|m| m.0).chain(ABLATIONS.iter().flat_map(|l| l.iter().copied())).collect();
         let groups: Vec<&str> = GROUPS.iter().map(|g| g.0).collect();
         format!(
             "unknown method {name:?}; known: {}; groups: {}; any car or symm_1shot/2shot/rs method takes @BLOCKSxTHREADS",
@@ -266,13 +256,15 @@ mod tests {
 
     #[test]
     fn ablations_shapes_and_groups_resolve() {
-        for name in ABLATIONS {
+        for name in ABLATIONS.iter().flat_map(|l| l.iter()) {
             assert_eq!(op_of(name), Ok(Op::AllReduce), "{name}");
-            assert!(!name.starts_with("car_") || car_ablation(name).is_some(), "{name} has no car variant");
             assert!(!defaults(Op::AllReduce).contains(name));
         }
-        for (group, members) in GROUPS {
-            for m in *members {
+        for name in CAR_VARIANTS {
+            assert!(car_ablation(name).is_some(), "{name} has no car variant");
+        }
+        for (group, lists) in GROUPS {
+            for m in lists.iter().flat_map(|l| l.iter()) {
                 assert!(op_of(m).is_ok(), "{group}: {m}");
             }
         }

@@ -71,20 +71,7 @@ fn allreduce_every_world_size_and_odd_counts() {
 fn ablation_variants_and_launch_shapes_every_world_size() {
     let counts = [8, 13, 4099, 65536, 300_001];
     let list = counts.map(|c| c.to_string()).join(",");
-    let variants = [
-        "car_1shot_vmm",
-        "car_1shot_cas",
-        "car_1shot_round",
-        "car_1shot_ptrtable",
-        "car_1shot_push",
-        "car_1shot_oneblock",
-        "car_2shot_3bar",
-        "symm_epoch_1shot_ipc",
-        "symm_zc_1shot_ipc",
-        "symm_zc_2shot_ipc",
-        "symm_1shot_tuned_ipc",
-        "symm_2shot_tuned_ipc",
-    ];
+    let variants: Vec<&str> = bench::methods::ABLATIONS.iter().flat_map(|l| l.iter().copied()).collect();
     let shapes = ["car_1shot@1x512", "car_1shot@64x512", "car_2shot@64x512", "symm_1shot@4x512", "car_1shot@16x128"];
     for world in [1, 2, 3, 8] {
         let rows = sweep(world, &["--counts", &list, "--methods", "ablation,staging,shapes"]);
