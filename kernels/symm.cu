@@ -2,12 +2,14 @@
 // a signal pad at its end. A barrier is torch's handshake: signal = remote compare-and-swap 0 -> 1 (which waits
 // until the peer consumed the previous signal), wait = local compare-and-swap 1 -> 0. Every block signals every
 // peer on its own channel. As in comm_bench.py, one-shot copies the input into the symmetric buffer inside the
-// kernel (each block its own slice, before it signals) and the others take a separate memcpy before the kernel. Sums run in rank order, so every rank gets the same bits.
+// kernel (each block its own slice, before it signals) and the others take a separate memcpy before the kernel.
+// symm_2shot_fused (the copy-in ablation) is torch's two-shot with that memcpy fused into the kernel instead: block
+// b copies its part of every shard, then signals. Sums run in rank order, so every rank gets the same bits.
 
 struct SymmParams {
     u64 bufs[ARX_MAX_RANKS];  // every rank's symmetric buffer, mapped here
     u64 pads[ARX_MAX_RANKS];  // every rank's signal pad: u32 [ARX_MAX_BLOCKS channels][ARX_MAX_RANKS]
-    u64 input;   // symm_1shot copies it in itself (torch's one_shot_all_reduce_copy_out); others take a memcpy
+    u64 input;   // symm_1shot and symm_2shot_fused copy it in themselves; the others take a memcpy
     u64 output;
     u64 count;
     u64 timeout_ns;
@@ -28,9 +30,16 @@ template <int DT> ARX_DEV void symm_1shot(SymmParams p) {
     symm_barrier(p);  // nobody's next copy-in overwrites a buffer this call still reads
 }
 
-template <int DT> ARX_DEV void symm_2shot(SymmParams p) {
+#define SYMM_FUSED 1  // two-shot: the copy-in inside the kernel (block b copies its part of every shard)
+
+template <int DT, int K> ARX_DEV void symm_2shot_k(SymmParams p) {
     typedef Elem<DT> E;
     u64 shard = shard_elems(p.count, p.world, E::VEC);
+    // The previous call's exit barrier means no peer still reads this rank's buffer.
+    if (K & SYMM_FUSED)
+        for (u32 s = 0; s < p.world; ++s)
+            copy_range<DT>((const void*)p.input, (void*)p.bufs[p.rank],
+                           block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     symm_barrier(p);
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     reduce_range<DT>(p.bufs, p.world, (void*)p.bufs[p.rank], mine);
@@ -51,5 +60,6 @@ template <int DT> ARX_DEV void symm_rs(SymmParams p) {
 }
 
 ARX_INSTANTIATE(symm_1shot, SymmParams)
-ARX_INSTANTIATE(symm_2shot, SymmParams)
+ARX_INSTANTIATE_K(symm_2shot, symm_2shot_k, 0, SymmParams)
+ARX_INSTANTIATE_K(symm_2shot_fused, symm_2shot_k, SYMM_FUSED, SymmParams)
 ARX_INSTANTIATE(symm_rs, SymmParams)

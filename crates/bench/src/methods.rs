@@ -40,12 +40,15 @@ pub const CAR_VARIANTS: &[&str] = &[
     "car_2shot_3bar",
 ];
 
+/// torch's symm variants: two-shot with its copy-in fused into the kernel instead of a separate memcpy.
+pub const SYMM_VARIANTS: &[&str] = &["symm_2shot_fused"];
+
 /// The tuned designs with their staging buffer and flags in classic IPC memory (`symm::tuned::Staging::Ipc`).
 pub const IPC_STAGED: &[&str] =
     &["symm_epoch_1shot_ipc", "symm_zc_1shot_ipc", "symm_zc_2shot_ipc", "symm_1shot_tuned_ipc", "symm_2shot_tuned_ipc"];
 
 /// The ablation variants: all allreduce, none in the default sweep.
-pub const ABLATIONS: &[&[&str]] = &[CAR_VARIANTS, IPC_STAGED];
+pub const ABLATIONS: &[&[&str]] = &[CAR_VARIANTS, SYMM_VARIANTS, IPC_STAGED];
 
 /// What the variants are compared with.
 const BASELINES: &[&str] = &[
@@ -90,8 +93,11 @@ const SHAPES: &[&str] = &[
 
 /// `--methods` keywords, each standing for the methods of its lists: the ablation study (the variants and what
 /// they are compared with), the staging comparison and the launch-shape sweep.
-pub const GROUPS: &[(&str, &[&[&str]])] =
-    &[("ablation", &[BASELINES, CAR_VARIANTS]), ("staging", &[STAGING, IPC_STAGED]), ("shapes", &[SHAPES])];
+pub const GROUPS: &[(&str, &[&[&str]])] = &[
+    ("ablation", &[BASELINES, CAR_VARIANTS, SYMM_VARIANTS]),
+    ("staging", &[STAGING, IPC_STAGED]),
+    ("shapes", &[SHAPES]),
+];
 
 fn is_ablation(name: &str) -> bool {
     ABLATIONS.iter().any(|list| list.contains(&name))
@@ -159,7 +165,7 @@ pub fn op_of(name: &str) -> Result<Op, String> {
 
 /// Whether a method has one launch rule, which `@GRIDxTHREADS` replaces (the tuned ones pick a kernel per size).
 fn takes_shape(base: &str) -> bool {
-    base.starts_with("car_") || ["symm_1shot", "symm_2shot", "symm_rs"].contains(&base)
+    base.starts_with("car_") || ["symm_1shot", "symm_2shot", "symm_2shot_fused", "symm_rs"].contains(&base)
 }
 
 /// How methods are built: their largest message, auto's table, and car's memory type.
@@ -192,10 +198,11 @@ pub fn build(
         Ok(Box::new(car::Car::new(gpu, rdv, algo, opts)?))
     };
     let car = |algo| car_variant(algo, car::Variant::Base);
-    let symm = |algo| -> Result<Box<dyn Collective>, CollectiveError> {
-        let opts = symm::SymmOptions { capacity_bytes, rule };
+    let symm_variant = |algo, fused_copy_in| -> Result<Box<dyn Collective>, CollectiveError> {
+        let opts = symm::SymmOptions { capacity_bytes, rule, fused_copy_in };
         Ok(Box::new(symm::Symm::new(gpu, rdv, algo, opts)?))
     };
+    let symm = |algo| symm_variant(algo, false);
     let tuned_on = |design, staging| -> Result<Box<dyn Collective>, CollectiveError> {
         Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes, staging })?))
     };
@@ -209,6 +216,7 @@ pub fn build(
         "car_rs" => car(car::Algo::ReduceScatter),
         "symm_1shot" => symm(symm::Algo::OneShot),
         "symm_2shot" => symm(symm::Algo::TwoShot),
+        "symm_2shot_fused" => symm_variant(symm::Algo::TwoShot, true),
         "symm_rs" => symm(symm::Algo::ReduceScatter),
         "auto" => Ok(Box::new(Auto::new(gpu, rdv, capacity_bytes, opts.tune.clone())?)),
         "symm_1shot_tuned" => tuned(Design::OneShotTuned),
@@ -263,6 +271,8 @@ mod tests {
         for name in CAR_VARIANTS {
             assert!(car_ablation(name).is_some(), "{name} has no car variant");
         }
+        assert_eq!(symm::method_name(symm::Algo::TwoShot, true), Some(SYMM_VARIANTS[0]));
+        assert!(expand(&["ablation".into()]).contains(&SYMM_VARIANTS[0].to_string()));
         for (group, lists) in GROUPS {
             for m in lists.iter().flat_map(|l| l.iter()) {
                 assert!(op_of(m).is_ok(), "{group}: {m}");

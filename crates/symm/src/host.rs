@@ -16,6 +16,9 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_2shot_bf16", two_shot),
     ("symm_2shot_fp16", two_shot),
     ("symm_2shot_fp32", two_shot),
+    ("symm_2shot_fused_bf16", two_shot_fused),
+    ("symm_2shot_fused_fp16", two_shot_fused),
+    ("symm_2shot_fused_fp32", two_shot_fused),
     ("symm_rs_bf16", reduce_scatter),
     ("symm_rs_fp16", reduce_scatter),
     ("symm_rs_fp32", reduce_scatter),
@@ -25,6 +28,8 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
 enum Kind {
     OneShot,
     TwoShot,
+    /// Two-shot with the copy-in inside the kernel: block b copies its part of every shard before it signals.
+    TwoShotFused,
     ReduceScatter,
 }
 
@@ -33,6 +38,9 @@ fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
 }
 fn two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
     run(l, Kind::TwoShot)
+}
+fn two_shot_fused(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, Kind::TwoShotFused)
 }
 fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
     run(l, Kind::ReduceScatter)
@@ -53,6 +61,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
     let name = match kind {
         Kind::OneShot => "symm_1shot",
         Kind::TwoShot => "symm_2shot",
+        Kind::TwoShotFused => "symm_2shot_fused",
         Kind::ReduceScatter => "symm_rs",
     };
     for b in 0..grid {
@@ -62,6 +71,15 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
             // SAFETY: the input and this rank's buffer hold `count` elements.
             unsafe { HostElem::copy(dtype, p.input as *const u8, p.bufs[rank] as *mut u8, lo, hi) };
         }
+        if kind == Kind::TwoShotFused {
+            let shard = shard_elems(count, world, vec);
+            for s in 0..world {
+                let (lo, hi) = shard_range(count, shard, s);
+                let (lo, hi) = block_range(lo, hi, b, grid, vec);
+                // SAFETY: as above; the previous call's exit barrier means no peer still reads this buffer.
+                unsafe { HostElem::copy(dtype, p.input as *const u8, p.bufs[rank] as *mut u8, lo, hi) };
+            }
+        }
         barrier(&p, b, &deadline, &what(0))?;
         match kind {
             Kind::OneShot => {
@@ -69,7 +87,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                 // SAFETY: every buffer holds `count` elements, the output too.
                 unsafe { HostElem::reduce(dtype, &srcs, lo, hi, (p.output as *mut u8).add(lo * size)) };
             }
-            Kind::TwoShot => {
+            Kind::TwoShot | Kind::TwoShotFused => {
                 let shard = shard_elems(count, world, vec);
                 let sub = |s: usize| {
                     let (lo, hi) = shard_range(count, shard, s);
@@ -94,7 +112,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                 unsafe { HostElem::reduce(dtype, &srcs, lo, hi, dst) };
             }
         }
-        let last = if kind == Kind::TwoShot { 2 } else { 1 };
+        let last = if matches!(kind, Kind::TwoShot | Kind::TwoShotFused) { 2 } else { 1 };
         barrier(&p, b, &deadline, &what(last))?;
     }
     Ok(())

@@ -2,7 +2,8 @@
 //! then a signal pad at its end), exports it as a file descriptor, passes it to every peer over the rendezvous'
 //! Unix socket, and maps every peer's. Barriers are torch's compare-and-swap handshake on the signal pad, signalled
 //! by every block. As comm_bench.py runs them, one-shot copies the input into the symmetric buffer inside its
-//! kernel (`one_shot_all_reduce_copy_out`) and two-shot and reduce-scatter take a separate, timed memcpy.
+//! kernel (`one_shot_all_reduce_copy_out`) and two-shot and reduce-scatter take a separate, timed memcpy;
+//! `symm_2shot_fused` (the copy-in ablation) is two-shot with that copy inside the kernel.
 //!
 //! The device kernels are `kernels/symm.cu`; [`host`] holds their Rust twins for the host driver.
 
@@ -51,6 +52,18 @@ pub const PAD_BYTES: usize = MAX_BLOCKS * MAX_RANKS * 4;
 pub struct SymmOptions {
     pub capacity_bytes: usize,
     pub rule: Option<LaunchRule>,
+    /// Two-shot only: copy the input in inside the kernel (`symm_2shot_fused`) instead of a separate memcpy.
+    pub fused_copy_in: bool,
+}
+
+/// The method name of `algo`, with its copy-in fused into the kernel or not; `None` where that does not exist
+/// (one-shot always fuses it, reduce-scatter never does).
+pub fn method_name(algo: Algo, fused_copy_in: bool) -> Option<&'static str> {
+    match (algo, fused_copy_in) {
+        (_, false) => Some(algo.method(Family::Symm)),
+        (Algo::TwoShot, true) => Some("symm_2shot_fused"),
+        _ => None,
+    }
 }
 
 /// The default launch rule per driver (torch: up to 24 blocks of 512 threads on CUDA).
@@ -65,6 +78,8 @@ pub fn default_rule(kind: DriverKind) -> LaunchRule {
 pub struct Symm {
     name: &'static str,
     algo: Algo,
+    /// The input is copied in by the kernel (one-shot, `symm_2shot_fused`), not by a memcpy before it.
+    copies_in: bool,
     capacity: usize,
     rule: LaunchRule,
     cap: usize,
@@ -79,7 +94,9 @@ pub struct Symm {
 impl Symm {
     /// Creates, exchanges and maps the symmetric buffers. Collective: every rank calls it.
     pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: SymmOptions) -> Result<Symm, CollectiveError> {
-        let name = algo.method(Family::Symm);
+        let name = method_name(algo, opts.fused_copy_in).ok_or_else(|| {
+            CollectiveError::BadArgs(format!("{}: no variant with the copy-in fused", algo.method(Family::Symm)))
+        })?;
         let (rank, world) = (rdv.rank(), rdv.world());
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {
@@ -144,6 +161,7 @@ impl Symm {
         Ok(Symm {
             name,
             algo,
+            copies_in: algo == Algo::OneShot || opts.fused_copy_in,
             capacity: opts.capacity_bytes,
             rule,
             cap,
@@ -181,7 +199,7 @@ impl Collective for Symm {
     ) -> Result<(), CollectiveError> {
         self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
         check_args(op, dtype, count, self.base.world as usize, self.capacity)?;
-        if self.algo != Algo::OneShot {
+        if !self.copies_in {
             stream.copy(self.mine, input, count * dtype.size())?;
         }
         let plan = self.rule.plan(count * dtype.size(), self.cap);
