@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The ablation table of docs/symm-vs-car.md from comm-bench JSON: per factor, the time of the method on the right
-over the method on the left (geometric mean over the sizes of each class), eager and graph.
+over the method on the left (geometric mean over the sizes of each class), eager and graph. Each ratio comes from
+one run: of the folders given, the last that measured both methods.
 
-    scripts/factor_table.py results/h200-mps/ablation
+    scripts/factor_table.py results/h200-mps/ablation results/h200-mps/ablation-copyin
 """
 import json
 import math
@@ -24,6 +25,7 @@ FACTORS = [
     ("launch: car's rule -> 1 x 512", "car_1shot", "car_1shot@1x512"),
     ("launch: 16 x 512 -> 16 x 128", "car_1shot@16x512", "car_1shot@16x128"),
     ("launch: 16 x 512 -> 16 x 1024", "car_1shot@16x512", "car_1shot@16x1024"),
+    ("copy-in: separate memcpy -> fused (torch's two-shot)", "symm_2shot", "symm_2shot_fused"),
     ("copy-in: fused -> none (two-shot, peers read registered inputs)", "car_2shot", "symm_zc_2shot"),
     ("copy-in: fused -> none (one-shot, + exit barrier)", "symm_epoch_1shot", "symm_zc_1shot"),
     ("barrier -> none (flag-and-data packets, <= 96 KiB)", "car_1shot", "symm_ll"),
@@ -44,15 +46,20 @@ def ratio(t, a, b, lo, hi):
     return "%.2f" % math.exp(sum(math.log(y / x) for x, y in pairs) / len(pairs))
 
 
-def main(folder):
-    modes = {m: times(f"{folder}/{m}/comm_ops_benchmark.json") for m in ("graph", "eager")}
+def main(folders):
+    runs = [{m: times(f"{f}/{m}/comm_ops_benchmark.json") for m in ("graph", "eager")} for f in folders]
+    modes = list(runs[0])
     head = " | ".join(f"{c} {m}" for m in modes for c, _, _ in CLASSES)
     print(f"| factor | from -> to | {head} |")
     print("|---|---|" + "---|" * (len(CLASSES) * len(modes)))
     for name, a, b in FACTORS:
-        cells = " | ".join(ratio(t, a, b, lo, hi) for t in modes.values() for _, lo, hi in CLASSES)
-        print(f"| {name} | `{a}` -> `{b}` | {cells} |")
+        cells = []
+        for m in modes:
+            run = [r[m] for r in runs if any(k[0] == a for k in r[m]) and any(k[0] == b for k in r[m])]
+            t = run[-1] if run else {}
+            cells += [ratio(t, a, b, lo, hi) for _, lo, hi in CLASSES]
+        print(f"| {name} | `{a}` -> `{b}` | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "results/h200-mps/ablation")
+    main(sys.argv[1:] or ["results/h200-mps/ablation"])
