@@ -81,7 +81,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "auto", value_parser = parse_backend)]
     pub backend: gpu::Backend,
     /// Comma-separated methods [default: comm_bench.py's methods of the op, then ours]. Also: the ablation variants
-    /// (car_1shot_vmm, ...), a launch shape on any car or symm_1shot/2shot/rs method (car_1shot@16x512: 16 blocks
+    /// (car_1shot_vmm, ...), a launch shape on any car method or one-kernel symm method (car_1shot@16x512: 16 blocks
     /// of 512 threads at every size), and groups: `ablation`, `shapes`.
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,

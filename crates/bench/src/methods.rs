@@ -147,26 +147,41 @@ pub fn csv_column(method: &str) -> Option<&'static str> {
 pub fn op_of(name: &str) -> Result<Op, String> {
     let (base, shape) = split_shape(name)?;
     if shape.is_some() && !takes_shape(base) {
-        return Err(format!("{name}: launch shapes (@BLOCKSxTHREADS) apply to car_* and symm_1shot/2shot/rs only"));
+        return Err(format!("{name}: launch shapes (@BLOCKSxTHREADS) apply to car_* and {} only", SHAPED.join(", ")));
     }
     if is_ablation(base) {
         return Ok(Op::AllReduce);
     }
     METHODS.iter().find(|m| m.0 == base).map(|m| m.1).ok_or_else(|| {
-        let known: Vec<&str> = METHODS.iter().map(|m| m.0).chain(ABLATIONS.iter().flat_map(|l| l.iter().copied())).collect();
+        let known: Vec<&str> =
+            METHODS.iter().map(|m| m.0).chain(ABLATIONS.iter().flat_map(|l| l.iter().copied())).collect();
         let groups: Vec<&str> = GROUPS.iter().map(|g| g.0).collect();
         format!(
-            "unknown method {name:?}; known: {}; groups: {}; any car or symm_1shot/2shot/rs method takes @BLOCKSxTHREADS",
+            "unknown method {name:?}; known: {}; groups: {}; car_* and one-kernel symm methods take @BLOCKSxTHREADS",
             known.join(", "),
             groups.join(", ")
         )
     })
 }
 
-/// Whether a method has one launch rule, which `@GRIDxTHREADS` replaces (the tuned ones pick a kernel per size).
+/// Whether a method has one launch rule, which `@GRIDxTHREADS` replaces (the tuned `symm_1shot_tuned`,
+/// `symm_2shot_tuned` and `auto` pick a kernel per size, so they take none).
 fn takes_shape(base: &str) -> bool {
-    base.starts_with("car_") || ["symm_1shot", "symm_2shot", "symm_2shot_fused", "symm_rs"].contains(&base)
+    base.starts_with("car_") || SHAPED.contains(&base)
 }
+
+/// The symm methods, besides car's, that run one kernel and so take a launch shape.
+const SHAPED: &[&str] = &[
+    "symm_1shot",
+    "symm_2shot",
+    "symm_2shot_fused",
+    "symm_rs",
+    "symm_ll",
+    "symm_epoch_1shot",
+    "symm_zc_1shot",
+    "symm_zc_2shot",
+    "symm_zc_2shot_ll",
+];
 
 /// How methods are built: their largest message, auto's table, and car's memory type.
 #[derive(Clone, Debug)]
@@ -204,7 +219,7 @@ pub fn build(
     };
     let symm = |algo| symm_variant(algo, false);
     let tuned_on = |design, staging| -> Result<Box<dyn Collective>, CollectiveError> {
-        Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes, staging })?))
+        Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes, staging, rule })?))
     };
     let tuned = |design| tuned_on(design, Staging::Vmm);
     if let Some((algo, variant)) = car_ablation(base) {
@@ -279,7 +294,9 @@ mod tests {
             }
         }
         assert_eq!(op_of("car_rs@8x256"), Ok(Op::ReduceScatter));
-        assert!(op_of("symm_ll@8x256").unwrap_err().contains("launch shapes"));
+        assert_eq!(op_of("symm_ll@8x256"), Ok(Op::AllReduce));
+        assert!(op_of("symm_1shot_tuned@8x256").unwrap_err().contains("launch shapes"));
+        assert!(op_of("auto@8x256").unwrap_err().contains("launch shapes"));
         assert!(op_of("car_1shot@8x100").unwrap_err().contains("multiple of 32"));
         assert_eq!(csv_column("car_1shot@8x512"), None);
         let e = expand(&["car_1shot".into(), "shapes".into()]);

@@ -73,10 +73,13 @@ fn ablation_variants_and_launch_shapes_every_world_size() {
     let list = counts.map(|c| c.to_string()).join(",");
     let variants: Vec<&str> = bench::methods::ABLATIONS.iter().flat_map(|l| l.iter().copied()).collect();
     let shapes = ["car_1shot@1x512", "car_1shot@64x512", "car_2shot@64x512", "symm_1shot@4x512", "car_1shot@16x128"];
+    let tuned_shapes = ["symm_ll@3x64", "symm_epoch_1shot@5x128", "symm_zc_1shot@2x256", "symm_zc_2shot@7x32"];
     for world in [1, 2, 3, 8] {
         let rows = sweep(world, &["--counts", &list, "--methods", "ablation,staging,shapes"]);
         assert_passed(&rows, &variants, &counts);
         assert_passed(&rows, &shapes, &counts);
+        let rows = sweep(world, &["--counts", "8,4099,20001", "--methods", &tuned_shapes.join(",")]);
+        assert_passed(&rows, &tuned_shapes, &[8, 4099, 20001]);
     }
     for dtype in ["fp16", "fp32"] {
         let rows = sweep(3, &["--counts", "8,4099,70001", "--dtype", dtype, "--methods", "ablation,staging"]);
@@ -91,7 +94,7 @@ fn launch_shapes_the_device_cannot_give_are_refused() {
     let o = comm_bench(&["--num_ranks", "2", "--counts", "64", "--methods", "car_1shot@65x512"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("blocks must be 1 to 64"), "{}", text(&o));
-    let o = comm_bench(&["--num_ranks", "2", "--counts", "64", "--methods", "symm_ll@4x512"]);
+    let o = comm_bench(&["--num_ranks", "2", "--counts", "64", "--methods", "symm_2shot_tuned@4x512"]);
     assert!(text(&o).contains("launch shapes"), "{}", text(&o));
     let rows = sweep(3, &["--counts", "64", "--methods", "car_1shot@64x32"]);
     assert_eq!(rows[0]["status"], "passed", "32 threads serve 3 ranks: {}", rows[0]);

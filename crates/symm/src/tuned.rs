@@ -131,6 +131,9 @@ pub struct TunedOptions {
     /// Where the internal staging buffer and the epoch flags live (the registered input and output and the
     /// packet area are VMM memory either way).
     pub staging: Staging,
+    /// One launch shape at every size instead of the design's rule (`METHOD@BLOCKSxTHREADS`); only for the
+    /// designs that run one kernel.
+    pub rule: Option<LaunchRule>,
 }
 
 /// The allocation behind the staging buffer and the epoch flags.
@@ -144,7 +147,7 @@ pub enum Staging {
 
 impl TunedOptions {
     pub fn new(capacity_bytes: usize) -> TunedOptions {
-        TunedOptions { capacity_bytes, staging: Staging::Vmm }
+        TunedOptions { capacity_bytes, staging: Staging::Vmm, rule: None }
     }
 }
 
@@ -169,6 +172,8 @@ pub struct SymmTuned {
     kind: DriverKind,
     /// Per stem of [`STEMS`]: the blocks that fit beside the other ranks.
     caps: Vec<usize>,
+    /// The launch shape asked for this communicator's own design, and the blocks of it that fit.
+    fixed: Option<(LaunchRule, usize)>,
     base: TunedParams,
     /// Per stem of [`STEMS`], per dtype in `DType::ALL` order: plain indexing on the launch path (eager calls are
     /// bound by the host's launch work).
@@ -200,6 +205,11 @@ impl SymmTuned {
         check_world(name, world)?;
         if opts.capacity_bytes == 0 {
             return Err(CollectiveError::BadArgs(format!("{name}: capacity must be at least 1 byte")));
+        }
+        if opts.rule.is_some() && matches!(design, Design::OneShotTuned | Design::TwoShotTuned) {
+            return Err(CollectiveError::BadArgs(format!(
+                "{name}: picks a kernel and a launch shape per size; a fixed shape applies to one kernel's designs"
+            )));
         }
         let data = opts.capacity_bytes.next_multiple_of(256);
         let ll_packets = LL_MAX_BYTES.min(data).div_ceil(4);
@@ -291,6 +301,15 @@ impl SymmTuned {
             }
             caps.push(cap);
         }
+        let fixed = match opts.rule {
+            Some(asked) => {
+                let stem = STEMS.iter().position(|&k| k == design.kernel(0)).expect("every design's kernel is a stem");
+                let cap = resident_cap(&kernels[stem * DType::ALL.len()], asked.threads, world, gpu.info().count)?;
+                asked.check_requested(name, cap, world)?;
+                Some((asked, cap))
+            }
+            None => None,
+        };
         // Every flag and packet is zero before anyone writes one.
         rdv.barrier(&format!("{name} setup"))?;
         Ok(SymmTuned {
@@ -299,6 +318,7 @@ impl SymmTuned {
             capacity: opts.capacity_bytes,
             kind: gpu.kind(),
             caps,
+            fixed,
             base,
             kernels,
             _module: module,
@@ -343,7 +363,10 @@ impl SymmTuned {
         }
         let stem = design.kernel(bytes);
         let s = STEMS.iter().position(|&k| k == stem).expect("every design's kernel is a stem");
-        let plan = rule(self.kind, stem, bytes).plan(bytes, self.caps[s]);
+        let plan = match self.fixed {
+            Some((asked, cap)) if design == self.design => asked.plan(bytes, cap),
+            _ => rule(self.kind, stem, bytes).plan(bytes, self.caps[s]),
+        };
         let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         let d = DType::ALL.iter().position(|&t| t == dtype).expect("every dtype is in ALL");
