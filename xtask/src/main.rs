@@ -26,7 +26,7 @@ enum Task {
     /// Compile kernels/*.cu for NVIDIA (clang, PTX for sm_80) and AMD (code objects for gfx90a and gfx940) as a
     /// check that needs no GPU toolkit.
     KernelCheck(kernels::Args),
-    /// Quick criterion run compared with perf/baseline-<driver>.json (time relative to a device copy).
+    /// Quick criterion run compared with perf/baseline-<driver>-<machine>.json (time relative to a device copy).
     PerfGate(perf_gate::Args),
 }
 
