@@ -26,6 +26,15 @@ pub enum Command {
         /// comm_ops_benchmark.json files.
         #[arg(required = true)]
         json: Vec<PathBuf>,
+        /// Only these methods, in this order.
+        #[arg(long, value_delimiter = ',')]
+        methods: Option<Vec<String>>,
+        /// Plot every time divided by this method's at the same size.
+        #[arg(long = "relative_to", alias = "relative-to")]
+        relative_to: Option<String>,
+        /// Write OUTPUT.svg and OUTPUT.png instead of comm_ops_benchmark.* next to the JSON (one JSON only).
+        #[arg(long)]
+        output: Option<PathBuf>,
     },
     /// Many back-to-back calls with random methods, sizes and dtypes, every result checked exactly.
     Soak(crate::soak::SoakArgs),

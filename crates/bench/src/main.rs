@@ -11,7 +11,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
         Some(Command::Soak(args)) => soak(&args),
-        Some(Command::Plot { json }) => json.iter().try_for_each(|p| plot(p)),
+        Some(Command::Plot { json, methods, relative_to, output }) => {
+            let opts = bench::plot::PlotOptions { methods, relative_to };
+            if output.is_some() && json.len() > 1 {
+                Err(BenchError::Config("--output names one plot: give one JSON file".into()))
+            } else {
+                json.iter().try_for_each(|p| plot(p, &opts, output.as_deref()))
+            }
+        }
         None => bench(&cli.bench),
     };
     match result {
@@ -46,12 +53,19 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
-fn plot(json: &std::path::Path) -> Result<(), BenchError> {
+fn plot(
+    json: &std::path::Path,
+    opts: &bench::plot::PlotOptions,
+    output: Option<&std::path::Path>,
+) -> Result<(), BenchError> {
     let text = std::fs::read_to_string(json)?;
     let outcome: bench::report::Outcome =
         serde_json::from_str(&text).map_err(|e| BenchError::Config(format!("{}: {e}", json.display())))?;
-    let dir = json.parent().unwrap_or(std::path::Path::new("."));
-    let (svg, png) = bench::plot::plot(&outcome, dir).map_err(BenchError::Config)?;
+    let stem = match output {
+        Some(o) => o.to_path_buf(),
+        None => json.parent().unwrap_or(std::path::Path::new(".")).join("comm_ops_benchmark"),
+    };
+    let (svg, png) = bench::plot::plot_to(&outcome, opts, &stem).map_err(BenchError::Config)?;
     println!("plotted {} and {}", svg.display(), png.display());
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `comm_ops_benchmark.svg` and `.png`: time per call against message size, log-log, one line per method
-//! (passed measurements only), so a sweep can be read at a glance. Text is drawn with an embedded DejaVu Sans
+//! (passed measurements only), so a sweep can be read at a glance. `comm-bench plot` also draws a chosen set of
+//! methods, and their time relative to one of them (below 1: faster than it). Text is drawn with an embedded DejaVu Sans
 //! through ab_glyph, so rendering needs neither fontconfig nor system fonts.
 
 use crate::report::{Outcome, Status};
@@ -38,6 +39,15 @@ pub fn register_fonts() {
 /// One method's points: (bytes, microseconds per call), by size.
 type Series = (String, Vec<(f64, f64)>);
 
+/// What to draw of an outcome.
+#[derive(Clone, Debug, Default)]
+pub struct PlotOptions {
+    /// These methods, in this order (default: every method, in the order they first appear).
+    pub methods: Option<Vec<String>>,
+    /// Draw each time divided by this method's at the same size.
+    pub relative_to: Option<String>,
+}
+
 /// Passed rows with a positive time, grouped by method in the order methods first appear.
 fn series(outcome: &Outcome) -> Vec<Series> {
     let mut out: Vec<Series> = Vec::new();
@@ -55,22 +65,59 @@ fn series(outcome: &Outcome) -> Vec<Series> {
     out
 }
 
-/// Writes `comm_ops_benchmark.svg` and `comm_ops_benchmark.png` into `dir` (next to the CSV).
-pub fn plot(outcome: &Outcome, dir: &Path) -> Result<(PathBuf, PathBuf), String> {
-    register_fonts();
-    let series = series(outcome);
-    if series.is_empty() {
+/// The series `opts` asks for: the chosen methods (each must have passed at some size), then divided by the
+/// reference method's time at the same size (sizes it lacks are left out).
+fn chosen(outcome: &Outcome, opts: &PlotOptions) -> Result<Vec<Series>, String> {
+    let all = series(outcome);
+    let find = |m: &str| {
+        all.iter().find(|s| s.0 == m).cloned().ok_or_else(|| {
+            let known: Vec<&str> = all.iter().map(|s| s.0.as_str()).collect();
+            format!("{m}: no passed measurement of it to plot; plotted can be: {}", known.join(", "))
+        })
+    };
+    let mut out = match &opts.methods {
+        Some(list) => list.iter().map(|m| find(m)).collect::<Result<Vec<_>, _>>()?,
+        None => all.clone(),
+    };
+    if let Some(r) = &opts.relative_to {
+        let reference = find(r)?;
+        for s in &mut out {
+            s.1 =
+                s.1.iter().filter_map(|&(x, y)| reference.1.iter().find(|p| p.0 == x).map(|p| (x, y / p.1))).collect();
+        }
+        out.retain(|s| !s.1.is_empty());
+    }
+    if out.is_empty() {
         return Err("no passed measurement to plot".into());
     }
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(out)
+}
+
+/// Writes `comm_ops_benchmark.svg` and `comm_ops_benchmark.png` into `dir` (next to the CSV).
+pub fn plot(outcome: &Outcome, dir: &Path) -> Result<(PathBuf, PathBuf), String> {
+    plot_to(outcome, &PlotOptions::default(), &dir.join("comm_ops_benchmark"))
+}
+
+/// Writes `<stem>.svg` and `<stem>.png`.
+pub fn plot_to(outcome: &Outcome, opts: &PlotOptions, stem: &Path) -> Result<(PathBuf, PathBuf), String> {
+    register_fonts();
+    let series = chosen(outcome, opts)?;
+    if let Some(dir) = stem.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mode = if outcome.graph { "graph" } else { "eager" };
     let title = format!(
-        "{} {}, {} ranks, {} driver ({})",
+        "{} {}, {} ranks, {} driver ({}), {mode}",
         outcome.op, outcome.dtype, outcome.world, outcome.driver, outcome.device
     );
-    let (svg, png) = (dir.join("comm_ops_benchmark.svg"), dir.join("comm_ops_benchmark.png"));
-    draw(SVGBackend::new(&svg, SIZE).into_drawing_area(), &title, &series)
+    let y_desc = match &opts.relative_to {
+        Some(r) => format!("time / time of {r}"),
+        None => "time per call (us)".into(),
+    };
+    let (svg, png) = (stem.with_extension("svg"), stem.with_extension("png"));
+    draw(SVGBackend::new(&svg, SIZE).into_drawing_area(), &title, &y_desc, &series)
         .map_err(|e| format!("{}: {e}", svg.display()))?;
-    draw(BitMapBackend::new(&png, SIZE).into_drawing_area(), &title, &series)
+    draw(BitMapBackend::new(&png, SIZE).into_drawing_area(), &title, &y_desc, &series)
         .map_err(|e| format!("{}: {e}", png.display()))?;
     Ok((svg, png))
 }
@@ -91,7 +138,12 @@ fn bytes_label(v: f64) -> String {
     }
 }
 
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, series: &[Series]) -> Result<(), String>
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    y_desc: &str,
+    series: &[Series],
+) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
@@ -110,9 +162,9 @@ where
     chart
         .configure_mesh()
         .x_desc("message size")
-        .y_desc("time per call (us)")
+        .y_desc(y_desc)
         .x_label_formatter(&|v| bytes_label(*v))
-        .y_label_formatter(&|v| format!("{v}"))
+        .y_label_formatter(&|v| if *v < 10.0 { format!("{v:.2}") } else { format!("{v:.0}") })
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(err)?;
@@ -185,6 +237,27 @@ mod tests {
         assert!(svg_text.contains("<svg") && svg_text.contains("car_2shot") && svg_text.contains("KiB"));
         let png_bytes = std::fs::read(&png).unwrap();
         assert!(png_bytes.starts_with(b"\x89PNG") && png_bytes.len() > 10_000, "{} bytes", png_bytes.len());
+    }
+
+    #[test]
+    fn chosen_methods_relative_to_one() {
+        let out = outcome();
+        let opts = PlotOptions {
+            methods: Some(vec!["car_2shot".into(), "car_1shot".into()]),
+            relative_to: Some("car_1shot".into()),
+        };
+        let s = chosen(&out, &opts).unwrap();
+        assert_eq!(s.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["car_2shot", "car_1shot"]);
+        assert!(s[1].1.iter().all(|p| (p.1 - 1.0).abs() < 1e-12), "the reference over itself is 1");
+        // car_2shot: 0.015 ms + 2 ns per element against 0.005 ms + the same.
+        let first = &s[0].1[0];
+        assert!((first.1 - (0.015 + 1024.0 * 2e-9) / (0.005 + 1024.0 * 2e-9)).abs() < 1e-9, "{first:?}");
+        let bad = PlotOptions { methods: Some(vec!["nccl".into()]), relative_to: None };
+        assert!(chosen(&out, &bad).unwrap_err().contains("car_1shot, symm_1shot, car_2shot"));
+        let dir = tempfile::tempdir().unwrap();
+        let (svg, png) = plot_to(&out, &opts, &dir.path().join("sub/rel")).unwrap();
+        assert!(std::fs::read_to_string(svg).unwrap().contains("time / time of car_1shot"));
+        assert!(png.ends_with("sub/rel.png") && png.exists());
     }
 
     #[test]
