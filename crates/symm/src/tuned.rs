@@ -87,37 +87,64 @@ impl Design {
         }
     }
 
-    /// The kernel stem for a message of `bytes`.
-    fn kernel(self, bytes: usize) -> &'static str {
+    /// The kernel for a message of `bytes`.
+    fn kernel(self, bytes: usize) -> Stem {
         match self {
-            Design::Ll => "symm_ll",
-            Design::EpochOneShot => "symm_epoch_1shot",
-            Design::ZeroCopyOneShot => "symm_zc_1shot",
-            Design::ZeroCopyTwoShot => "symm_zc_2shot",
-            Design::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
-            Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_MAX_BYTES => "symm_ll",
-            Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => "symm_epoch_1shot",
-            Design::OneShotTuned => "symm_zc_1shot",
-            Design::TwoShotTuned if bytes <= TWO_SHOT_EPOCH_MAX_BYTES => "symm_epoch_1shot",
-            Design::TwoShotTuned => "symm_zc_2shot",
+            Design::Ll => Stem::Ll,
+            Design::EpochOneShot => Stem::EpochOneShot,
+            Design::ZeroCopyOneShot => Stem::ZeroCopyOneShot,
+            Design::ZeroCopyTwoShot => Stem::ZeroCopyTwoShot,
+            Design::ZeroCopyTwoShotLl => Stem::ZeroCopyTwoShotLl,
+            Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_MAX_BYTES => Stem::Ll,
+            Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => Stem::EpochOneShot,
+            Design::OneShotTuned => Stem::ZeroCopyOneShot,
+            Design::TwoShotTuned if bytes <= TWO_SHOT_EPOCH_MAX_BYTES => Stem::EpochOneShot,
+            Design::TwoShotTuned => Stem::ZeroCopyTwoShot,
+        }
+    }
+}
+
+/// The kernels of the library, each instantiated for every dtype; the discriminant indexes the communicator's
+/// tables, so the launch path compares no names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stem {
+    Ll,
+    EpochOneShot,
+    ZeroCopyOneShot,
+    ZeroCopyTwoShot,
+    ZeroCopyTwoShotLl,
+}
+
+impl Stem {
+    const ALL: [Stem; 5] =
+        [Stem::Ll, Stem::EpochOneShot, Stem::ZeroCopyOneShot, Stem::ZeroCopyTwoShot, Stem::ZeroCopyTwoShotLl];
+
+    /// The kernel's name in `kernels/symm_tuned.cu`, without the dtype suffix.
+    fn name(self) -> &'static str {
+        match self {
+            Stem::Ll => "symm_ll",
+            Stem::EpochOneShot => "symm_epoch_1shot",
+            Stem::ZeroCopyOneShot => "symm_zc_1shot",
+            Stem::ZeroCopyTwoShot => "symm_zc_2shot",
+            Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
         }
     }
 }
 
 /// Launch rules per kernel, driver and message size.
-fn rule(kind: DriverKind, kernel: &str, bytes: usize) -> LaunchRule {
+fn rule(kind: DriverKind, kernel: Stem, bytes: usize) -> LaunchRule {
     match (kind, kernel) {
         (DriverKind::Host, _) => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
         // One packet (4 bytes) per thread: a single pass, so no thread waits for peers twice.
-        (_, "symm_ll") => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
-        (_, "symm_zc_2shot_ll") => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
+        (_, Stem::Ll) => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
+        (_, Stem::ZeroCopyTwoShotLl) => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
         // The launch-shape sweep (results/h200-mps/ablation): up to ~120 KiB, 4 to 16 blocks beat car's rule (one
         // block per 16 KiB); around 200 KiB car's rule is as good, and up to ~600 KiB 16 blocks beat its 20 to 32
         // (car_1shot@4x512 and @16x512 against car_1shot).
-        (_, "symm_epoch_1shot") if bytes <= 160 << 10 => {
+        (_, Stem::EpochOneShot) if bytes <= 160 << 10 => {
             LaunchRule { threads: 512, bytes_per_block: 1 << 10, max_grid: 16 }
         }
-        (_, "symm_epoch_1shot") if bytes <= 512 << 10 => {
+        (_, Stem::EpochOneShot) if bytes <= 512 << 10 => {
             LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 16 }
         }
         _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
@@ -170,12 +197,12 @@ pub struct SymmTuned {
     design: Design,
     capacity: usize,
     kind: DriverKind,
-    /// Per stem of [`STEMS`]: the blocks that fit beside the other ranks.
+    /// Per [`Stem`]: the blocks that fit beside the other ranks.
     caps: Vec<usize>,
     /// The launch shape asked for this communicator's own design, and the blocks of it that fit.
     fixed: Option<(LaunchRule, usize)>,
     base: TunedParams,
-    /// Per stem of [`STEMS`], per dtype in `DType::ALL` order: plain indexing on the launch path (eager calls are
+    /// Per [`Stem`], per dtype in `DType::ALL` order: plain indexing on the launch path (eager calls are
     /// bound by the host's launch work).
     kernels: Vec<Kernel>,
     _module: Module,
@@ -186,9 +213,6 @@ pub struct SymmTuned {
     _staging: DeviceBuffer,
     _counters: DeviceBuffer,
 }
-
-/// The kernel stems of the library, each instantiated for every dtype.
-const STEMS: [&str; 5] = ["symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll"];
 
 /// Bytes of a rank's packet area: two parities, a slot per source.
 fn packet_bytes(ll_packets: usize) -> usize {
@@ -287,10 +311,10 @@ impl SymmTuned {
         let module = gpu.load(&LIBRARY)?;
         let mut kernels = Vec::new();
         let mut caps = Vec::new();
-        for stem in STEMS {
+        for stem in Stem::ALL {
             let first = kernels.len();
             for dtype in DType::ALL {
-                kernels.push(module.kernel(&format!("{stem}_{dtype}"))?);
+                kernels.push(module.kernel(&format!("{}_{dtype}", stem.name()))?);
             }
             let threads = rule(gpu.kind(), stem, 0).threads;
             let cap = resident_cap(&kernels[first], threads, world, gpu.info().count)?;
@@ -303,8 +327,8 @@ impl SymmTuned {
         }
         let fixed = match opts.rule {
             Some(asked) => {
-                let stem = STEMS.iter().position(|&k| k == design.kernel(0)).expect("every design's kernel is a stem");
-                let cap = resident_cap(&kernels[stem * DType::ALL.len()], asked.threads, world, gpu.info().count)?;
+                let first = design.kernel(0) as usize * DType::ALL.len();
+                let cap = resident_cap(&kernels[first], asked.threads, world, gpu.info().count)?;
                 asked.check_requested(name, cap, world)?;
                 Some((asked, cap))
             }
@@ -362,7 +386,7 @@ impl SymmTuned {
             stream.copy(self.input.ptr(), input, bytes)?;
         }
         let stem = design.kernel(bytes);
-        let s = STEMS.iter().position(|&k| k == stem).expect("every design's kernel is a stem");
+        let s = stem as usize;
         let plan = match self.fixed {
             Some((asked, cap)) if design == self.design => asked.plan(bytes, cap),
             _ => rule(self.kind, stem, bytes).plan(bytes, self.caps[s]),
@@ -410,5 +434,27 @@ impl Collective for SymmTuned {
     ) -> Result<(), CollectiveError> {
         self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
         self.run_design(self.design, dtype, input, output, count, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stems_index_their_tables_and_designs_pick_by_size() {
+        for (i, stem) in Stem::ALL.into_iter().enumerate() {
+            assert_eq!(stem as usize, i, "{stem:?}: Stem::ALL is in discriminant order");
+        }
+        let source = include_str!("../../../kernels/symm_tuned.cu");
+        for stem in Stem::ALL {
+            assert!(source.contains(&format!("ARX_INSTANTIATE({}, ", stem.name())), "{stem:?} has no kernel");
+        }
+        assert_eq!(Design::OneShotTuned.kernel(LL_MAX_BYTES), Stem::Ll);
+        assert_eq!(Design::OneShotTuned.kernel(LL_MAX_BYTES + 1), Stem::EpochOneShot);
+        assert_eq!(Design::OneShotTuned.kernel(EPOCH_MAX_BYTES + 1), Stem::ZeroCopyOneShot);
+        assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES), Stem::EpochOneShot);
+        assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES + 1), Stem::ZeroCopyTwoShot);
+        assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1), Stem::ZeroCopyTwoShotLl);
     }
 }
