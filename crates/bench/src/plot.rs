@@ -1,7 +1,7 @@
 //! `comm_ops_benchmark.svg` and `.png`: time per call against message size, log-log, one line per method
 //! (passed measurements only), so a sweep can be read at a glance. `comm-bench plot` also draws a chosen set of
-//! methods, and their time relative to one of them (below 1: faster than it). Text is drawn with an embedded DejaVu Sans
-//! through ab_glyph, so rendering needs neither fontconfig nor system fonts.
+//! methods, and their time relative to one of them (below 1: faster than it). Text is drawn with an embedded
+//! DejaVu Sans through ab_glyph, so rendering needs neither fontconfig nor system fonts.
 
 use crate::report::{Outcome, Status};
 use plotters::coord::Shift;
