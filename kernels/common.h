@@ -178,6 +178,18 @@ template <int DT, bool ROUND> ARX_DEV float add(float acc, float x) {
     return ROUND ? Elem<DT>::round(acc + x) : acc + x;
 }
 
+// srcs[0][i] + ... + srcs[world-1][i], in rank order. Unrolled over the rank bound with predicates, like the vector
+// body, so that every index into `srcs` is a constant: a caller's pointer array can then stay in registers (one
+// loop to `world` anywhere puts it in local memory, and every sum reads its pointers from there).
+template <int DT, bool ROUND> ARX_DEV float sum_at(const u64* srcs, u32 world, u64 i) {
+    typedef Elem<DT> E;
+    float acc = E::load((const void*)srcs[0], i);
+#pragma unroll
+    for (u32 p = 1; p < ARX_MAX_RANKS; ++p)
+        if (p < world) acc = add<DT, ROUND>(acc, E::load((const void*)srcs[p], i));
+    return acc;
+}
+
 // dst[i] = srcs[0][i] + ... + srcs[world-1][i] (rank order; see add()). dst may be one of the sources.
 template <int DT, bool ROUND = false> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* dst, Range r) {
     typedef Elem<DT> E;
@@ -186,11 +198,7 @@ template <int DT, bool ROUND = false> ARX_DEV void reduce_range(const u64* srcs,
     // A destination shifted against the sources (reduce-scatter into a shard-sized output) may not share their
     // alignment: then everything takes the scalar path.
     if ((((u64)dst ^ srcs[0]) & 15) != 0) h = z = r.lo;
-    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) {
-        float acc = E::load((const void*)srcs[0], i);
-        for (u32 p = 1; p < world; ++p) acc = add<DT, ROUND>(acc, E::load((const void*)srcs[p], i));
-        E::store(dst, i, acc);
-    }
+    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) E::store(dst, i, sum_at<DT, ROUND>(srcs, world, i));
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
         // Fully unrolled over the rank bound with predicates, so `in` stays in registers and all loads are in
         // flight together.
@@ -209,11 +217,7 @@ template <int DT, bool ROUND = false> ARX_DEV void reduce_range(const u64* srcs,
             }
         ((vec16*)((char*)dst + h * E::SIZE))[v] = E::pack(acc);
     }
-    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) {
-        float acc = E::load((const void*)srcs[0], i);
-        for (u32 p = 1; p < world; ++p) acc = add<DT, ROUND>(acc, E::load((const void*)srcs[p], i));
-        E::store(dst, i, acc);
-    }
+    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) E::store(dst, i, sum_at<DT, ROUND>(srcs, world, i));
 }
 
 // Block b's epoch: one more than last call's. Block b also advances the counters of blocks b + k*grid that this
