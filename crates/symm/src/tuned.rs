@@ -8,7 +8,7 @@
 //!   symmetric memory, for the middle sizes where one barrier beats zero-copy's two.
 //! - `symm_zc_2shot_ll`: zero-copy two-shot with one barrier: the reduced shards travel as flag-and-data packets,
 //!   whose arrival also says that the sender has finished reading every input.
-//! - `symm_1shot_tuned`: `symm_ll` up to [`LL_MAX_BYTES`], `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then
+//! - `symm_1shot_tuned`: `symm_ll` up to [`LL_HANDOVER_BYTES`], `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then
 //!   `symm_zc_1shot`; `symm_2shot_tuned`: `symm_ll`, `symm_epoch_1shot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], then
 //!   `symm_zc_2shot`. The thresholds and launch rules come from the H200 sweeps in results/h200-mps.
 //!
@@ -33,6 +33,9 @@ pub static LIBRARY: KernelLibrary = KernelLibrary {
 
 /// Largest message the packet (LL) path carries.
 pub const LL_MAX_BYTES: usize = 96 << 10;
+/// Largest message the tuned methods send through `symm_ll`; above it, `symm_epoch_1shot` (measured:
+/// results/h200-mps/band-final and the final sweep, 8 ranks: packets ahead at 43 KiB, the epoch one-shot at 72 KiB).
+pub const LL_HANDOVER_BYTES: usize = 48 << 10;
 /// Largest message `symm_1shot_tuned` sends through `symm_epoch_1shot` (one barrier); above it, zero-copy one-shot
 /// (measured: results/h200-mps/handover, 8 ranks: epoch ahead at 551 KiB, zero-copy at 918 KiB).
 pub const EPOCH_MAX_BYTES: usize = 640 << 10;
@@ -69,9 +72,9 @@ pub enum Design {
     ZeroCopyTwoShot,
     /// Zero-copy two-shot whose second phase is flag-and-data packets: one barrier.
     ZeroCopyTwoShotLl,
-    /// `Ll` up to [`LL_MAX_BYTES`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
+    /// `Ll` up to [`LL_HANDOVER_BYTES`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
     OneShotTuned,
-    /// `Ll` up to [`LL_MAX_BYTES`], `EpochOneShot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], else zero-copy two-shot.
+    /// `Ll` up to [`LL_HANDOVER_BYTES`], `EpochOneShot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], else zero-copy two-shot.
     TwoShotTuned,
 }
 
@@ -96,7 +99,7 @@ impl Design {
             Design::ZeroCopyOneShot => Stem::ZeroCopyOneShot,
             Design::ZeroCopyTwoShot => Stem::ZeroCopyTwoShot,
             Design::ZeroCopyTwoShotLl => Stem::ZeroCopyTwoShotLl,
-            Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_MAX_BYTES => Stem::Ll,
+            Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_HANDOVER_BYTES => Stem::Ll,
             Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => Stem::EpochOneShot,
             Design::OneShotTuned => Stem::ZeroCopyOneShot,
             Design::TwoShotTuned if bytes <= TWO_SHOT_EPOCH_MAX_BYTES => Stem::EpochOneShot,
@@ -451,8 +454,8 @@ mod tests {
         for stem in Stem::ALL {
             assert!(source.contains(&format!("ARX_INSTANTIATE({}, ", stem.name())), "{stem:?} has no kernel");
         }
-        assert_eq!(Design::OneShotTuned.kernel(LL_MAX_BYTES), Stem::Ll);
-        assert_eq!(Design::OneShotTuned.kernel(LL_MAX_BYTES + 1), Stem::EpochOneShot);
+        assert_eq!(Design::OneShotTuned.kernel(LL_HANDOVER_BYTES), Stem::Ll);
+        assert_eq!(Design::OneShotTuned.kernel(LL_HANDOVER_BYTES + 1), Stem::EpochOneShot);
         assert_eq!(Design::OneShotTuned.kernel(EPOCH_MAX_BYTES + 1), Stem::ZeroCopyOneShot);
         assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES), Stem::EpochOneShot);
         assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES + 1), Stem::ZeroCopyTwoShot);
