@@ -144,11 +144,11 @@ fn rule(kind: DriverKind, kernel: Stem, bytes: usize) -> LaunchRule {
         (_, Stem::ZeroCopyTwoShotLl) => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
         // The launch-shape sweep (results/h200-mps/ablation): up to ~120 KiB, 4 to 16 blocks beat car's rule (one
         // block per 16 KiB); around 200 KiB car's rule is as good, and up to ~600 KiB 16 blocks beat its 20 to 32
-        // (car_1shot@4x512 and @16x512 against car_1shot).
+        // (car_1shot@4x512 and @16x512 against car_1shot). So every size the tuned one-shot sends here gets 16.
         (_, Stem::EpochOneShot) if bytes <= 160 << 10 => {
             LaunchRule { threads: 512, bytes_per_block: 1 << 10, max_grid: 16 }
         }
-        (_, Stem::EpochOneShot) if bytes <= 512 << 10 => {
+        (_, Stem::EpochOneShot) if bytes <= EPOCH_MAX_BYTES => {
             LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 16 }
         }
         _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
