@@ -1,6 +1,7 @@
 //! `auto`: per message size, the method a table measured on this machine says is fastest. `comm-bench --tune FILE`
 //! measures the candidates and writes the table; `--tune_table FILE` hands it to `auto`. Without a table, `auto`
-//! uses [`TuneTable::default`], read off one H200 with 8 ranks under MPS (results/h200-mps).
+//! uses [`TuneTable::default`]: the table `--tune` wrote on one H200 with 8 ranks under MPS, committed as
+//! results/h200-mps/tune.json.
 
 use crate::report::{Row, Status};
 use collective::{Collective, CollectiveError, DType, Op};
@@ -27,13 +28,12 @@ pub struct TuneTable {
     pub entries: Vec<TuneEntry>,
 }
 
+/// The built-in table, as `comm-bench --tune` measured it (graph mode).
+const MEASURED_ON_H200: &str = include_str!("../../../results/h200-mps/tune.json");
+
 impl Default for TuneTable {
     fn default() -> TuneTable {
-        let e = |max_bytes: Option<usize>, m: &str| TuneEntry { max_bytes, method: m.into() };
-        TuneTable {
-            measured_on: "built-in: one H200, 8 ranks under MPS, graph mode (results/h200-mps/tune.json)".into(),
-            entries: vec![e(Some(73216), "symm_ll"), e(Some(121856), "symm_epoch_1shot"), e(None, "symm_zc_2shot")],
-        }
+        serde_json::from_str(MEASURED_ON_H200).expect("results/h200-mps/tune.json is a tune table (tested)")
     }
 }
 
@@ -175,11 +175,26 @@ mod tests {
 
     #[test]
     fn picks_by_range_and_falls_through_to_the_last() {
-        let t = TuneTable::default();
+        let e = |max_bytes: Option<usize>, m: &str| TuneEntry { max_bytes, method: m.into() };
+        let t = TuneTable {
+            measured_on: "test".into(),
+            entries: vec![e(Some(1000), "symm_ll"), e(Some(5000), "symm_epoch_1shot"), e(Some(9000), "car_2shot")],
+        };
         assert_eq!(t.pick(16), "symm_ll");
-        assert_eq!(t.pick(73216), "symm_ll");
-        assert_eq!(t.pick(73217), "symm_epoch_1shot");
-        assert_eq!(t.pick(1 << 30), "symm_zc_2shot");
+        assert_eq!(t.pick(1000), "symm_ll");
+        assert_eq!(t.pick(1001), "symm_epoch_1shot");
+        assert_eq!(t.pick(9000), "car_2shot");
+        assert_eq!(t.pick(1 << 30), "car_2shot", "past the last range: the last entry");
+    }
+
+    #[test]
+    fn the_built_in_table_is_the_committed_measurement() {
+        let t = TuneTable::default();
+        t.validate().unwrap();
+        assert!(t.measured_on.contains("H200"), "{}", t.measured_on);
+        assert_eq!(t.entries.last().unwrap().max_bytes, None, "the last range takes every larger message");
+        let bounds: Vec<usize> = t.entries.iter().filter_map(|e| e.max_bytes).collect();
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "ranges ascend: {bounds:?}");
     }
 
     #[test]
