@@ -239,10 +239,13 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     s.download(&buf, 0, &mut out)?;
     check(out == plus(1), "add_one, launched eagerly")?;
 
+    check(!s.is_capturing()?, "a fresh stream is not capturing")?;
     s.begin_capture()?;
+    check(s.is_capturing()?, "a stream in capture says so")?;
     s.launch(&add_one, dims, &params)?;
     s.launch(&add_one, dims, &params)?;
     let graph = s.end_capture()?;
+    check(!s.is_capturing()?, "a stream whose capture ended is not capturing")?;
     s.download(&buf, 0, &mut out)?;
     check(out == plus(1), "captured launches do not run before replay")?;
     s.replay(&graph)?;

@@ -70,6 +70,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuLaunchKernel",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
+    "cuStreamIsCapturing",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
     "cuGraphExecDestroy",
@@ -863,6 +864,14 @@ impl Driver for CudaDriver {
         let mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         // SAFETY: a live stream. Thread-local mode leaves other threads' work alone.
         ck("cuStreamBeginCapture", unsafe { cu::cuStreamBeginCapture_v2(s, mode) })
+    }
+    fn capturing(&self, stream: Handle) -> Result<bool> {
+        self.current()?;
+        let s = self.stream(stream)?;
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream; writes one status.
+        ck("cuStreamIsCapturing", unsafe { cu::cuStreamIsCapturing(s, &mut status) })?;
+        Ok(status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
     fn capture_end(&self, stream: Handle) -> Result<Handle> {
         self.current()?;

@@ -899,6 +899,14 @@ impl Driver for HipDriver {
             (self.api().hipStreamBeginCapture)(s, sys::hipStreamCaptureModeThreadLocal)
         })
     }
+    fn capturing(&self, stream: Handle) -> Result<bool> {
+        self.current()?;
+        let s = self.stream(stream)?;
+        let mut status = sys::hipStreamCaptureStatusNone;
+        // SAFETY: a live stream; writes one status.
+        self.ck("hipStreamIsCapturing", unsafe { (self.api().hipStreamIsCapturing)(s, &mut status) })?;
+        Ok(status != sys::hipStreamCaptureStatusNone)
+    }
     fn capture_end(&self, stream: Handle) -> Result<Handle> {
         self.current()?;
         let s = self.stream(stream)?;

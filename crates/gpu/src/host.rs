@@ -160,7 +160,7 @@ impl HostDriver {
     }
 
     fn not_capturing(&self, stream: Handle, what: &'static str) -> Result<()> {
-        if self.with_stream(stream, |s| s.is_some())? {
+        if self.capturing(stream)? {
             return Err(GpuError::BadArgs(format!("{what} is not allowed while the stream is capturing")));
         }
         Ok(())
@@ -377,6 +377,9 @@ impl Driver for HostDriver {
             }
         })?
     }
+    fn capturing(&self, stream: Handle) -> Result<bool> {
+        self.with_stream(stream, |s| s.is_some())
+    }
     fn capture_end(&self, stream: Handle) -> Result<Handle> {
         let ops = self
             .with_stream(stream, |s| s.take())?
@@ -506,10 +509,13 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2));
         s.record(&e1).unwrap();
         assert!(e0.elapsed_ms(&e1).unwrap() >= 1.5);
+        assert!(!s.is_capturing().unwrap());
         s.begin_capture().unwrap();
+        assert!(s.is_capturing().unwrap());
         assert!(s.sync().is_err());
         assert!(s.begin_capture().is_err());
         s.end_capture().unwrap();
+        assert!(!s.is_capturing().unwrap());
         assert!(s.end_capture().is_err());
     }
 }

@@ -160,6 +160,8 @@ pub trait Driver: Send + Sync {
     fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()>;
 
     fn capture_begin(&self, stream: Handle) -> Result<()>;
+    /// Whether work issued on `stream` now goes into a graph capture (an invalidated capture counts).
+    fn capturing(&self, stream: Handle) -> Result<bool>;
     fn capture_end(&self, stream: Handle) -> Result<Handle>;
     fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()>;
     fn graph_destroy(&self, graph: Handle) -> Result<()>;
@@ -351,6 +353,11 @@ impl Stream {
     /// Starts capturing the work issued on this stream into a graph.
     pub fn begin_capture(&self) -> Result<()> {
         self.gpu.0.capture_begin(self.handle)
+    }
+    /// Whether this stream is capturing: a collective may pick a different protocol for a graph, whose ranks start
+    /// their kernels closer together than eager launches do.
+    pub fn is_capturing(&self) -> Result<bool> {
+        self.gpu.0.capturing(self.handle)
     }
     pub fn end_capture(&self) -> Result<Graph> {
         Ok(Graph { gpu: self.gpu.clone(), handle: self.gpu.0.capture_end(self.handle)? })

@@ -8,9 +8,11 @@
 //!   symmetric memory, for the middle sizes where one barrier beats zero-copy's two.
 //! - `symm_zc_2shot_ll`: zero-copy two-shot with one barrier: the reduced shards travel as flag-and-data packets,
 //!   whose arrival also says that the sender has finished reading every input.
-//! - `symm_1shot_tuned`: `symm_ll` up to [`LL_HANDOVER_BYTES`], `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then
-//!   `symm_zc_1shot`; `symm_2shot_tuned`: `symm_ll`, `symm_epoch_1shot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], then
-//!   `symm_zc_2shot`. The thresholds and launch rules come from the H200 sweeps in results/h200-mps.
+//! - `symm_1shot_tuned`: `symm_ll` up to [`LL_HANDOVER_GRAPH_BYTES`] in a graph capture ([`LL_HANDOVER_EAGER_BYTES`]
+//!   when launched eagerly), `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then `symm_zc_1shot`; `symm_2shot_tuned`:
+//!   `symm_ll` likewise, `symm_epoch_1shot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], then `symm_zc_2shot`. The thresholds
+//!   and launch rules come from the H200 sweeps in results/h200-mps. Every rank must issue a call the same way (all
+//!   capturing or none), as they must call with the same size: ranks that disagree time out with an error.
 //!
 //! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
 //! (and the output out of it) on the stream.
@@ -33,9 +35,16 @@ pub static LIBRARY: KernelLibrary = KernelLibrary {
 
 /// Largest message the packet (LL) path carries.
 pub const LL_MAX_BYTES: usize = 96 << 10;
-/// Largest message the tuned methods send through `symm_ll`; above it, `symm_epoch_1shot` (measured:
-/// results/h200-mps/band-final and the final sweep, 8 ranks: packets ahead at 43 KiB, the epoch one-shot at 72 KiB).
-pub const LL_HANDOVER_BYTES: usize = 48 << 10;
+/// Largest message the tuned methods send through `symm_ll` in a graph capture; above it, `symm_epoch_1shot`
+/// (measured: results/h200-mps/band-final and band-confirm, graph mode, 8 ranks: packets ahead at 43 KiB, the
+/// epoch one-shot at 72 KiB).
+pub const LL_HANDOVER_GRAPH_BYTES: usize = 48 << 10;
+/// The same hand-over for eager launches. Eager kernels start further apart across ranks, and packets let the early
+/// ranks' data move while the late ones launch, so they stay ahead to larger sizes than in a graph (measured:
+/// results/h200-mps/band-confirm, eager mode, 8 ranks: packets 0.95x the epoch one-shot's time at 72 KiB).
+pub const LL_HANDOVER_EAGER_BYTES: usize = LL_MAX_BYTES;
+// `Design::depends_on_issue` takes the window between them in this order, and packets carry no more than the area.
+const _: () = assert!(LL_HANDOVER_GRAPH_BYTES <= LL_HANDOVER_EAGER_BYTES && LL_HANDOVER_EAGER_BYTES <= LL_MAX_BYTES);
 /// Largest message `symm_1shot_tuned` sends through `symm_epoch_1shot` (one barrier); above it, zero-copy one-shot
 /// (measured: results/h200-mps/handover, 8 ranks: epoch ahead at 551 KiB, zero-copy at 918 KiB).
 pub const EPOCH_MAX_BYTES: usize = 640 << 10;
@@ -72,10 +81,34 @@ pub enum Design {
     ZeroCopyTwoShot,
     /// Zero-copy two-shot whose second phase is flag-and-data packets: one barrier.
     ZeroCopyTwoShotLl,
-    /// `Ll` up to [`LL_HANDOVER_BYTES`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
+    /// `Ll` up to the hand-over of [`Issue`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
     OneShotTuned,
-    /// `Ll` up to [`LL_HANDOVER_BYTES`], `EpochOneShot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], else zero-copy two-shot.
+    /// `Ll` up to the hand-over of [`Issue`], `EpochOneShot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], else zero-copy
+    /// two-shot.
     TwoShotTuned,
+}
+
+/// How a call is issued: the tuned designs hand over from packets at a size that depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Issue {
+    Eager,
+    /// Into a graph capture (replayed later).
+    Captured,
+}
+
+impl Issue {
+    /// Largest message the tuned designs send as packets when issued this way.
+    pub fn ll_handover_bytes(self) -> usize {
+        match self {
+            Issue::Eager => LL_HANDOVER_EAGER_BYTES,
+            Issue::Captured => LL_HANDOVER_GRAPH_BYTES,
+        }
+    }
+
+    /// How `stream` issues work; asking costs a driver call, so the launch path asks only when the answer matters.
+    fn of(stream: &Stream) -> Result<Issue, CollectiveError> {
+        Ok(if stream.is_capturing()? { Issue::Captured } else { Issue::Eager })
+    }
 }
 
 impl Design {
@@ -91,15 +124,22 @@ impl Design {
         }
     }
 
-    /// The kernel for a message of `bytes`.
-    fn kernel(self, bytes: usize) -> Stem {
+    /// Whether the kernel for a message of `bytes` depends on how the call is issued.
+    fn depends_on_issue(self, bytes: usize) -> bool {
+        matches!(self, Design::OneShotTuned | Design::TwoShotTuned)
+            && bytes > LL_HANDOVER_GRAPH_BYTES
+            && bytes <= LL_HANDOVER_EAGER_BYTES
+    }
+
+    /// The kernel for a message of `bytes` issued as `issue`.
+    fn kernel(self, bytes: usize, issue: Issue) -> Stem {
         match self {
             Design::Ll => Stem::Ll,
             Design::EpochOneShot => Stem::EpochOneShot,
             Design::ZeroCopyOneShot => Stem::ZeroCopyOneShot,
             Design::ZeroCopyTwoShot => Stem::ZeroCopyTwoShot,
             Design::ZeroCopyTwoShotLl => Stem::ZeroCopyTwoShotLl,
-            Design::OneShotTuned | Design::TwoShotTuned if bytes <= LL_HANDOVER_BYTES => Stem::Ll,
+            Design::OneShotTuned | Design::TwoShotTuned if bytes <= issue.ll_handover_bytes() => Stem::Ll,
             Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => Stem::EpochOneShot,
             Design::OneShotTuned => Stem::ZeroCopyOneShot,
             Design::TwoShotTuned if bytes <= TWO_SHOT_EPOCH_MAX_BYTES => Stem::EpochOneShot,
@@ -331,7 +371,7 @@ impl SymmTuned {
         }
         let fixed = match opts.rule {
             Some(asked) => {
-                let first = design.kernel(0) as usize * DType::ALL.len();
+                let first = design.kernel(0, Issue::Eager) as usize * DType::ALL.len();
                 let cap = resident_cap(&kernels[first], asked.threads, world, gpu.info().count)?;
                 asked.check_requested(name, cap, world)?;
                 Some((asked, cap))
@@ -389,7 +429,8 @@ impl SymmTuned {
         if input != self.input.ptr() {
             stream.copy(self.input.ptr(), input, bytes)?;
         }
-        let stem = design.kernel(bytes);
+        let issue = if design.depends_on_issue(bytes) { Issue::of(stream)? } else { Issue::Eager };
+        let stem = design.kernel(bytes, issue);
         let s = stem as usize;
         let plan = match self.fixed {
             Some((asked, cap)) if design == self.design => asked.plan(bytes, cap),
@@ -454,11 +495,29 @@ mod tests {
         for stem in Stem::ALL {
             assert!(source.contains(&format!("ARX_INSTANTIATE({}, ", stem.name())), "{stem:?} has no kernel");
         }
-        assert_eq!(Design::OneShotTuned.kernel(LL_HANDOVER_BYTES), Stem::Ll);
-        assert_eq!(Design::OneShotTuned.kernel(LL_HANDOVER_BYTES + 1), Stem::EpochOneShot);
-        assert_eq!(Design::OneShotTuned.kernel(EPOCH_MAX_BYTES + 1), Stem::ZeroCopyOneShot);
-        assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES), Stem::EpochOneShot);
-        assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES + 1), Stem::ZeroCopyTwoShot);
-        assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1), Stem::ZeroCopyTwoShotLl);
+        for issue in [Issue::Eager, Issue::Captured] {
+            let handover = issue.ll_handover_bytes();
+            for design in [Design::OneShotTuned, Design::TwoShotTuned] {
+                assert_eq!(design.kernel(handover, issue), Stem::Ll, "{design:?} {issue:?}");
+                assert_eq!(design.kernel(handover + 1, issue), Stem::EpochOneShot, "{design:?} {issue:?}");
+            }
+            assert_eq!(Design::OneShotTuned.kernel(EPOCH_MAX_BYTES + 1, issue), Stem::ZeroCopyOneShot);
+            assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES, issue), Stem::EpochOneShot);
+            assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES + 1, issue), Stem::ZeroCopyTwoShot);
+            assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1, issue), Stem::ZeroCopyTwoShotLl);
+            assert_eq!(Design::Ll.kernel(LL_MAX_BYTES, issue), Stem::Ll);
+        }
+    }
+
+    #[test]
+    fn only_sizes_between_the_two_handovers_ask_how_the_call_is_issued() {
+        for design in [Design::OneShotTuned, Design::TwoShotTuned] {
+            for bytes in [1, LL_HANDOVER_GRAPH_BYTES, LL_HANDOVER_EAGER_BYTES, EPOCH_MAX_BYTES] {
+                let differs = design.kernel(bytes, Issue::Eager) != design.kernel(bytes, Issue::Captured);
+                assert_eq!(design.depends_on_issue(bytes), differs, "{design:?} at {bytes} bytes");
+            }
+            assert!(design.depends_on_issue(LL_HANDOVER_GRAPH_BYTES + 1));
+        }
+        assert!(!Design::EpochOneShot.depends_on_issue(LL_HANDOVER_GRAPH_BYTES + 1));
     }
 }

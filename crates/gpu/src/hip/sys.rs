@@ -45,6 +45,8 @@ pub const hipStreamNonBlocking: c_uint = 0x1;
 pub const hipEventDefault: c_uint = 0x0;
 /// `hipStreamCaptureMode`.
 pub const hipStreamCaptureModeThreadLocal: c_int = 1;
+/// `hipStreamCaptureStatus`: not capturing.
+pub const hipStreamCaptureStatusNone: c_int = 0;
 
 /// `hipMemcpyKind`.
 pub const hipMemcpyHostToDevice: c_int = 1;
@@ -231,6 +233,7 @@ table! {
         ) -> hipError_t;
         hipStreamBeginCapture: fn(hipStream_t, c_int) -> hipError_t;
         hipStreamEndCapture: fn(hipStream_t, *mut hipGraph_t) -> hipError_t;
+        hipStreamIsCapturing: fn(hipStream_t, *mut c_int) -> hipError_t;
         hipGraphInstantiateWithFlags: fn(*mut hipGraphExec_t, hipGraph_t, u64) -> hipError_t;
         hipGraphLaunch: fn(hipGraphExec_t, hipStream_t) -> hipError_t;
         hipGraphExecDestroy: fn(hipGraphExec_t) -> hipError_t;
