@@ -12,7 +12,7 @@
 //!   when launched eagerly), `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then `symm_zc_1shot`; `symm_2shot_tuned`:
 //!   `symm_ll` likewise, `symm_epoch_1shot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], then `symm_zc_2shot`. The thresholds
 //!   and launch rules come from the H200 sweeps in results/h200-mps. Every rank must issue a call the same way (all
-//!   capturing or none), as they must call with the same size: ranks that disagree time out with an error.
+//!   capturing or none), as they must call with the same size: ranks that disagree fail at the kernels' deadline.
 //!
 //! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
 //! (and the output out of it) on the stream.
