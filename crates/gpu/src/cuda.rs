@@ -494,7 +494,7 @@ impl CudaDriver {
         }
     }
 
-    /// `bytes` rounded up to the recommended VMM granularity.
+    /// `bytes` rounded up to the recommended VMM granularity (also used for classic IPC allocations).
     fn vmm_size(&self, bytes: usize) -> Result<usize> {
         let prop = self.vmm_prop();
         let mut gran = 0usize;
@@ -578,9 +578,17 @@ impl Driver for CudaDriver {
 
     fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem> {
         self.current()?;
+        // IPC memory is rounded up to the allocation granularity (2 MiB on the H200). Peers read an allocation of
+        // another size through their IPC mapping at a third of the speed once messages pass a few MB (measured:
+        // results/h200-mps/ipc-size: car_1shot 475 against 170 us at 6040832 elements with a 24.2 MB buffer, and
+        // fast again with 64 MiB), which made car's timings depend on the largest size of the run.
+        let size = match kind {
+            MemKind::Ipc { .. } => self.vmm_size(bytes)?,
+            MemKind::Device => bytes.max(1),
+        };
         let mut ptr: cu::CUdeviceptr = 0;
         // SAFETY: writes one device pointer. Never the async pool: pool memory cannot be IPC-exported.
-        ck("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut ptr, bytes.max(1)) })?;
+        ck("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut ptr, size) })?;
         Ok(self.insert(ptr, bytes, Mem::Alloc { ipc: matches!(kind, MemKind::Ipc { .. }) }))
     }
 
