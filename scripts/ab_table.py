@@ -1,24 +1,23 @@
 #!/usr/bin/env python3
 """Tables of an A/B measurement of builds from comm-bench JSON: folders named MODE-BUILD-PASS (e.g. graph-A-1), each
 holding one run's comm_ops_benchmark.json. Prints, per mode, every method and build at every size: the mean over the
-passes of the median time, in us, and each pass's value. Fails on any row that did not pass its checks.
+passes of the median time, in us, and each pass's value. Fails on any row that failed its checks.
 
     scripts/ab_table.py results/h200-mps/regviews
 """
 import collections
-import json
 import pathlib
 import sys
+
+from comm_json import times_us
 
 
 def load(root):
     times = collections.defaultdict(list)
     for f in sorted(pathlib.Path(root).glob("*-*-*/comm_ops_benchmark.json")):
         mode, build, _ = f.parent.name.split("-")
-        for row in json.loads(f.read_text())["rows"]:
-            if row["status"] != "passed":
-                sys.exit(f"{f}: {row['method']} at {row['count']} elements: {row['status']}")
-            times[(mode, row["method"], build, row["count"])].append(row["time_ms"] * 1000)
+        for (method, count), us in times_us(f).items():
+            times[(mode, method, build, count)].append(us)
     return times
 
 

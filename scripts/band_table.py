@@ -9,21 +9,18 @@ fails the script.
     scripts/band_table.py results/h200-mps/band-confirm symm_1shot_tuned symm_2shot_tuned auto
 """
 import collections
-import json
 import pathlib
 import sys
+
+from comm_json import times_us
 
 
 def load(root):
     times = collections.defaultdict(dict)
     for f in sorted(pathlib.Path(root).glob("*-*/comm_ops_benchmark.json")):
         mode, run = f.parent.name.split("-")
-        for row in json.loads(f.read_text())["rows"]:
-            if row["status"] == "skipped":
-                continue
-            if row["status"] != "passed":
-                sys.exit(f"{f}: {row['method']} at {row['count']} elements: {row['status']}")
-            times[(mode, row["method"], row["count"])][run] = row["time_ms"] * 1000
+        for (method, count), us in times_us(f).items():
+            times[(mode, method, count)][run] = us
     if not times:
         sys.exit(f"{root}: no MODE-PASS/comm_ops_benchmark.json")
     return times

@@ -5,9 +5,10 @@ one run: of the folders given, the last that measured both methods.
 
     scripts/factor_table.py results/h200-mps/ablation results/h200-mps/ablation-copyin
 """
-import json
 import math
 import sys
+
+from comm_json import times_us
 
 # (factor, from, to): each pair differs in that factor only, unless the note says otherwise.
 FACTORS = [
@@ -34,11 +35,6 @@ FACTORS = [
 CLASSES = [("small (<= 16K el.)", 0, 16384), ("medium", 16385, 4 << 20), ("large (>= 4M el.)", (4 << 20) + 1, 1 << 40)]
 
 
-def times(path):
-    rows = json.load(open(path))["rows"]
-    return {(r["method"], r["count"]): r["time_ms"] * 1000 for r in rows if r["status"] == "passed"}
-
-
 def ratio(t, a, b, lo, hi):
     pairs = [(t[(a, n)], t[(b, n)]) for (m, n) in t if m == a and lo <= n <= hi and (b, n) in t]
     if not pairs:
@@ -47,7 +43,7 @@ def ratio(t, a, b, lo, hi):
 
 
 def main(folders):
-    runs = [{m: times(f"{f}/{m}/comm_ops_benchmark.json") for m in ("graph", "eager")} for f in folders]
+    runs = [{m: times_us(f"{f}/{m}/comm_ops_benchmark.json", strict=False) for m in ("graph", "eager")} for f in folders]
     modes = list(runs[0])
     head = " | ".join(f"{c} {m}" for m in modes for c, _, _ in CLASSES)
     print(f"| factor | from -> to | {head} |")
