@@ -11,7 +11,7 @@
 //! thread.
 
 use crate::{
-    kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
+    c_buf_text, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
     KernelLibrary, LaunchDims, MemKind, RawMem, Result,
 };
 use cudarc::driver::sys as cu;
@@ -33,6 +33,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuDeviceGet",
     "cuDeviceGetName",
     "cuDeviceGetAttribute",
+    "cuDeviceGetPCIBusId",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
@@ -394,9 +395,11 @@ impl CudaDriver {
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds the length passed.
         ck("cuDeviceGetName", unsafe { cu::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, device) })?;
-        name[name.len() - 1] = 0;
-        // SAFETY: NUL-terminated just above at the latest.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let name = c_buf_text(&name);
+        let mut bus = [0 as c_char; 64];
+        // SAFETY: the buffer holds the length passed (an id is 12 characters and a NUL).
+        ck("cuDeviceGetPCIBusId", unsafe { cu::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as c_int, device) })?;
+        let bus_id = c_buf_text(&bus).to_ascii_lowercase();
         let attr = |a: cu::CUdevice_attribute| -> Result<c_int> {
             let mut v: c_int = 0;
             // SAFETY: writes one int.
@@ -420,6 +423,7 @@ impl CudaDriver {
                 arch: format!("sm_{major}{minor}"),
                 multiprocessors: sms.max(1) as usize,
                 size_align: 256,
+                bus_id,
             },
             device,
             ctx,

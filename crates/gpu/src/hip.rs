@@ -15,7 +15,7 @@
 mod sys;
 
 use crate::{
-    kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
+    c_buf_text, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
     KernelLibrary, LaunchDims, MemKind, RawMem, Result,
 };
 use std::collections::{HashMap, HashSet};
@@ -347,9 +347,13 @@ impl HipDriver {
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds the length passed.
         rt.ck("hipDeviceGetName", unsafe { (api.hipDeviceGetName)(name.as_mut_ptr(), name.len() as c_int, device) })?;
-        name[name.len() - 1] = 0;
-        // SAFETY: NUL-terminated just above at the latest.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let name = c_buf_text(&name);
+        let mut bus = [0 as c_char; 64];
+        // SAFETY: the buffer holds the length passed (an id is 12 characters and a NUL).
+        rt.ck("hipDeviceGetPCIBusId", unsafe {
+            (api.hipDeviceGetPCIBusId)(bus.as_mut_ptr(), bus.len() as c_int, dev_ord)
+        })?;
+        let bus_id = c_buf_text(&bus).to_ascii_lowercase();
         let mut cus: c_int = 0;
         // SAFETY: writes one int.
         rt.ck("hipDeviceGetAttribute", unsafe {
@@ -373,6 +377,7 @@ impl HipDriver {
                 arch,
                 multiprocessors: cus.max(1) as usize,
                 size_align: 512,
+                bus_id,
             },
             ordinal: dev_ord,
             target_id,

@@ -94,6 +94,7 @@ impl HostDriver {
                 arch: "host".into(),
                 multiprocessors: cores,
                 size_align: 256,
+                bus_id: "host".into(),
             },
             prefix: if shm_prefix.is_empty() { format!("/arx-p{}", std::process::id()) } else { shm_prefix.into() },
             next: AtomicU64::new(1),
@@ -517,5 +518,10 @@ mod tests {
         s.end_capture().unwrap();
         assert!(!s.is_capturing().unwrap());
         assert!(s.end_capture().is_err());
+    }
+
+    #[test]
+    fn bus_id_names_the_one_shared_device() {
+        assert_eq!(host().info().bus_id, "host");
     }
 }

@@ -82,6 +82,9 @@ pub struct DeviceInfo {
     pub multiprocessors: usize,
     /// Elements a comm_bench.py size is rounded up to on this driver (512 on HIP, 256 elsewhere).
     pub size_align: usize,
+    /// The PCI bus id, lower case (`0000:1b:00.0`), so ranks can tell which of them share a device; `host` on the
+    /// host driver, whose ranks all share the one "device".
+    pub bus_id: String,
 }
 
 /// How an allocation may be shared.
@@ -367,6 +370,15 @@ impl Stream {
     }
 }
 
+/// The text of the NUL-terminated string a driver call wrote into `buf` (all of it if it wrote no NUL).
+pub(crate) fn c_buf_text(buf: &[std::ffi::c_char]) -> String {
+    let bytes: &[u8] = bytemuck::cast_slice(buf);
+    match std::ffi::CStr::from_bytes_until_nul(bytes) {
+        Ok(s) => s.to_string_lossy().into_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
+}
+
 fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= buf.bytes() => Ok(()),
@@ -452,5 +464,20 @@ impl Drop for Graph {
         if let Err(e) = self.gpu.0.graph_destroy(self.handle) {
             eprintln!("warning: destroying graph: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_strings_end_at_their_nul_or_the_buffer() {
+        let mut buf = [0 as std::ffi::c_char; 16];
+        for (d, s) in buf.iter_mut().zip(b"0000:1B:00.0") {
+            *d = *s as std::ffi::c_char;
+        }
+        assert_eq!(c_buf_text(&buf), "0000:1B:00.0");
+        assert_eq!(c_buf_text(&[b'a' as std::ffi::c_char; 3]), "aaa");
     }
 }

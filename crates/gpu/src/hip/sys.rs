@@ -195,6 +195,7 @@ table! {
         hipDeviceGet: fn(*mut hipDevice_t, c_int) -> hipError_t;
         hipDeviceGetName: fn(*mut c_char, c_int, hipDevice_t) -> hipError_t;
         hipDeviceGetAttribute: fn(*mut c_int, c_int, c_int) -> hipError_t;
+        hipDeviceGetPCIBusId: fn(*mut c_char, c_int, c_int) -> hipError_t;
         hipGetDevicePropertiesR0600: fn(*mut hipDeviceProp_tR0600, c_int) -> hipError_t;
         hipMalloc: fn(*mut *mut c_void, usize) -> hipError_t;
         hipExtMallocWithFlags: fn(*mut *mut c_void, usize, c_uint) -> hipError_t;
