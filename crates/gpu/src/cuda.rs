@@ -11,8 +11,8 @@
 //! thread.
 
 use crate::{
-    c_buf_text, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
-    KernelLibrary, LaunchDims, MemKind, RawMem, Result,
+    c_buf_text, forget, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError,
+    Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -55,6 +55,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemImportFromShareableHandle",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
+    "cuStreamGetCtx",
     "cuStreamSynchronize",
     "cuEventCreate",
     "cuEventDestroy_v2",
@@ -101,6 +102,10 @@ const NVRTC_SYMBOLS: &[&str] = &[
 
 /// The largest by-value parameter struct a launch accepts (the classic kernel-parameter limit).
 const MAX_PARAM_BYTES: usize = 4096;
+
+/// `NULL` (the default stream), `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: stream handles that name the
+/// current context's default streams rather than a stream object, so they are adopted without a context check.
+const DEFAULT_STREAMS: [Handle; 3] = [0, 1, 2];
 
 /// Turns a driver status into a [`GpuError::Driver`] naming `call`.
 fn ck(call: &'static str, status: cu::CUresult) -> Result<()> {
@@ -344,6 +349,8 @@ struct MemEntry {
 struct Live {
     mems: HashMap<u64, MemEntry>,
     streams: HashSet<Handle>,
+    /// Adopted streams (the caller's, or ours borrowed again) -> adoptions not yet forgotten; never destroyed here.
+    adopted: HashMap<Handle, usize>,
     events: HashSet<Handle>,
     modules: HashSet<Handle>,
     /// Function -> its module.
@@ -455,7 +462,8 @@ impl CudaDriver {
     }
 
     fn stream(&self, h: Handle) -> Result<cu::CUstream> {
-        if lock(&self.live).streams.contains(&h) {
+        let live = lock(&self.live);
+        if live.streams.contains(&h) || live.adopted.contains_key(&h) {
             Ok(h as cu::CUstream)
         } else {
             Err(bad(format!("unknown stream {h:#x}")))
@@ -720,6 +728,26 @@ impl Driver for CudaDriver {
         // SAFETY: a live stream of ours, destroyed once.
         ck("cuStreamDestroy", unsafe { cu::cuStreamDestroy_v2(stream as cu::CUstream) })
     }
+    fn stream_adopt(&self, raw: Handle) -> Result<Handle> {
+        self.current()?;
+        if !DEFAULT_STREAMS.contains(&raw) {
+            let mut ctx: cu::CUcontext = null_mut();
+            // SAFETY: the caller vouches (Gpu::borrow_stream) that `raw` is a live stream; writes one context.
+            ck("cuStreamGetCtx", unsafe { cu::cuStreamGetCtx(raw as cu::CUstream, &mut ctx) })?;
+            if ctx != self.ctx {
+                return Err(bad(format!(
+                    "stream {raw:#x} belongs to context {ctx:p}, not to this driver's: the primary context {:p} of \
+                     device {}",
+                    self.ctx, self.info.ordinal
+                )));
+            }
+        }
+        *lock(&self.live).adopted.entry(raw).or_default() += 1;
+        Ok(raw)
+    }
+    fn stream_forget(&self, stream: Handle) -> Result<()> {
+        forget(&mut lock(&self.live).adopted, stream)
+    }
     fn stream_sync(&self, stream: Handle) -> Result<()> {
         self.current()?;
         let s = self.stream(stream)?;
@@ -940,6 +968,7 @@ impl Drop for CudaDriver {
             for e in live.events {
                 let _ = cu::cuEventDestroy_v2(e as cu::CUevent);
             }
+            // Streams that were only adopted (`live.adopted`) belong to the caller and are left alone.
             for s in live.streams {
                 let _ = cu::cuStreamDestroy_v2(s as cu::CUstream);
             }

@@ -15,8 +15,8 @@
 mod sys;
 
 use crate::{
-    c_buf_text, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError, Handle,
-    KernelLibrary, LaunchDims, MemKind, RawMem, Result,
+    c_buf_text, forget, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError,
+    Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result,
 };
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -291,6 +291,8 @@ struct MemEntry {
 struct Live {
     mems: HashMap<u64, MemEntry>,
     streams: HashSet<Handle>,
+    /// Adopted streams (the caller's, or ours borrowed again) -> adoptions not yet forgotten; never destroyed here.
+    adopted: HashMap<Handle, usize>,
     events: HashSet<Handle>,
     modules: HashSet<Handle>,
     /// Function -> its module.
@@ -302,6 +304,8 @@ struct Live {
 pub(crate) struct HipDriver {
     info: DeviceInfo,
     ordinal: c_int,
+    /// What `hipDeviceGet` returned for it, which `hipStreamGetDevice` reports.
+    device: sys::hipDevice_t,
     /// The device's full target ID (`gfx942:sramecc+:xnack-`), what hipRTC compiles for.
     target_id: String,
     rt: Runtime,
@@ -380,6 +384,7 @@ impl HipDriver {
                 bus_id,
             },
             ordinal: dev_ord,
+            device,
             target_id,
             rt,
             rtc,
@@ -431,7 +436,8 @@ impl HipDriver {
     }
 
     fn stream(&self, h: Handle) -> Result<sys::hipStream_t> {
-        if lock(&self.live).streams.contains(&h) {
+        let live = lock(&self.live);
+        if live.streams.contains(&h) || live.adopted.contains_key(&h) {
             Ok(h as sys::hipStream_t)
         } else {
             Err(bad(format!("unknown stream {h:#x}")))
@@ -710,6 +716,26 @@ impl Driver for HipDriver {
         // SAFETY: a live stream of ours, destroyed once.
         self.ck("hipStreamDestroy", unsafe { (self.api().hipStreamDestroy)(stream as sys::hipStream_t) })
     }
+    fn stream_adopt(&self, raw: Handle) -> Result<Handle> {
+        self.current()?;
+        let mut device: sys::hipDevice_t = -1;
+        // SAFETY: the caller vouches (Gpu::borrow_stream) that `raw` is a live stream, and the runtime checks it;
+        // writes one device. The null and per-thread streams report the current device, which is ours.
+        self.ck("hipStreamGetDevice", unsafe {
+            (self.api().hipStreamGetDevice)(raw as sys::hipStream_t, &mut device)
+        })?;
+        if device != self.device {
+            return Err(bad(format!(
+                "stream {raw:#x} belongs to device {device}, not to this driver's device {}",
+                self.device
+            )));
+        }
+        *lock(&self.live).adopted.entry(raw).or_default() += 1;
+        Ok(raw)
+    }
+    fn stream_forget(&self, stream: Handle) -> Result<()> {
+        forget(&mut lock(&self.live).adopted, stream)
+    }
     fn stream_sync(&self, stream: Handle) -> Result<()> {
         self.current()?;
         let s = self.stream(stream)?;
@@ -972,6 +998,7 @@ impl Drop for HipDriver {
             for e in live.events {
                 let _ = (api.hipEventDestroy)(e as sys::hipEvent_t);
             }
+            // Streams that were only adopted (`live.adopted`) belong to the caller and are left alone.
             for s in live.streams {
                 let _ = (api.hipStreamDestroy)(s as sys::hipStream_t);
             }

@@ -3,7 +3,8 @@
 //! thread, and whose "kernels" are Rust functions that run the same algorithms with std atomics.
 
 use crate::{
-    DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result,
+    forget, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem,
+    Result,
 };
 use nix::fcntl::OFlag;
 use nix::sys::mman::{self, MapFlags, ProtFlags};
@@ -61,13 +62,17 @@ enum Op {
     Set { dst: DevicePtr, value: u8, bytes: usize },
 }
 
+/// Handles and tokens count up process-wide, so one host driver never mistakes another's handle for its own.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 pub(crate) struct HostDriver {
     info: DeviceInfo,
     prefix: String,
-    next: AtomicU64,
     mems: Mutex<HashMap<u64, Mapping>>,
     /// Per stream: `Some(ops)` while capturing.
     streams: Mutex<HashMap<Handle, Option<Vec<Op>>>>,
+    /// How many times each stream was adopted and not yet forgotten.
+    adopted: Mutex<HashMap<Handle, usize>>,
     events: Mutex<HashMap<Handle, Option<Instant>>>,
     modules: Mutex<HashMap<Handle, &'static [(&'static str, HostKernel)]>>,
     kernels: Mutex<HashMap<Handle, (&'static str, HostKernel)>>,
@@ -97,9 +102,9 @@ impl HostDriver {
                 bus_id: "host".into(),
             },
             prefix: if shm_prefix.is_empty() { format!("/arx-p{}", std::process::id()) } else { shm_prefix.into() },
-            next: AtomicU64::new(1),
             mems: Mutex::default(),
             streams: Mutex::default(),
+            adopted: Mutex::default(),
             events: Mutex::default(),
             modules: Mutex::default(),
             kernels: Mutex::default(),
@@ -108,7 +113,7 @@ impl HostDriver {
     }
 
     fn id(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed)
+        NEXT_ID.fetch_add(1, Ordering::Relaxed)
     }
 
     fn map_shared(&self, fd: impl AsFd, bytes: usize, backing: Backing) -> Result<RawMem> {
@@ -294,6 +299,19 @@ impl Driver for HostDriver {
     fn stream_destroy(&self, stream: Handle) -> Result<()> {
         lock(&self.streams).remove(&stream).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown stream".into()))
     }
+    fn stream_adopt(&self, raw: Handle) -> Result<Handle> {
+        // Host streams have no existence outside a driver, so only this driver's own can be adopted.
+        if !lock(&self.streams).contains_key(&raw) {
+            return Err(GpuError::BadArgs(format!(
+                "stream_adopt of {raw}, which is not a live stream of this host driver"
+            )));
+        }
+        *lock(&self.adopted).entry(raw).or_default() += 1;
+        Ok(raw)
+    }
+    fn stream_forget(&self, stream: Handle) -> Result<()> {
+        forget(&mut lock(&self.adopted), stream)
+    }
     fn stream_sync(&self, stream: Handle) -> Result<()> {
         self.not_capturing(stream, "stream_sync")
     }
@@ -413,7 +431,7 @@ impl Drop for HostDriver {
 
 #[cfg(test)]
 mod tests {
-    use crate::{open, Backend, DriverOptions, KernelLibrary, LaunchDims, MemKind};
+    use crate::{open, Backend, DriverOptions, GpuError, KernelLibrary, LaunchDims, MemKind};
     use std::os::fd::AsRawFd;
 
     fn host() -> crate::Gpu {
@@ -523,5 +541,39 @@ mod tests {
     #[test]
     fn bus_id_names_the_one_shared_device() {
         assert_eq!(host().info().bus_id, "host");
+    }
+
+    #[test]
+    fn borrowed_streams_run_work_and_are_only_forgotten_on_drop() {
+        let gpu = host();
+        let own = gpu.stream().unwrap();
+        let buf = gpu.alloc(4096, MemKind::Device).unwrap();
+        // SAFETY: `own` is a live stream of this driver and outlives both borrows.
+        let (a, b) = unsafe { (gpu.borrow_stream(own.handle()).unwrap(), gpu.borrow_stream(own.handle()).unwrap()) };
+        assert_eq!(a.handle(), own.handle());
+        a.memset(buf.ptr(), 3, 4096).unwrap();
+        a.sync().unwrap();
+        let mut out = vec![0u8; 4096];
+        own.download(&buf, 0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 3));
+        drop(a);
+        b.memset(buf.ptr(), 4, 16).unwrap();
+        drop(b);
+        own.memset(buf.ptr(), 9, 4096).unwrap();
+        own.download(&buf, 0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 9), "the original stream must outlive its borrows");
+        assert!(
+            matches!(gpu.driver().stream_forget(own.handle()), Err(GpuError::BadArgs(_))),
+            "nothing left to forget"
+        );
+        // SAFETY: the handles are not streams; the host driver refuses them without using them.
+        unsafe {
+            assert!(matches!(gpu.borrow_stream(u64::MAX), Err(GpuError::BadArgs(_))));
+            assert!(matches!(gpu.borrow_stream(0), Err(GpuError::BadArgs(_))));
+        }
+        let other = host();
+        let theirs = other.stream().unwrap();
+        // SAFETY: as above: a stream of another driver instance is refused, not used.
+        assert!(unsafe { gpu.borrow_stream(theirs.handle()) }.is_err());
     }
 }

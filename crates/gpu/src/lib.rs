@@ -140,7 +140,13 @@ pub trait Driver: Send + Sync {
     fn release(&self, mem: &RawMem) -> Result<()>;
 
     fn stream_create(&self) -> Result<Handle>;
+    /// Destroys a stream made by `stream_create`; one that was only adopted is refused (see `stream_forget`).
     fn stream_destroy(&self, stream: Handle) -> Result<()>;
+    /// Starts tracking a stream this driver did not create, so every stream-taking method accepts it; returns the
+    /// handle to use. Adopting one stream several times needs as many `stream_forget`s.
+    fn stream_adopt(&self, raw: Handle) -> Result<Handle>;
+    /// Stops tracking an adopted stream without destroying it.
+    fn stream_forget(&self, stream: Handle) -> Result<()>;
     fn stream_sync(&self, stream: Handle) -> Result<()>;
     fn event_create(&self) -> Result<Handle>;
     fn event_destroy(&self, event: Handle) -> Result<()>;
@@ -283,7 +289,19 @@ impl Gpu {
     }
 
     pub fn stream(&self) -> Result<Stream> {
-        Ok(Stream { gpu: self.clone(), handle: self.0.stream_create()? })
+        Ok(Stream { gpu: self.clone(), handle: self.0.stream_create()?, owned: true })
+    }
+
+    /// Wraps a stream the caller owns (a framework's current stream, say); dropping the returned [`Stream`] stops
+    /// using it and leaves it alive. On CUDA, `0` and `1` (the legacy default stream) and `2` (the per-thread
+    /// default stream) are taken as they are; any other stream must belong to this driver's context (on HIP: to
+    /// its device), else the error says whose it is.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this device's context (for the host driver: a stream of this driver), it outlives
+    /// the returned `Stream`, and the caller orders its own uses of it with the work issued here.
+    pub unsafe fn borrow_stream(&self, raw: u64) -> Result<Stream> {
+        Ok(Stream { gpu: self.clone(), handle: self.0.stream_adopt(raw)?, owned: false })
     }
     pub fn event(&self) -> Result<Event> {
         Ok(Event { gpu: self.clone(), handle: self.0.event_create()? })
@@ -316,10 +334,12 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// An ordered queue of device work.
+/// An ordered queue of device work: created here, or borrowed with [`Gpu::borrow_stream`].
 pub struct Stream {
     gpu: Gpu,
     handle: Handle,
+    /// Destroyed on drop when created here; a borrowed one is only forgotten.
+    owned: bool,
 }
 
 impl Stream {
@@ -379,6 +399,18 @@ pub(crate) fn c_buf_text(buf: &[std::ffi::c_char]) -> String {
     }
 }
 
+/// Drops one adoption of `stream` (the `stream_forget` of every driver).
+pub(crate) fn forget(adopted: &mut std::collections::HashMap<Handle, usize>, stream: Handle) -> Result<()> {
+    match adopted.get_mut(&stream) {
+        Some(n) if *n > 1 => *n -= 1,
+        Some(_) => {
+            adopted.remove(&stream);
+        }
+        None => return Err(GpuError::BadArgs(format!("stream_forget of {stream:#x}, which was not adopted"))),
+    }
+    Ok(())
+}
+
 fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= buf.bytes() => Ok(()),
@@ -391,8 +423,13 @@ fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if let Err(e) = self.gpu.0.stream_destroy(self.handle) {
-            eprintln!("warning: destroying stream: {e}");
+        let (what, done) = if self.owned {
+            ("destroying", self.gpu.0.stream_destroy(self.handle))
+        } else {
+            ("forgetting borrowed", self.gpu.0.stream_forget(self.handle))
+        };
+        if let Err(e) = done {
+            eprintln!("warning: {what} stream: {e}");
         }
     }
 }
@@ -470,6 +507,15 @@ impl Drop for Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_adoption_needs_its_own_forget() {
+        let mut adopted = std::collections::HashMap::from([(7, 2)]);
+        forget(&mut adopted, 7).unwrap();
+        forget(&mut adopted, 7).unwrap();
+        assert!(adopted.is_empty());
+        assert!(matches!(forget(&mut adopted, 7), Err(GpuError::BadArgs(_))));
+    }
 
     #[test]
     fn c_strings_end_at_their_nul_or_the_buffer() {

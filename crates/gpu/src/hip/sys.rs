@@ -217,6 +217,7 @@ table! {
         hipStreamCreateWithFlags: fn(*mut hipStream_t, c_uint) -> hipError_t;
         hipStreamDestroy: fn(hipStream_t) -> hipError_t;
         hipStreamSynchronize: fn(hipStream_t) -> hipError_t;
+        hipStreamGetDevice: fn(hipStream_t, *mut hipDevice_t) -> hipError_t;
         hipEventCreateWithFlags: fn(*mut hipEvent_t, c_uint) -> hipError_t;
         hipEventDestroy: fn(hipEvent_t) -> hipError_t;
         hipEventRecord: fn(hipEvent_t, hipStream_t) -> hipError_t;
