@@ -11,8 +11,9 @@
 //! thread.
 
 use crate::{
-    c_buf_text, forget, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError,
-    Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result,
+    c_buf_text, forget, kernel_cache, offset_in, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind,
+    DriverOptions, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result, ShareHandle, SharedRange,
+    PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -53,6 +54,9 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",
+    "cuMemRetainAllocationHandle",
+    "cuMemGetAllocationPropertiesFromHandle",
+    "cuPointerGetAttribute",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamGetCtx",
@@ -149,6 +153,10 @@ fn not_available(reason: String) -> GpuError {
 
 fn bad(msg: impl Into<String>) -> GpuError {
     GpuError::BadArgs(msg.into())
+}
+
+fn unsupported(msg: impl Into<String>) -> GpuError {
+    GpuError::Unsupported(msg.into())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -330,6 +338,7 @@ fn compile(lib: &KernelLibrary, target: &Target, options: &[String]) -> Result<V
 }
 
 /// What a token's memory is, so release undoes the right thing.
+#[derive(Clone, Copy)]
 enum Mem {
     /// cuMemAlloc; `ipc` says whether it may be exported.
     Alloc { ipc: bool },
@@ -544,6 +553,87 @@ impl CudaDriver {
         Ok(ptr)
     }
 
+    /// A classic IPC handle for the cuMemAlloc allocation that starts at `base`.
+    fn ipc_handle(base: cu::CUdeviceptr) -> Result<Vec<u8>> {
+        let mut handle = cu::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: writes one handle; the driver checks that `base` starts an exportable allocation.
+        ck("cuIpcGetMemHandle", unsafe { cu::cuIpcGetMemHandle(&mut handle, base) })?;
+        Ok(handle.reserved.iter().map(|&c| c as u8).collect())
+    }
+
+    /// A POSIX file descriptor for the VMM allocation `handle`.
+    fn export_fd(handle: cu::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
+        let mut fd: c_int = -1;
+        let kind = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        // SAFETY: for a POSIX file descriptor the shareable handle is an int, written here.
+        ck("cuMemExportToShareableHandle", unsafe {
+            cu::cuMemExportToShareableHandle(&mut fd as *mut c_int as *mut c_void, handle, kind, 0)
+        })?;
+        if fd < 0 {
+            return Err(GpuError::Driver { call: "cuMemExportToShareableHandle", code: 0, msg: format!("fd {fd}") });
+        }
+        // SAFETY: the driver hands us a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Exports an allocation another allocator of this context made (a framework's tensor): VMM memory
+    /// (cuMemCreate + cuMemMap) as a file descriptor, else cuMemAlloc memory as an IPC handle.
+    fn share_foreign(base: cu::CUdeviceptr) -> Result<ShareHandle> {
+        let mut handle: cu::CUmemGenericAllocationHandle = 0;
+        // SAFETY: writes one handle; fails (and retains nothing) unless `base` is mapped with cuMemMap.
+        let vmm = unsafe { cu::cuMemRetainAllocationHandle(&mut handle, base as *mut c_void) };
+        if vmm == cu::CUresult::CUDA_SUCCESS {
+            let exported = Self::fd_shareable(handle).and_then(|_| Self::export_fd(handle));
+            // SAFETY: balances the retain above; an exported descriptor holds a reference of its own.
+            let released = ck("cuMemRelease", unsafe { cu::cuMemRelease(handle) });
+            return match (exported, released) {
+                (Ok(fd), Ok(())) => Ok(ShareHandle::Vmm(fd)),
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            };
+        }
+        Self::ipc_handle(base).map(ShareHandle::Ipc).map_err(|e| {
+            if Self::in_pool(base) {
+                unsupported(format!(
+                    "the allocation at {base:#x} comes from a stream-ordered memory pool (cudaMallocAsync), whose \
+                     memory cuIpcGetMemHandle cannot export ({e}); allocate it with cudaMalloc or cuMemCreate"
+                ))
+            } else {
+                unsupported(format!("the allocation at {base:#x} cannot be shared with other processes: {e}"))
+            }
+        })
+    }
+
+    /// Refuses a VMM allocation that was not created exportable as a POSIX file descriptor.
+    fn fd_shareable(handle: cu::CUmemGenericAllocationHandle) -> Result<()> {
+        let mut prop = std::mem::MaybeUninit::<cu::CUmemAllocationProp>::zeroed();
+        // SAFETY: writes one property struct for a handle retained by the caller.
+        ck("cuMemGetAllocationPropertiesFromHandle", unsafe {
+            cu::cuMemGetAllocationPropertiesFromHandle(prop.as_mut_ptr(), handle)
+        })?;
+        // Only this bit-mask field is read: the others are Rust enums, which a newer driver may fill with values
+        // they lack.
+        // SAFETY: the field is initialised (zeroed, then written by the driver) and any integer is valid for it.
+        let types = unsafe { (*prop.as_ptr()).requestedHandleTypes.0 };
+        let posix_fd = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+        if types & posix_fd == 0 {
+            return Err(unsupported(format!(
+                "this VMM allocation was created without the POSIX file-descriptor handle type (requested handle \
+                 types {types:#x}), so the driver cannot export it to another process (PyTorch's expandable \
+                 segments, for one, may be made so)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether `ptr` is memory of a stream-ordered pool (false where the driver cannot say).
+    fn in_pool(ptr: cu::CUdeviceptr) -> bool {
+        let mut pool: cu::CUmemoryPool = null_mut();
+        let attr = cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE;
+        // SAFETY: this attribute is one pool handle, written here. Only a message depends on the answer.
+        let status = unsafe { cu::cuPointerGetAttribute(&mut pool as *mut cu::CUmemoryPool as *mut c_void, attr, ptr) };
+        status == cu::CUresult::CUDA_SUCCESS && !pool.is_null()
+    }
+
     /// Undoes whatever `entry` is; tries every step and reports the first failure.
     fn free(entry: &MemEntry) -> Result<()> {
         match entry.mem {
@@ -610,10 +700,7 @@ impl Driver for CudaDriver {
             Some(MemEntry { ptr, mem: Mem::Alloc { ipc: true } }) => *ptr,
             _ => return Err(bad("ipc_export of memory not allocated with MemKind::Ipc")),
         };
-        let mut handle = cu::CUipcMemHandle { reserved: [0; 64] };
-        // SAFETY: writes one handle for a live cuMemAlloc allocation.
-        ck("cuIpcGetMemHandle", unsafe { cu::cuIpcGetMemHandle(&mut handle, ptr) })?;
-        Ok(handle.reserved.iter().map(|&c| c as u8).collect())
+        Self::ipc_handle(ptr)
     }
 
     fn ipc_import(&self, handle: &[u8], bytes: usize) -> Result<RawMem> {
@@ -669,17 +756,7 @@ impl Driver for CudaDriver {
             Some(MemEntry { mem: Mem::Vmm { handle, .. }, .. }) => *handle,
             _ => return Err(bad("vmm_export_fd of memory not made by vmm_create")),
         };
-        let mut fd: c_int = -1;
-        let kind = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        // SAFETY: for a POSIX file descriptor the shareable handle is an int, written here.
-        ck("cuMemExportToShareableHandle", unsafe {
-            cu::cuMemExportToShareableHandle(&mut fd as *mut c_int as *mut c_void, handle, kind, 0)
-        })?;
-        if fd < 0 {
-            return Err(GpuError::Driver { call: "cuMemExportToShareableHandle", code: 0, msg: format!("fd {fd}") });
-        }
-        // SAFETY: the driver hands us a new descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        Self::export_fd(handle)
     }
 
     fn vmm_import_fd(&self, fd: OwnedFd, bytes: usize) -> Result<RawMem> {
@@ -710,6 +787,26 @@ impl Driver for CudaDriver {
             .remove(&mem.token)
             .ok_or_else(|| bad(format!("release of unknown allocation {}", mem.token)))?;
         Self::free(&entry)
+    }
+
+    fn share_range(&self, ptr: DevicePtr, bytes: usize) -> Result<SharedRange> {
+        self.current()?;
+        let (mut base, mut size) = (0, 0usize);
+        // SAFETY: writes one pointer and one size; the driver looks the address up. For VMM memory the range is
+        // the one cuMemMap mapping (one cuMemCreate allocation) that holds the address.
+        ck("cuMemGetAddressRange", unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr.0) }).map_err(
+            |e| unsupported(format!("{:#x} is not device memory of this context, so it cannot be shared ({e})", ptr.0)),
+        )?;
+        let offset = offset_in(DevicePtr(base), size, ptr, bytes)?;
+        let own = lock(&self.live).mems.values().find(|e| e.ptr == base).map(|e| e.mem);
+        let handle = match own {
+            Some(Mem::Alloc { ipc: true }) => ShareHandle::Ipc(Self::ipc_handle(base)?),
+            Some(Mem::Alloc { ipc: false }) => return Err(unsupported(PRIVATE_MEMORY)),
+            Some(Mem::IpcMapped) => return Err(unsupported(REIMPORTED_MEMORY)),
+            Some(Mem::Vmm { handle, .. }) => ShareHandle::Vmm(Self::export_fd(handle)?),
+            None => Self::share_foreign(base)?,
+        };
+        Ok(SharedRange { handle, base: DevicePtr(base), alloc_bytes: size, offset })
     }
 
     fn stream_create(&self) -> Result<Handle> {

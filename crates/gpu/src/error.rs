@@ -7,9 +7,9 @@ pub enum GpuError {
     /// The driver's library or device is not there.
     #[error("{backend} driver not available: {reason}")]
     NotAvailable { backend: &'static str, reason: String },
-    /// The driver has no such operation.
-    #[error("{what} is not supported by the {driver} driver")]
-    Unsupported { what: &'static str, driver: &'static str },
+    /// The driver cannot do this (for example: share this memory with other processes); the text says why.
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// Run-time compilation failed; `log` is the compiler's output.
     #[error("compiling kernel library {library} for {arch} failed:\n{log}")]
     Compile { library: String, arch: String, log: String },

@@ -15,8 +15,9 @@
 mod sys;
 
 use crate::{
-    c_buf_text, forget, kernel_cache, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind, DriverOptions, GpuError,
-    Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result,
+    c_buf_text, forget, kernel_cache, offset_in, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind,
+    DriverOptions, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result, ShareHandle, SharedRange,
+    PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -45,6 +46,17 @@ fn not_available(reason: String) -> GpuError {
 
 fn bad(msg: impl Into<String>) -> GpuError {
     GpuError::BadArgs(msg.into())
+}
+
+fn unsupported(msg: impl Into<String>) -> GpuError {
+    GpuError::Unsupported(msg.into())
+}
+
+/// `hipMemGetAccess` answers for VMM mappings only from ROCm 6.1 on (6.0's returns success for any address), and
+/// share_range needs it to tell VMM memory apart before it may call `hipMemRetainAllocationHandle`, which crashes
+/// on other memory in the ROCm releases before the fix of rocm-systems#5807 (2026).
+fn vmm_query_works(version: (u32, u32, u32)) -> bool {
+    (version.0, version.1) >= (6, 1)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -272,6 +284,7 @@ pub(crate) fn open(opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
 }
 
 /// What a token's memory is, so release undoes the right thing.
+#[derive(Clone, Copy)]
 enum Mem {
     /// hipMalloc / hipExtMallocWithFlags; `ipc` says whether it may be exported.
     Alloc { ipc: bool },
@@ -511,6 +524,81 @@ impl HipDriver {
         Ok(ptr)
     }
 
+    /// An IPC handle for the hipMalloc / hipExtMallocWithFlags allocation that starts at `base`.
+    fn ipc_handle(&self, base: *mut c_void) -> Result<Vec<u8>> {
+        let mut handle = sys::hipIpcMemHandle_t { reserved: [0; sys::HIP_IPC_HANDLE_SIZE] };
+        // SAFETY: writes one handle; the runtime checks that `base` is an exportable allocation.
+        self.ck("hipIpcGetMemHandle", unsafe { (self.api().hipIpcGetMemHandle)(&mut handle, base) })?;
+        Ok(handle.reserved.iter().map(|&c| c as u8).collect())
+    }
+
+    /// A POSIX file descriptor for the VMM allocation `handle`.
+    fn export_fd(&self, handle: sys::hipMemGenericAllocationHandle_t) -> Result<OwnedFd> {
+        let mut fd: c_int = -1;
+        // SAFETY: for a POSIX file descriptor the shareable handle is an int, written here.
+        self.ck("hipMemExportToShareableHandle", unsafe {
+            (self.api().hipMemExportToShareableHandle)(
+                &mut fd as *mut c_int as *mut c_void,
+                handle,
+                sys::hipMemHandleTypePosixFileDescriptor,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(GpuError::Driver { call: "hipMemExportToShareableHandle", code: 0, msg: format!("fd {fd}") });
+        }
+        // SAFETY: the runtime hands us a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Whether `ptr` lies in a VMM mapping (hipMemMap) this device can access.
+    fn vmm_mapped(&self, ptr: *mut c_void) -> bool {
+        if !vmm_query_works(self.rt.version) {
+            return false;
+        }
+        let mut flags = 0u64;
+        let location = self.location();
+        // SAFETY: writes one flag word; the runtime looks the address up among its VMM mappings and fails for any
+        // other address. Only the choice of export path depends on the answer.
+        unsafe { (self.api().hipMemGetAccess)(&mut flags, &location, ptr) == sys::hipSuccess }
+    }
+
+    /// Exports an allocation another allocator of this device made (a framework's tensor): VMM memory as a file
+    /// descriptor, else hipMalloc memory as an IPC handle.
+    fn share_foreign(&self, base: *mut c_void) -> Result<ShareHandle> {
+        if !self.vmm_mapped(base) {
+            return self.ipc_handle(base).map(ShareHandle::Ipc).map_err(|e| {
+                unsupported(format!(
+                    "the allocation at {base:p} cannot be shared with other processes: it is not hipMalloc memory \
+                     that hipIpcGetMemHandle exports (memory from a stream-ordered pool, hipMallocAsync, is not), \
+                     nor a VMM mapping{} ({e})",
+                    if vmm_query_works(self.rt.version) { "" } else { " (which HIP before 6.1 cannot tell apart)" }
+                ))
+            });
+        }
+        let api = self.api();
+        let mut handle: sys::hipMemGenericAllocationHandle_t = null_mut();
+        // SAFETY: `base` is a VMM mapping (checked above, so this runtime finds its allocation); writes one handle.
+        self.ck("hipMemRetainAllocationHandle", unsafe { (api.hipMemRetainAllocationHandle)(&mut handle, base) })?;
+        // The handle is not released: ROCm only made this call take a reference in 2026 (rocm-systems#2696), so a
+        // release would free the allocation under its owner on older runtimes. On newer ones one reference stays
+        // with the allocation until this process exits.
+        // SAFETY: all-zero bytes are a valid value of this plain C struct (integers and a null pointer).
+        let mut prop: sys::hipMemAllocationProp = unsafe { std::mem::zeroed() };
+        // SAFETY: writes one property struct for the handle just found.
+        self.ck("hipMemGetAllocationPropertiesFromHandle", unsafe {
+            (api.hipMemGetAllocationPropertiesFromHandle)(&mut prop, handle)
+        })?;
+        if prop.requestedHandleType != sys::hipMemHandleTypePosixFileDescriptor {
+            return Err(unsupported(format!(
+                "this VMM allocation was created with handle type {} rather than the POSIX file descriptor, so the \
+                 runtime cannot export it to another process",
+                prop.requestedHandleType
+            )));
+        }
+        self.export_fd(handle).map(ShareHandle::Vmm)
+    }
+
     /// Undoes whatever `entry` is; tries every step and reports the first failure.
     fn free(&self, entry: &MemEntry) -> Result<()> {
         let api = self.api();
@@ -582,10 +670,7 @@ impl Driver for HipDriver {
             Some(MemEntry { ptr, mem: Mem::Alloc { ipc: true } }) => *ptr,
             _ => return Err(bad("ipc_export of memory not allocated with MemKind::Ipc")),
         };
-        let mut handle = sys::hipIpcMemHandle_t { reserved: [0; sys::HIP_IPC_HANDLE_SIZE] };
-        // SAFETY: writes one handle for a live allocation of ours.
-        self.ck("hipIpcGetMemHandle", unsafe { (self.api().hipIpcGetMemHandle)(&mut handle, ptr) })?;
-        Ok(handle.reserved.iter().map(|&c| c as u8).collect())
+        self.ipc_handle(ptr)
     }
 
     fn ipc_import(&self, handle: &[u8], bytes: usize) -> Result<RawMem> {
@@ -641,21 +726,7 @@ impl Driver for HipDriver {
             Some(MemEntry { mem: Mem::Vmm { handle, .. }, .. }) => *handle,
             _ => return Err(bad("vmm_export_fd of memory not made by vmm_create")),
         };
-        let mut fd: c_int = -1;
-        // SAFETY: for a POSIX file descriptor the shareable handle is an int, written here.
-        self.ck("hipMemExportToShareableHandle", unsafe {
-            (self.api().hipMemExportToShareableHandle)(
-                &mut fd as *mut c_int as *mut c_void,
-                handle,
-                sys::hipMemHandleTypePosixFileDescriptor,
-                0,
-            )
-        })?;
-        if fd < 0 {
-            return Err(GpuError::Driver { call: "hipMemExportToShareableHandle", code: 0, msg: format!("fd {fd}") });
-        }
-        // SAFETY: the runtime hands us a new descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        self.export_fd(handle)
     }
 
     fn vmm_import_fd(&self, fd: OwnedFd, bytes: usize) -> Result<RawMem> {
@@ -696,6 +767,29 @@ impl Driver for HipDriver {
             .remove(&mem.token)
             .ok_or_else(|| bad(format!("release of unknown allocation {}", mem.token)))?;
         self.free(&entry)
+    }
+
+    fn share_range(&self, ptr: DevicePtr, bytes: usize) -> Result<SharedRange> {
+        self.current()?;
+        let (mut base, mut size): (*mut c_void, usize) = (null_mut(), 0);
+        // SAFETY: writes one pointer and one size; the runtime looks the address up. For VMM memory the range is
+        // the one hipMemMap mapping (one hipMemCreate allocation) that holds the address.
+        self.ck("hipMemGetAddressRange", unsafe {
+            (self.api().hipMemGetAddressRange)(&mut base, &mut size, ptr.0 as *mut c_void)
+        })
+        .map_err(|e| {
+            unsupported(format!("{:#x} is not device memory of this runtime, so it cannot be shared ({e})", ptr.0))
+        })?;
+        let offset = offset_in(DevicePtr(base as u64), size, ptr, bytes)?;
+        let own = lock(&self.live).mems.values().find(|e| e.ptr == base).map(|e| e.mem);
+        let handle = match own {
+            Some(Mem::Alloc { ipc: true }) => ShareHandle::Ipc(self.ipc_handle(base)?),
+            Some(Mem::Alloc { ipc: false }) => return Err(unsupported(PRIVATE_MEMORY)),
+            Some(Mem::IpcMapped) => return Err(unsupported(REIMPORTED_MEMORY)),
+            Some(Mem::Vmm { handle, .. }) => ShareHandle::Vmm(self.export_fd(handle)?),
+            None => self.share_foreign(base)?,
+        };
+        Ok(SharedRange { handle, base: DevicePtr(base as u64), alloc_bytes: size, offset })
     }
 
     fn stream_create(&self) -> Result<Handle> {

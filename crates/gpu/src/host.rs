@@ -3,8 +3,8 @@
 //! thread, and whose "kernels" are Rust functions that run the same algorithms with std atomics.
 
 use crate::{
-    forget, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem,
-    Result,
+    forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind,
+    RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use nix::fcntl::OFlag;
 use nix::sys::mman::{self, MapFlags, ProtFlags};
@@ -173,6 +173,14 @@ impl HostDriver {
     }
 }
 
+fn dup(fd: &OwnedFd) -> Result<OwnedFd> {
+    fd.try_clone().map_err(|e| GpuError::Driver {
+        call: "dup",
+        code: e.raw_os_error().unwrap_or(0) as i64,
+        msg: e.to_string(),
+    })
+}
+
 fn run(op: &Op) -> Result<()> {
     match op {
         Op::Launch { name, kernel, dims, params } => {
@@ -255,21 +263,13 @@ impl Driver for HostDriver {
         let fd = nix::sys::memfd::memfd_create(&name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
             .map_err(|e| GpuError::sys("memfd_create", e))?;
         nix::unistd::ftruncate(&fd, bytes as i64).map_err(|e| GpuError::sys("ftruncate", e))?;
-        let dup = fd.try_clone().map_err(|e| GpuError::Driver {
-            call: "dup",
-            code: e.raw_os_error().unwrap_or(0) as i64,
-            msg: e.to_string(),
-        })?;
-        self.map_shared(&fd, bytes, Backing::Memfd(dup))
+        let kept = dup(&fd)?;
+        self.map_shared(&fd, bytes, Backing::Memfd(kept))
     }
 
     fn vmm_export_fd(&self, mem: &RawMem) -> Result<OwnedFd> {
         match lock(&self.mems).get(&mem.token).map(|m| &m.backing) {
-            Some(Backing::Memfd(fd)) => fd.try_clone().map_err(|e| GpuError::Driver {
-                call: "dup",
-                code: e.raw_os_error().unwrap_or(0) as i64,
-                msg: e.to_string(),
-            }),
+            Some(Backing::Memfd(fd)) => dup(fd),
             _ => Err(GpuError::BadArgs("vmm_export_fd of memory not made by vmm_create".into())),
         }
     }
@@ -289,6 +289,28 @@ impl Driver for HostDriver {
             mman::shm_unlink(name.as_str()).map_err(|e| GpuError::sys("shm_unlink", e))?;
         }
         unmapped
+    }
+
+    fn share_range(&self, ptr: DevicePtr, bytes: usize) -> Result<SharedRange> {
+        let mems = lock(&self.mems);
+        let holder =
+            mems.values().find(|m| (m.addr.as_ptr() as u64..m.addr.as_ptr() as u64 + m.len as u64).contains(&ptr.0));
+        let Some(m) = holder else {
+            return Err(GpuError::Unsupported(format!(
+                "{:#x} is not memory of this host driver, so it cannot be shared with other processes (allocate it \
+                 with MemKind::Ipc or vmm_create)",
+                ptr.0
+            )));
+        };
+        let base = DevicePtr(m.addr.as_ptr() as u64);
+        let offset = offset_in(base, m.len, ptr, bytes)?;
+        let handle = match &m.backing {
+            Backing::Shm { name } => ShareHandle::Ipc(name.as_bytes().to_vec()),
+            Backing::Memfd(fd) => ShareHandle::Vmm(dup(fd)?),
+            Backing::Anonymous => return Err(GpuError::Unsupported(PRIVATE_MEMORY.into())),
+            Backing::Imported => return Err(GpuError::Unsupported(REIMPORTED_MEMORY.into())),
+        };
+        Ok(SharedRange { handle, base, alloc_bytes: m.len, offset })
     }
 
     fn stream_create(&self) -> Result<Handle> {
@@ -431,7 +453,7 @@ impl Drop for HostDriver {
 
 #[cfg(test)]
 mod tests {
-    use crate::{open, Backend, DriverOptions, GpuError, KernelLibrary, LaunchDims, MemKind};
+    use crate::{open, Backend, DevicePtr, DriverOptions, GpuError, KernelLibrary, LaunchDims, MemKind, ShareHandle};
     use std::os::fd::AsRawFd;
 
     fn host() -> crate::Gpu {
@@ -575,5 +597,62 @@ mod tests {
         let theirs = other.stream().unwrap();
         // SAFETY: as above: a stream of another driver instance is refused, not used.
         assert!(unsafe { gpu.borrow_stream(theirs.handle()) }.is_err());
+    }
+
+    #[test]
+    fn share_range_exports_ipc_and_vmm_allocations_at_an_offset() {
+        let (gpu, peer) = (host(), host());
+        let s = gpu.stream().unwrap();
+        let ps = peer.stream().unwrap();
+        let data: Vec<u8> = (0..3000).map(|_| rand::random()).collect();
+        let ipc = gpu.alloc(16384, MemKind::Ipc { uncached: false }).unwrap();
+        let vmm = gpu.vmm_create(16384).unwrap();
+        for (buf, offset) in [(&ipc, 4096), (&vmm, 1234)] {
+            s.upload(buf, offset, &data).unwrap();
+            let r = gpu.share_range(buf.ptr().offset(offset), data.len()).unwrap();
+            assert_eq!((r.base, r.alloc_bytes, r.offset), (buf.ptr(), buf.bytes(), offset));
+            let mapped = match r.handle {
+                ShareHandle::Ipc(h) => {
+                    assert!(std::ptr::eq(buf, &ipc));
+                    peer.ipc_import(&h, r.alloc_bytes).unwrap()
+                }
+                ShareHandle::Vmm(fd) => {
+                    assert!(std::ptr::eq(buf, &vmm));
+                    peer.vmm_import_fd(fd, r.alloc_bytes).unwrap()
+                }
+            };
+            let mut got = vec![0u8; data.len()];
+            ps.download(&mapped, r.offset, &mut got).unwrap();
+            assert_eq!(got, data, "the peer sees the bytes written at base + offset");
+        }
+        let whole = gpu.share_range(ipc.ptr(), 16384).unwrap();
+        assert_eq!(whole.offset, 0);
+        for (ptr, bytes) in [(ipc.ptr().offset(4096), 16384 - 4095), (vmm.ptr().offset(16383), 2)] {
+            match gpu.share_range(ptr, bytes) {
+                Err(GpuError::BadArgs(msg)) => assert!(msg.contains("overrun"), "{msg}"),
+                other => panic!("a range past the end must be BadArgs, got {other:?}"),
+            }
+        }
+        assert!(matches!(gpu.share_range(ipc.ptr(), 0), Err(GpuError::BadArgs(_))));
+    }
+
+    #[test]
+    fn share_range_refuses_private_and_foreign_memory_plainly() {
+        let gpu = host();
+        let private = gpu.alloc(4096, MemKind::Device).unwrap();
+        let stack = [0u8; 64];
+        for (ptr, bytes) in [(private.ptr().offset(8), 8), (DevicePtr(stack.as_ptr() as u64), stack.len())] {
+            match gpu.share_range(ptr, bytes) {
+                Err(GpuError::Unsupported(msg)) => {
+                    assert!(msg.contains("cannot be shared with other processes"), "{msg}");
+                    assert!(msg.contains("MemKind::Ipc or vmm_create"), "{msg}");
+                }
+                other => panic!("expected Unsupported, got {other:?}"),
+            }
+        }
+        let ipc = gpu.alloc(4096, MemKind::Ipc { uncached: false }).unwrap();
+        let name = gpu.ipc_export(&ipc).unwrap();
+        let mapped = gpu.ipc_import(&name, 4096).unwrap();
+        assert!(matches!(gpu.share_range(mapped.ptr(), 8), Err(GpuError::Unsupported(_))), "imports are not re-shared");
     }
 }

@@ -97,6 +97,25 @@ pub enum MemKind {
     Ipc { uncached: bool },
 }
 
+/// How an allocation is handed to a peer process.
+#[derive(Debug)]
+pub enum ShareHandle {
+    /// Opened with [`Gpu::ipc_import`].
+    Ipc(Vec<u8>),
+    /// Mapped with [`Gpu::vmm_import_fd`].
+    Vmm(OwnedFd),
+}
+
+/// The allocation that holds a range, exported: `base` is the allocation's start, `alloc_bytes` its size, and the
+/// range begins `offset` bytes into it. A peer imports `handle` with `alloc_bytes` and adds `offset`.
+#[derive(Debug)]
+pub struct SharedRange {
+    pub handle: ShareHandle,
+    pub base: DevicePtr,
+    pub alloc_bytes: usize,
+    pub offset: usize,
+}
+
 /// A kernel's launch shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchDims {
@@ -138,6 +157,9 @@ pub trait Driver: Send + Sync {
     fn vmm_import_fd(&self, fd: OwnedFd, bytes: usize) -> Result<RawMem>;
     /// Frees, unmaps or closes whatever `mem` came from.
     fn release(&self, mem: &RawMem) -> Result<()>;
+
+    /// The allocation holding `bytes` at `ptr`, exported for a peer process; only queries and exports.
+    fn share_range(&self, ptr: DevicePtr, bytes: usize) -> Result<SharedRange>;
 
     fn stream_create(&self) -> Result<Handle>;
     /// Destroys a stream made by `stream_create`; one that was only adopted is refused (see `stream_forget`).
@@ -288,6 +310,16 @@ impl Gpu {
         Ok(self.wrap(self.0.vmm_import_fd(fd, bytes)?))
     }
 
+    /// Exports the allocation that holds `bytes` at `ptr` (memory from this driver, or from another allocator of
+    /// this device's context, such as a framework's tensors), for a peer to import and offset. Safe: it only
+    /// queries the driver and exports, never touching the memory.
+    pub fn share_range(&self, ptr: DevicePtr, bytes: usize) -> Result<SharedRange> {
+        if bytes == 0 {
+            return Err(GpuError::BadArgs("share_range of zero bytes".into()));
+        }
+        self.0.share_range(ptr, bytes)
+    }
+
     pub fn stream(&self) -> Result<Stream> {
         Ok(Stream { gpu: self.clone(), handle: self.0.stream_create()?, owned: true })
     }
@@ -399,6 +431,13 @@ pub(crate) fn c_buf_text(buf: &[std::ffi::c_char]) -> String {
     }
 }
 
+/// Why every driver's share_range refuses its own MemKind::Device memory.
+pub(crate) const PRIVATE_MEMORY: &str = "MemKind::Device memory is private to this process and cannot be shared with \
+                                         other processes (allocate it with MemKind::Ipc or vmm_create)";
+/// Why every driver's share_range refuses a peer's allocation mapped here.
+pub(crate) const REIMPORTED_MEMORY: &str =
+    "memory mapped from another process cannot be shared again; share the owner's handle instead";
+
 /// Drops one adoption of `stream` (the `stream_forget` of every driver).
 pub(crate) fn forget(adopted: &mut std::collections::HashMap<Handle, usize>, stream: Handle) -> Result<()> {
     match adopted.get_mut(&stream) {
@@ -409,6 +448,18 @@ pub(crate) fn forget(adopted: &mut std::collections::HashMap<Handle, usize>, str
         None => return Err(GpuError::BadArgs(format!("stream_forget of {stream:#x}, which was not adopted"))),
     }
     Ok(())
+}
+
+/// Where `bytes` at `ptr` begin in the allocation of `alloc_bytes` at `base`, or why they are not inside it.
+pub(crate) fn offset_in(base: DevicePtr, alloc_bytes: usize, ptr: DevicePtr, bytes: usize) -> Result<usize> {
+    let span = ptr.0.checked_sub(base.0).and_then(|o| Some((o, o.checked_add(bytes as u64)?)));
+    match span {
+        Some((offset, end)) if end <= alloc_bytes as u64 => Ok(offset as usize),
+        _ => Err(GpuError::BadArgs(format!(
+            "{bytes} bytes at {:#x} overrun the allocation of {alloc_bytes} bytes at {:#x} that holds their start",
+            ptr.0, base.0
+        ))),
+    }
 }
 
 fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
@@ -507,6 +558,16 @@ impl Drop for Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offsets_are_checked_against_the_whole_allocation() {
+        let base = DevicePtr(0x1000);
+        assert_eq!(offset_in(base, 4096, base, 4096).unwrap(), 0);
+        assert_eq!(offset_in(base, 4096, base.offset(4000), 96).unwrap(), 4000);
+        assert!(matches!(offset_in(base, 4096, base.offset(4000), 97), Err(GpuError::BadArgs(_))));
+        assert!(matches!(offset_in(base, 4096, DevicePtr(0xfff), 1), Err(GpuError::BadArgs(_))), "before the base");
+        assert!(matches!(offset_in(base, 4096, DevicePtr(u64::MAX), usize::MAX), Err(GpuError::BadArgs(_))));
+    }
 
     #[test]
     fn each_adoption_needs_its_own_forget() {

@@ -214,6 +214,11 @@ table! {
         hipMemSetAccess: fn(*mut c_void, usize, *const hipMemAccessDesc, usize) -> hipError_t;
         hipMemExportToShareableHandle: fn(*mut c_void, hipMemGenericAllocationHandle_t, c_int, u64) -> hipError_t;
         hipMemImportFromShareableHandle: fn(*mut hipMemGenericAllocationHandle_t, *mut c_void, c_int) -> hipError_t;
+        hipMemRetainAllocationHandle: fn(*mut hipMemGenericAllocationHandle_t, *mut c_void) -> hipError_t;
+        hipMemGetAllocationPropertiesFromHandle: fn(
+            *mut hipMemAllocationProp, hipMemGenericAllocationHandle_t
+        ) -> hipError_t;
+        hipMemGetAccess: fn(*mut u64, *const hipMemLocation, *mut c_void) -> hipError_t;
         hipStreamCreateWithFlags: fn(*mut hipStream_t, c_uint) -> hipError_t;
         hipStreamDestroy: fn(hipStream_t) -> hipError_t;
         hipStreamSynchronize: fn(hipStream_t) -> hipError_t;
