@@ -1,10 +1,14 @@
 //! A self-contained check of one driver: memory, copies, IPC (through a child process), run-time compiled
-//! kernels eager and through a captured graph, launch overheads, and a VMM export/import round trip.
+//! kernels eager and through a captured graph, launch overheads, a VMM export/import round trip, and the calls
+//! for what the caller owns (a borrowed stream, a shared range of memory).
 //!
 //! `cargo run -p gpu --example gpu_smoke -- [--backend auto|host|cuda|hip] [--device N]`
 //! Exits non-zero on any mismatch or driver error.
 
-use gpu::{open, Backend, DriverKind, DriverOptions, Gpu, HostLaunch, KernelLibrary, LaunchDims, MemKind};
+use gpu::{
+    open, Backend, DriverKind, DriverOptions, Gpu, GpuError, HostLaunch, KernelLibrary, LaunchDims, MemKind,
+    ShareHandle,
+};
 use rand::RngCore;
 use std::process::ExitCode;
 
@@ -127,8 +131,8 @@ fn run(args: Args) -> Res<()> {
     }
     let info = gpu.info();
     println!(
-        "driver {} on {} (ordinal {} of {}, {}, {} multiprocessors)",
-        info.kind, info.name, info.ordinal, info.count, info.arch, info.multiprocessors
+        "driver {} on {} (ordinal {} of {}, {}, {} multiprocessors, bus {})",
+        info.kind, info.name, info.ordinal, info.count, info.arch, info.multiprocessors, info.bus_id
     );
     for note in &opened.notes {
         println!("  passed over {note}");
@@ -138,6 +142,7 @@ fn run(args: Args) -> Res<()> {
     ipc(&gpu, &args)?;
     kernels(&gpu)?;
     vmm(&gpu)?;
+    caller_owned(&gpu)?;
     println!("all checks passed");
     Ok(())
 }
@@ -302,5 +307,58 @@ fn vmm(gpu: &Gpu) -> Res<()> {
     s.download(&v, 0, &mut out[..4096])?;
     check(out[..4096].iter().all(|&x| x == 0x3c), "and back")?;
     check(gpu.ipc_export(&v).is_err(), "VMM memory is not a cuMemAlloc IPC allocation")?;
+    Ok(())
+}
+
+/// What a framework hands in: its own stream, and memory its allocator made (played here by this driver's).
+fn caller_owned(gpu: &Gpu) -> Res<()> {
+    println!("caller-owned:");
+    check(!gpu.info().bus_id.is_empty(), "the device has a PCI bus id")?;
+    let own = gpu.stream()?;
+    let buf = gpu.alloc(BYTES, MemKind::Device)?;
+    // SAFETY: `own` is a live stream of this device's context and outlives the borrow.
+    let borrowed = unsafe { gpu.borrow_stream(own.handle())? };
+    borrowed.memset(buf.ptr(), 0x11, BYTES)?;
+    borrowed.sync()?;
+    drop(borrowed);
+    let mut out = vec![0u8; BYTES];
+    own.download(&buf, 0, &mut out)?;
+    check(out.iter().all(|&x| x == 0x11), "a memset through a borrowed stream")?;
+    own.memset(buf.ptr(), 0x22, BYTES)?;
+    own.sync()?;
+    own.download(&buf, 0, &mut out)?;
+    check(out.iter().all(|&x| x == 0x22), "dropping the borrow leaves the stream alive")?;
+
+    let ipc = gpu.alloc(BYTES, MemKind::Ipc { uncached: false })?;
+    let r = gpu.share_range(ipc.ptr().offset(4096), 1000)?;
+    check(
+        matches!(r.handle, ShareHandle::Ipc(_))
+            && r.base == ipc.ptr()
+            && r.offset == 4096
+            && r.alloc_bytes >= BYTES
+            && r.base.offset(r.offset) == ipc.ptr().offset(4096),
+        "share_range of an IPC allocation gives its base, size and the offset",
+    )?;
+    check(
+        matches!(gpu.share_range(buf.ptr().offset(64), 64), Err(GpuError::Unsupported(_))),
+        "share_range refuses MemKind::Device memory",
+    )?;
+    check(
+        matches!(gpu.share_range(ipc.ptr().offset(4096), r.alloc_bytes), Err(GpuError::BadArgs(_))),
+        "share_range refuses a range past the allocation's end",
+    )?;
+
+    // VMM handles can be imported in the same process, so this one is checked end to end.
+    let v = gpu.vmm_create(BYTES)?;
+    let mut data = vec![0u8; 5000];
+    rand::thread_rng().fill_bytes(&mut data);
+    own.upload(&v, 8192, &data)?;
+    let r = gpu.share_range(v.ptr().offset(8192), data.len())?;
+    check(r.base == v.ptr() && r.offset == 8192 && r.alloc_bytes >= BYTES, "share_range of a VMM allocation")?;
+    let ShareHandle::Vmm(fd) = r.handle else { return Err("a VMM allocation must be shared as a descriptor".into()) };
+    let w = gpu.vmm_import_fd(fd, r.alloc_bytes)?;
+    let mut got = vec![0u8; data.len()];
+    own.download(&w, r.offset, &mut got)?;
+    check(got == data, "its import sees the bytes at base + offset")?;
     Ok(())
 }
