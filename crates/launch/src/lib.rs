@@ -10,10 +10,11 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ pub const RANK_ENV: &str = "RANK";
 pub const WORLD_ENV: &str = "WORLD_SIZE";
 pub const LOCAL_RANK_ENV: &str = "LOCAL_RANK";
 pub const LOCAL_WORLD_ENV: &str = "LOCAL_WORLD_SIZE";
-/// Where torch.distributed's rendezvous store listens, as torchrun sets it.
+/// Where torch.distributed's rendezvous store listens; our launcher sets both, as torchrun does, unless set.
 pub const MASTER_ADDR_ENV: &str = "MASTER_ADDR";
 pub const MASTER_PORT_ENV: &str = "MASTER_PORT";
 
@@ -49,8 +50,10 @@ pub enum LaunchError {
     Sweep { job: JobId, source: io::Error },
     #[error(transparent)]
     Ipc(#[from] ipc::IpcError),
-    #[error("interrupted by a signal; all ranks were stopped")]
-    Interrupted,
+    #[error("picking a free {MASTER_PORT_ENV} on 127.0.0.1: {0}")]
+    MasterPort(io::Error),
+    #[error("interrupted by {signal}; all ranks were stopped")]
+    Interrupted { signal: Signal },
 }
 
 fn others_note(others: &[(usize, String)]) -> String {
@@ -255,7 +258,8 @@ pub struct LaunchOptions {
     pub world: usize,
     pub program: PathBuf,
     pub args: Vec<OsString>,
-    /// Extra environment for every rank (the rank variables always win).
+    /// Extra environment for every rank (the rank variables always win; MASTER_ADDR and MASTER_PORT set here or in
+    /// ours are kept, otherwise every rank gets 127.0.0.1 and a port that was free).
     pub env: Vec<(String, String)>,
     /// Time between SIGTERM and SIGKILL when stopping ranks.
     pub grace: Duration,
@@ -277,28 +281,29 @@ impl LaunchOptions {
     }
 }
 
-/// Set by SIGINT/SIGTERM while [`run`] has its handler installed.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The first of [`STOP_SIGNALS`] received while [`run`] has its handler installed; 0 until then.
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 
 /// How many [`run`]s are active and the handlers they replaced, so the last one out restores them.
 static HANDLERS: Mutex<(usize, Vec<(Signal, SigAction)>)> = Mutex::new((0, Vec::new()));
 
-const STOP_SIGNALS: [Signal; 2] = [Signal::SIGINT, Signal::SIGTERM];
+/// Ctrl-C, kill, a closed terminal and `Ctrl-\` all end the job the same way: ranks stopped, segments swept.
+const STOP_SIGNALS: [Signal; 4] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT];
 
-extern "C" fn on_signal(_: nix::libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(sig: nix::libc::c_int) {
+    let _ = INTERRUPTED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
 }
 
-/// Our SIGINT/SIGTERM handler for as long as it lives, so an interrupted launcher stops its ranks first.
+/// Our handler of [`STOP_SIGNALS`] for as long as it lives, so an interrupted launcher stops its ranks first.
 struct SignalGuard;
 
 impl SignalGuard {
     fn install() -> SignalGuard {
         let mut state = HANDLERS.lock().unwrap_or_else(|e| e.into_inner());
         if state.0 == 0 {
-            INTERRUPTED.store(false, Ordering::SeqCst);
+            INTERRUPTED.store(0, Ordering::SeqCst);
             let ours = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
-            // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+            // SAFETY: the handler only touches an atomic, which is async-signal-safe.
             state.1 = STOP_SIGNALS.iter().filter_map(|&s| Some((s, unsafe { sigaction(s, &ours) }.ok()?))).collect();
         }
         state.0 += 1;
@@ -347,11 +352,12 @@ pub fn run(opts: &LaunchOptions) -> Result<(), LaunchError> {
         return Err(LaunchError::BadArgs(format!("program {} not found", opts.program.display())));
     }
     let job = JobId::random();
+    let master = master_env(opts)?;
     let _signals = SignalGuard::install();
     let mut ranks = Vec::with_capacity(opts.world);
     let mut outcome = None;
     for rank in 0..opts.world {
-        match spawn(opts, &job, rank) {
+        match spawn(opts, &job, &master, rank) {
             Ok(r) => ranks.push(r),
             Err(source) => {
                 outcome = Some(LaunchError::Spawn { rank, source });
@@ -393,8 +399,11 @@ fn supervise(ranks: &mut [Rank], grace: Duration, mut outcome: Option<LaunchErro
                 first_failure = Some(rank);
             }
         }
-        if outcome.is_none() && first_failure.is_none() && INTERRUPTED.load(Ordering::SeqCst) {
-            outcome = Some(LaunchError::Interrupted);
+        if outcome.is_none() && first_failure.is_none() {
+            // 0, nothing received yet, is no signal.
+            if let Ok(signal) = Signal::try_from(INTERRUPTED.load(Ordering::SeqCst)) {
+                outcome = Some(LaunchError::Interrupted { signal });
+            }
         }
         if kill_at.is_none() && (outcome.is_some() || first_failure.is_some()) {
             kill_at = Some(stop(ranks, grace));
@@ -443,10 +452,27 @@ fn program_exists(program: &Path) -> bool {
     std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
 }
 
-fn spawn(opts: &LaunchOptions, job: &JobId, rank: usize) -> io::Result<Rank> {
+/// MASTER_ADDR and MASTER_PORT for every rank, so torch.distributed runs under us as under torchrun; those that
+/// our environment or `opts.env` sets are left to it.
+fn master_env(opts: &LaunchOptions) -> Result<Vec<(&'static str, String)>, LaunchError> {
+    let set = |var: &str| std::env::var_os(var).is_some() || opts.env.iter().any(|(k, _)| k == var);
+    let mut env = Vec::new();
+    if !set(MASTER_ADDR_ENV) {
+        env.push((MASTER_ADDR_ENV, Ipv4Addr::LOCALHOST.to_string()));
+    }
+    if !set(MASTER_PORT_ENV) {
+        // Free now; rank 0's store binds it moments later, which is all torchrun's own choice guarantees too.
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr());
+        env.push((MASTER_PORT_ENV, port.map_err(LaunchError::MasterPort)?.port().to_string()));
+    }
+    Ok(env)
+}
+
+fn spawn(opts: &LaunchOptions, job: &JobId, master: &[(&str, String)], rank: usize) -> io::Result<Rank> {
     let mut cmd = Command::new(&opts.program);
     let world = opts.world.to_string();
     cmd.args(&opts.args)
+        .envs(master.iter().map(|(k, v)| (k, v)))
         .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .env(RANK_ENV, rank.to_string())
         .env(WORLD_ENV, &world)

@@ -299,16 +299,22 @@ impl TempDir {
     }
 }
 
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
-fn sh(world: usize, dir: &TempDir, script: &str) -> LaunchOptions {
+fn sh(world: usize, dir: &impl AsRef<Path>, script: &str) -> LaunchOptions {
     let mut opts = LaunchOptions::new(world, "/bin/sh");
     opts.args = vec!["-c".into(), script.into()];
-    opts.env = vec![("DIR".into(), dir.0.display().to_string()), ("RANK".into(), "overridden".into())];
+    opts.env = vec![("DIR".into(), dir.as_ref().display().to_string()), ("RANK".into(), "overridden".into())];
     opts.grace = Duration::from_millis(500);
     opts
 }
@@ -326,19 +332,50 @@ fn pids(dir: &TempDir) -> Vec<i32> {
     dir.read("pids").lines().map(|l| l.trim().parse().unwrap()).collect()
 }
 
+/// Every rank's environment, as `env -0` wrote it to `env.<rank>`.
+fn rank_envs(dir: &TempDir, world: usize) -> Vec<HashMap<String, String>> {
+    let parse = |text: String| -> HashMap<String, String> {
+        text.split('\0').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    (0..world).map(|r| parse(dir.read(&format!("env.{r}")))).collect()
+}
+
 #[test]
 fn all_ranks_succeed_with_their_environment() {
     let _shared = SIGNALS.read().unwrap();
     let dir = TempDir::new();
-    let script =
-        r#"echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $ALLREDUCE_JOB_ID" > "$DIR/out.$RANK"; echo hello"#;
-    run(&sh(3, &dir, script)).unwrap();
-    let lines: Vec<Vec<String>> =
-        (0..3).map(|r| dir.read(&format!("out.{r}")).split_whitespace().map(String::from).collect()).collect();
-    for (r, l) in lines.iter().enumerate() {
-        assert_eq!(l[..4], [r.to_string(), "3".into(), r.to_string(), "3".into()]);
-        assert_eq!(l[4], lines[0][4], "one job id for all ranks");
-        JobId::parse(&l[4]).unwrap();
+    run(&sh(3, &dir, r#"env -0 > "$DIR/env.$RANK"; echo hello"#)).unwrap();
+    let envs = rank_envs(&dir, 3);
+    let ours = |var: &str| std::env::var(var).ok();
+    for (r, e) in envs.iter().enumerate() {
+        let vars = [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_ENV].map(|v| e.get(v).map(String::as_str));
+        let (r, w) = (r.to_string(), "3".to_string());
+        assert_eq!(vars, [Some(r.as_str()), Some(w.as_str()), Some(r.as_str()), Some(w.as_str())]);
+        assert_eq!(e[JOB_ENV], envs[0][JOB_ENV], "one job id for all ranks");
+        JobId::parse(&e[JOB_ENV]).unwrap();
+        // As under torchrun: one store address for all ranks, unless our own environment named one.
+        assert_eq!(e[MASTER_ADDR_ENV], ours(MASTER_ADDR_ENV).unwrap_or("127.0.0.1".into()));
+        assert_eq!(e[MASTER_PORT_ENV], envs[0][MASTER_PORT_ENV]);
+        assert!(e[MASTER_PORT_ENV].parse::<u16>().is_ok_and(|p| p > 0), "{}", e[MASTER_PORT_ENV]);
+        // Those variables make torchrun's ranks, but ours still read as ours.
+        let info = detect_from(e).unwrap().unwrap();
+        assert_eq!(
+            (info.launcher, info.rank, info.world, info.local_world),
+            (Launcher::Ours, r.parse().unwrap(), 3, Some(3))
+        );
+        assert_eq!(info.job.as_str(), e[JOB_ENV]);
+    }
+}
+
+#[test]
+fn callers_master_address_and_port_are_kept() {
+    let _shared = SIGNALS.read().unwrap();
+    let dir = TempDir::new();
+    let mut opts = sh(2, &dir, r#"env -0 > "$DIR/env.$RANK""#);
+    opts.env.extend([("MASTER_ADDR".into(), "10.1.2.3".into()), ("MASTER_PORT".into(), "29511".into())]);
+    run(&opts).unwrap();
+    for e in rank_envs(&dir, 2) {
+        assert_eq!((e[MASTER_ADDR_ENV].as_str(), e[MASTER_PORT_ENV].as_str()), ("10.1.2.3", "29511"));
     }
 }
 
@@ -431,7 +468,12 @@ fn interrupt_stops_all_ranks() {
         }
     });
     let start = Instant::now();
-    assert!(matches!(run(&opts), Err(LaunchError::Interrupted)));
+    match run(&opts) {
+        Err(e @ LaunchError::Interrupted { signal: Signal::SIGTERM }) => {
+            assert_eq!(e.to_string(), "interrupted by SIGTERM; all ranks were stopped");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
     assert!(start.elapsed() < Duration::from_secs(5));
     signaller.join().unwrap();
     for pid in pids(&dir) {
@@ -449,4 +491,96 @@ fn bad_arguments_are_refused() {
     assert!(matches!(run(&missing), Err(LaunchError::BadArgs(_))));
     assert!(program_exists(Path::new("sh")));
     assert!(self_exe().unwrap().is_file());
+}
+
+/// Runs the script of [`CHILD_SCRIPT_ENV`] under our launcher as 2 ranks, in directory [`CHILD_DIR_ENV`]; then
+/// exits, 0 on success, 3 after printing the error.
+const CHILD_SCRIPT_ENV: &str = "LAUNCH_TEST_CHILD_SCRIPT";
+const CHILD_DIR_ENV: &str = "LAUNCH_TEST_CHILD_DIR";
+
+/// Not a test by itself: the launcher process of the tests below, which run this binary again with
+/// [`CHILD_SCRIPT_ENV`] set so that signals and our stderr can be the launcher's alone.
+#[test]
+fn child_launcher() {
+    let (Ok(script), Some(dir)) = (std::env::var(CHILD_SCRIPT_ENV), std::env::var_os(CHILD_DIR_ENV)) else {
+        return;
+    };
+    let code = match run(&sh(2, &PathBuf::from(dir), &script)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("launcher: {e}");
+            3
+        }
+    };
+    std::process::exit(code);
+}
+
+/// This test binary as a launcher process (see [`child_launcher`]) running `script`, its stderr piped to us.
+fn spawn_launcher(dir: &TempDir, script: &str) -> Child {
+    Command::new(self_exe().unwrap())
+        .args(["tests::child_launcher", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_SCRIPT_ENV, script)
+        .env(CHILD_DIR_ENV, &dir.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits up to `limit` for the launcher to exit (killing it and failing after that); its status and stderr.
+fn finish(mut launcher: Child, limit: Duration) -> (ExitStatus, String) {
+    let mut stderr = launcher.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = launcher.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            panic!("the launcher did not exit within {limit:?}; stderr:\n{}", reader.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().unwrap())
+}
+
+#[test]
+fn launcher_stops_ranks_and_sweeps_on_every_stop_signal() {
+    for signal in [Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGINT, Signal::SIGTERM] {
+        let dir = TempDir::new();
+        // Each rank leaves a segment of the job and a process in its group, records both pids, and waits.
+        let script = r#"touch "/dev/shm/arx-$ALLREDUCE_JOB_ID-test$RANK"; echo "$ALLREDUCE_JOB_ID" > "$DIR/job"
+            sleep 30 & echo $! >> "$DIR/pids"; echo $$ >> "$DIR/pids"; wait"#;
+        let launcher = spawn_launcher(&dir, script);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dir.read("pids").lines().count() < 4 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let pids = pids(&dir);
+        assert_eq!(pids.len(), 4, "the ranks did not start");
+        let job = JobId::parse(dir.read("job").trim()).unwrap();
+        kill(Pid::from_raw(launcher.id() as i32), signal).unwrap();
+        let (status, stderr) = finish(launcher, Duration::from_secs(5));
+        assert_eq!(status.code(), Some(3), "{signal}: {stderr}");
+        assert!(stderr.contains(&format!("launcher: interrupted by {signal}; all ranks were stopped")), "{stderr}");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(pids.iter().all(|&p| !alive(p)), "{signal}: survivors among {pids:?}");
+        let prefix = format!("arx-{job}-");
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.starts_with(&prefix))
+            .collect();
+        assert!(left.is_empty(), "{signal}: left in /dev/shm: {left:?}");
+    }
 }
