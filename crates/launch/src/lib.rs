@@ -1,15 +1,20 @@
 //! Starting the ranks of a job: either we spawn them ([`run`]) or an external launcher did, and [`detect`]
 //! reads who we are from its environment variables. Either way every rank ends up with the same
 //! [`ipc::JobId`], which names all shared state of the job.
+//!
+//! The job id is [`JOB_ENV`] (`ALLREDUCE_JOB_ID`) whenever that is set: our launcher always sets it, and under an
+//! external launcher it overrides the id derived from the launcher's job variables. MPICH/Intel MPI's Hydra exports
+//! no variable that identifies the job, so under it `ALLREDUCE_JOB_ID` is required.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,6 +27,9 @@ pub const RANK_ENV: &str = "RANK";
 pub const WORLD_ENV: &str = "WORLD_SIZE";
 pub const LOCAL_RANK_ENV: &str = "LOCAL_RANK";
 pub const LOCAL_WORLD_ENV: &str = "LOCAL_WORLD_SIZE";
+/// Where torch.distributed's rendezvous store listens; our launcher sets both, as torchrun does, unless set.
+pub const MASTER_ADDR_ENV: &str = "MASTER_ADDR";
+pub const MASTER_PORT_ENV: &str = "MASTER_PORT";
 
 /// How often the wait loop polls children and the interrupt flag.
 const POLL: Duration = Duration::from_millis(10);
@@ -42,8 +50,10 @@ pub enum LaunchError {
     Sweep { job: JobId, source: io::Error },
     #[error(transparent)]
     Ipc(#[from] ipc::IpcError),
-    #[error("interrupted by a signal; all ranks were stopped")]
-    Interrupted,
+    #[error("picking a free {MASTER_PORT_ENV} on 127.0.0.1: {0}")]
+    MasterPort(io::Error),
+    #[error("interrupted by {signal}; all ranks were stopped")]
+    Interrupted { signal: Signal },
 }
 
 fn others_note(others: &[(usize, String)]) -> String {
@@ -61,7 +71,11 @@ pub enum Launcher {
     Ours,
     Torchrun,
     Mpirun,
+    /// MPICH's or Intel MPI's `mpiexec`/`mpirun`, both Hydra.
+    Mpich,
     Srun,
+    /// No launcher: the program gave its place itself ([`RankInfo::explicit`]).
+    Explicit,
 }
 
 impl fmt::Display for Launcher {
@@ -70,7 +84,9 @@ impl fmt::Display for Launcher {
             Launcher::Ours => "allreduce launcher",
             Launcher::Torchrun => "torchrun",
             Launcher::Mpirun => "mpirun",
+            Launcher::Mpich => "MPICH/Intel MPI (Hydra)",
             Launcher::Srun => "srun",
+            Launcher::Explicit => "explicit placement",
         })
     }
 }
@@ -80,8 +96,44 @@ pub struct RankInfo {
     pub rank: usize,
     pub world: usize,
     pub local_rank: usize,
+    /// Ranks of the job on this host, where the launcher says (not every launcher does, or does reliably).
+    pub local_world: Option<usize>,
     pub job: JobId,
     pub launcher: Launcher,
+}
+
+impl RankInfo {
+    /// The place of a program that knows it without a launcher; every rank must pass the same `world` and `job`.
+    pub fn explicit(rank: usize, world: usize, local_rank: usize, job: JobId) -> Result<RankInfo, LaunchError> {
+        if let Some((what, msg)) = misplaced([rank, world, local_rank], None, ["rank", "world", "local_rank", ""]) {
+            return Err(LaunchError::BadArgs(format!("{what}: {msg}")));
+        }
+        Ok(RankInfo { rank, world, local_rank, local_world: None, job, launcher: Launcher::Explicit })
+    }
+}
+
+/// Why `rank`, `world`, `local_rank` and `local_world` cannot be one rank's place, blaming one of them by its name
+/// from the last argument (same order); `None` when they can.
+fn misplaced(
+    [rank, world, local_rank]: [usize; 3],
+    local_world: Option<usize>,
+    [rank_name, world_name, local_name, local_world_name]: [&str; 4],
+) -> Option<(&str, String)> {
+    if world == 0 {
+        return Some((world_name, "world size 0".into()));
+    }
+    if rank >= world {
+        return Some((rank_name, format!("rank {rank} >= {world_name} {world}")));
+    }
+    if local_rank >= world {
+        return Some((local_name, format!("local rank {local_rank} >= {world_name} {world}")));
+    }
+    match local_world? {
+        0 => Some((local_world_name, "local world size 0".into())),
+        n if n > world => Some((local_world_name, format!("local world size {n} > {world_name} {world}"))),
+        n if local_rank >= n => Some((local_name, format!("local rank {local_rank} >= {local_world_name} {n}"))),
+        _ => None,
+    }
 }
 
 /// This process's place in a job, from the environment; `None` when no launcher started it.
@@ -91,57 +143,94 @@ pub fn detect() -> Result<Option<RankInfo>, LaunchError> {
 }
 
 /// [`detect`] on an explicit environment, so it can be tested without touching the process's.
+///
+/// Our launcher's ranks are recognised by [`JOB_ENV`] together with `RANK` and come first, so that an outer
+/// launcher's variables they inherit (ours run under `srun -n1`, say) do not count. Torchrun's ranks given an
+/// explicit `ALLREDUCE_JOB_ID` therefore read as ours, which they equal in every variable we use.
 pub fn detect_from(env: &HashMap<String, String>) -> Result<Option<RankInfo>, LaunchError> {
     let has = |v: &str| env.contains_key(v);
-    // (launcher, rank, world, local rank variables, variables that identify the job)
-    let (launcher, vars, job_vars): (_, [&str; 3], &[&str]) = if has(JOB_ENV) {
-        (Launcher::Ours, [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV], &[])
-    } else if has(RANK_ENV) && (has("TORCHELASTIC_RUN_ID") || (has("MASTER_ADDR") && has("MASTER_PORT"))) {
+    let bad = |var: &str, msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
+    // (launcher, rank, world, local rank and local world variables, variables that identify the job)
+    let (launcher, vars, job_vars): (_, [&str; 4], &[&str]) = if has(JOB_ENV) && has(RANK_ENV) {
+        (Launcher::Ours, [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_ENV], &[])
+    } else if has(RANK_ENV) && (has("TORCHELASTIC_RUN_ID") || (has(MASTER_ADDR_ENV) && has(MASTER_PORT_ENV))) {
         (
             Launcher::Torchrun,
-            [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV],
-            &["TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"],
+            [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_ENV],
+            &["TORCHELASTIC_RUN_ID", MASTER_ADDR_ENV, MASTER_PORT_ENV],
         )
     } else if has("OMPI_COMM_WORLD_RANK") {
-        let vars = ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"];
+        let vars = [
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        ];
         (Launcher::Mpirun, vars, &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"])
+    } else if has("MPI_LOCALRANKID") {
+        // Hydra's own variable (PMI_RANK alone is also set by srun's PMI-2 plugin); it comes before srun's because
+        // mpiexec inside a Slurm allocation hands its ranks the SLURM_* variables of its proxies.
+        if !has("PMI_RANK") && has("PMI_ID") {
+            let msg = "not set: Hydra's -pmi-port mode exports PMI_ID and no PMI_SIZE; run mpiexec without it".into();
+            return Err(bad("PMI_RANK", msg));
+        }
+        (Launcher::Mpich, ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"], &[])
     } else if has("SLURM_PROCID") {
-        (Launcher::Srun, ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"], &["SLURM_JOB_ID", "SLURM_STEP_ID"])
+        let vars = ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"];
+        (Launcher::Srun, vars, &["SLURM_JOB_ID", "SLURM_STEP_ID"])
     } else {
         return Ok(None);
     };
     let num = |var: &str| -> Result<usize, LaunchError> {
-        let bad = |msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
-        let v = env.get(var).ok_or_else(|| bad(format!("not set, but the {launcher} variables are")))?;
-        v.trim().parse().map_err(|_| bad(format!("{v:?} is not a number")))
+        let v = env.get(var).ok_or_else(|| bad(var, format!("not set, but the {launcher} variables are")))?;
+        v.trim().parse().map_err(|_| bad(var, format!("{v:?} is not a number")))
     };
-    let [rank_var, world_var, local_var] = vars;
+    let [rank_var, world_var, local_var, local_world_var] = vars;
     let (rank, world) = (num(rank_var)?, num(world_var)?);
     // Our launcher always sets LOCAL_RANK, but a hand-written environment may leave it out.
     let local_rank = if launcher == Launcher::Ours && !has(local_var) { rank } else { num(local_var)? };
-    let bad = |var: &str, msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
-    if world == 0 {
-        return Err(bad(world_var, "world size 0".into()));
-    }
-    if rank >= world {
-        return Err(bad(rank_var, format!("rank {rank} >= {world_var} {world}")));
-    }
-    if local_rank >= world {
-        return Err(bad(local_var, format!("local rank {local_rank} >= {world_var} {world}")));
-    }
-    let job = if launcher == Launcher::Ours {
-        JobId::parse(&env[JOB_ENV]).map_err(|e| bad(JOB_ENV, e.to_string()))?
-    } else {
-        derived_job(launcher, job_vars, env)?
+    let local_world = match env.get(local_world_var) {
+        None => None,
+        Some(v) if launcher == Launcher::Srun => uniform_tasks_per_node(v).map_err(|msg| bad(local_world_var, msg))?,
+        Some(_) => Some(num(local_world_var)?),
     };
-    Ok(Some(RankInfo { rank, world, local_rank, job, launcher }))
+    if let Some((var, msg)) = misplaced([rank, world, local_rank], local_world, vars) {
+        return Err(bad(var, msg));
+    }
+    let job = match env.get(JOB_ENV) {
+        Some(id) => JobId::parse(id).map_err(|e| bad(JOB_ENV, e.to_string()))?,
+        None => derived_job(launcher, job_vars, env)?,
+    };
+    Ok(Some(RankInfo { rank, world, local_rank, local_world, job, launcher }))
+}
+
+/// Slurm's tasks per node of the step (`4`, `4(x2)`, `4(x2),3`): the count when every node runs the same, `None`
+/// when they differ (which node is ours would take more variables than it is worth).
+fn uniform_tasks_per_node(v: &str) -> Result<Option<usize>, String> {
+    let count = |item: &str| -> Option<usize> {
+        let (n, repeat) = item.split_once("(x").unwrap_or((item, "1)"));
+        repeat.strip_suffix(')')?.parse::<usize>().ok()?;
+        n.parse().ok()
+    };
+    let counts: Option<Vec<usize>> = v.trim().split(',').map(count).collect();
+    let counts = counts.ok_or_else(|| format!("{v:?} is not a list of task counts such as 4(x2),3"))?;
+    Ok(counts.iter().all(|&n| n == counts[0]).then_some(counts[0]))
 }
 
 /// A job id every rank of an external launcher computes alike: a hash of the launcher, its job variables and
 /// our uid (so two users' jobs never share segment names).
 fn derived_job(launcher: Launcher, vars: &[&str], env: &HashMap<String, String>) -> Result<JobId, LaunchError> {
+    let set_it = format!(
+        "set {JOB_ENV} to the same 16 to 64 lowercase hex digits for every rank, e.g. \
+         {JOB_ENV}=$(openssl rand -hex 16) before the launcher command"
+    );
+    if vars.is_empty() {
+        let msg = format!("not set, and {launcher} exports no variable that identifies the job: {set_it}");
+        return Err(LaunchError::BadEnv { var: JOB_ENV.to_string(), msg });
+    }
     if !vars.iter().any(|v| env.get(*v).is_some_and(|s| !s.is_empty())) {
-        let msg = format!("none of {vars:?} is set, so the ranks of this {launcher} job cannot agree on a job id");
+        let msg =
+            format!("none of {vars:?} is set, so the ranks of this {launcher} job cannot agree on a job id: {set_it}");
         return Err(LaunchError::BadEnv { var: vars[0].to_string(), msg });
     }
     let mut text = format!("{launcher}\0{}", getuid());
@@ -169,7 +258,8 @@ pub struct LaunchOptions {
     pub world: usize,
     pub program: PathBuf,
     pub args: Vec<OsString>,
-    /// Extra environment for every rank (the rank variables always win).
+    /// Extra environment for every rank (the rank variables always win; MASTER_ADDR and MASTER_PORT set here or in
+    /// ours are kept, otherwise every rank gets 127.0.0.1 and a port that was free).
     pub env: Vec<(String, String)>,
     /// Time between SIGTERM and SIGKILL when stopping ranks.
     pub grace: Duration,
@@ -191,28 +281,29 @@ impl LaunchOptions {
     }
 }
 
-/// Set by SIGINT/SIGTERM while [`run`] has its handler installed.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The first of [`STOP_SIGNALS`] received while [`run`] has its handler installed; 0 until then.
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 
 /// How many [`run`]s are active and the handlers they replaced, so the last one out restores them.
 static HANDLERS: Mutex<(usize, Vec<(Signal, SigAction)>)> = Mutex::new((0, Vec::new()));
 
-const STOP_SIGNALS: [Signal; 2] = [Signal::SIGINT, Signal::SIGTERM];
+/// Ctrl-C, kill, a closed terminal and `Ctrl-\` all end the job the same way: ranks stopped, segments swept.
+const STOP_SIGNALS: [Signal; 4] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT];
 
-extern "C" fn on_signal(_: nix::libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(sig: nix::libc::c_int) {
+    let _ = INTERRUPTED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
 }
 
-/// Our SIGINT/SIGTERM handler for as long as it lives, so an interrupted launcher stops its ranks first.
+/// Our handler of [`STOP_SIGNALS`] for as long as it lives, so an interrupted launcher stops its ranks first.
 struct SignalGuard;
 
 impl SignalGuard {
     fn install() -> SignalGuard {
         let mut state = HANDLERS.lock().unwrap_or_else(|e| e.into_inner());
         if state.0 == 0 {
-            INTERRUPTED.store(false, Ordering::SeqCst);
+            INTERRUPTED.store(0, Ordering::SeqCst);
             let ours = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
-            // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+            // SAFETY: the handler only touches an atomic, which is async-signal-safe.
             state.1 = STOP_SIGNALS.iter().filter_map(|&s| Some((s, unsafe { sigaction(s, &ours) }.ok()?))).collect();
         }
         state.0 += 1;
@@ -261,11 +352,12 @@ pub fn run(opts: &LaunchOptions) -> Result<(), LaunchError> {
         return Err(LaunchError::BadArgs(format!("program {} not found", opts.program.display())));
     }
     let job = JobId::random();
+    let master = master_env(opts)?;
     let _signals = SignalGuard::install();
     let mut ranks = Vec::with_capacity(opts.world);
     let mut outcome = None;
     for rank in 0..opts.world {
-        match spawn(opts, &job, rank) {
+        match spawn(opts, &job, &master, rank) {
             Ok(r) => ranks.push(r),
             Err(source) => {
                 outcome = Some(LaunchError::Spawn { rank, source });
@@ -307,8 +399,11 @@ fn supervise(ranks: &mut [Rank], grace: Duration, mut outcome: Option<LaunchErro
                 first_failure = Some(rank);
             }
         }
-        if outcome.is_none() && first_failure.is_none() && INTERRUPTED.load(Ordering::SeqCst) {
-            outcome = Some(LaunchError::Interrupted);
+        if outcome.is_none() && first_failure.is_none() {
+            // 0, nothing received yet, is no signal.
+            if let Ok(signal) = Signal::try_from(INTERRUPTED.load(Ordering::SeqCst)) {
+                outcome = Some(LaunchError::Interrupted { signal });
+            }
         }
         if kill_at.is_none() && (outcome.is_some() || first_failure.is_some()) {
             kill_at = Some(stop(ranks, grace));
@@ -357,10 +452,27 @@ fn program_exists(program: &Path) -> bool {
     std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
 }
 
-fn spawn(opts: &LaunchOptions, job: &JobId, rank: usize) -> io::Result<Rank> {
+/// MASTER_ADDR and MASTER_PORT for every rank, so torch.distributed runs under us as under torchrun; those that
+/// our environment or `opts.env` sets are left to it.
+fn master_env(opts: &LaunchOptions) -> Result<Vec<(&'static str, String)>, LaunchError> {
+    let set = |var: &str| std::env::var_os(var).is_some() || opts.env.iter().any(|(k, _)| k == var);
+    let mut env = Vec::new();
+    if !set(MASTER_ADDR_ENV) {
+        env.push((MASTER_ADDR_ENV, Ipv4Addr::LOCALHOST.to_string()));
+    }
+    if !set(MASTER_PORT_ENV) {
+        // Free now; rank 0's store binds it moments later, which is all torchrun's own choice guarantees too.
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr());
+        env.push((MASTER_PORT_ENV, port.map_err(LaunchError::MasterPort)?.port().to_string()));
+    }
+    Ok(env)
+}
+
+fn spawn(opts: &LaunchOptions, job: &JobId, master: &[(&str, String)], rank: usize) -> io::Result<Rank> {
     let mut cmd = Command::new(&opts.program);
     let world = opts.world.to_string();
     cmd.args(&opts.args)
+        .envs(master.iter().map(|(k, v)| (k, v)))
         .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .env(RANK_ENV, rank.to_string())
         .env(WORLD_ENV, &world)

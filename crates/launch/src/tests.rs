@@ -2,6 +2,7 @@ use super::*;
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::getpid;
+use std::collections::HashSet;
 use std::sync::RwLock;
 
 /// run() tests share the process; the one that signals the whole process runs alone.
@@ -11,11 +12,16 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
-fn bad_var(r: Result<Option<RankInfo>, LaunchError>) -> String {
+/// The variable a detection error names, and its message.
+fn bad_env(r: Result<Option<RankInfo>, LaunchError>) -> (String, String) {
     match r {
-        Err(LaunchError::BadEnv { var, .. }) => var,
+        Err(LaunchError::BadEnv { var, msg }) => (var, msg),
         other => panic!("expected BadEnv, got {other:?}"),
     }
+}
+
+fn bad_var(r: Result<Option<RankInfo>, LaunchError>) -> String {
+    bad_env(r).0
 }
 
 #[test]
@@ -23,38 +29,117 @@ fn detects_our_launcher() {
     let job = JobId::random();
     let e = env(&[("RANK", "2"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "2"), (JOB_ENV, job.as_str())]);
     let info = detect_from(&e).unwrap().unwrap();
-    assert_eq!(info, RankInfo { rank: 2, world: 4, local_rank: 2, job, launcher: Launcher::Ours });
+    let expected =
+        RankInfo { rank: 2, world: 4, local_rank: 2, local_world: None, job: job.clone(), launcher: Launcher::Ours };
+    assert_eq!(info, expected);
     assert_eq!(info.launcher.to_string(), "allreduce launcher");
     let mut e = e;
+    e.insert(LOCAL_WORLD_ENV.into(), "4".into());
+    assert_eq!(detect_from(&e).unwrap().unwrap().local_world, Some(4));
+    // An outer launcher's variables, inherited by our ranks, do not count.
+    e.extend(env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("PMI_RANK", "0"), ("MPI_LOCALRANKID", "0")]));
+    assert_eq!(detect_from(&e).unwrap().unwrap().launcher, Launcher::Ours);
+    e.insert(LOCAL_WORLD_ENV.into(), "two".into());
+    assert_eq!(bad_var(detect_from(&e)), LOCAL_WORLD_ENV);
+    e.insert(LOCAL_WORLD_ENV.into(), "4".into());
     e.insert(JOB_ENV.into(), "NOT-HEX".into());
     assert_eq!(bad_var(detect_from(&e)), JOB_ENV);
 }
 
-/// A launcher, its variables ("R" stands for the rank), and the variable that holds the rank.
-type Case = (Launcher, Vec<(&'static str, &'static str)>, &'static str);
+/// A launcher, its variables ("R" stands for the rank), the variable that holds the rank, and the local world.
+type Case = (Launcher, Vec<(&'static str, &'static str)>, &'static str, Option<usize>);
+
+const MPICH_JOB: &str = "0123456789abcdef0123456789abcdef";
+const INTEL_JOB: &str = "fedcba9876543210fedcba9876543210";
 
 #[test]
 fn detects_external_launchers_with_agreeing_job_ids() {
-    let cases: [Case; 4] = [
-        (Launcher::Torchrun, vec![("WORLD_SIZE", "4"), ("LOCAL_RANK", "R"), ("TORCHELASTIC_RUN_ID", "x")], "RANK"),
+    let cases: [Case; 7] = [
+        (
+            Launcher::Torchrun,
+            vec![("WORLD_SIZE", "4"), ("LOCAL_RANK", "R"), ("LOCAL_WORLD_SIZE", "4"), ("TORCHELASTIC_RUN_ID", "x")],
+            "RANK",
+            Some(4),
+        ),
         (
             Launcher::Torchrun,
             vec![("WORLD_SIZE", "4"), ("LOCAL_RANK", "R"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "29500")],
             "RANK",
+            None,
         ),
         (
             Launcher::Mpirun,
-            vec![("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_RANK", "R"), ("PMIX_NAMESPACE", "p")],
+            vec![
+                ("OMPI_COMM_WORLD_SIZE", "4"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "R"),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+                ("PMIX_NAMESPACE", "p"),
+            ],
             "OMPI_COMM_WORLD_RANK",
+            Some(4),
         ),
         (
             Launcher::Srun,
-            vec![("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "R"), ("SLURM_JOB_ID", "7"), ("SLURM_STEP_ID", "0")],
+            vec![
+                ("SLURM_NTASKS", "4"),
+                ("SLURM_LOCALID", "R"),
+                ("SLURM_STEP_TASKS_PER_NODE", "4"),
+                ("SLURM_JOB_ID", "7"),
+                ("SLURM_STEP_ID", "0"),
+            ],
             "SLURM_PROCID",
+            Some(4),
+        ),
+        // MPICH's mpiexec as Hydra sets it up by default, given a job id; PMI_FD differs between ranks.
+        (
+            Launcher::Mpich,
+            vec![
+                ("PMI_SIZE", "4"),
+                ("PMI_FD", "R"),
+                ("MPI_LOCALRANKID", "R"),
+                ("MPI_LOCALNRANKS", "4"),
+                ("PMI_HOSTNAME", "node1"),
+                (JOB_ENV, MPICH_JOB),
+            ],
+            "PMI_RANK",
+            Some(4),
+        ),
+        // Intel MPI's mpirun (Hydra too), inside a Slurm allocation whose variables its ranks inherit.
+        (
+            Launcher::Mpich,
+            vec![
+                ("PMI_SIZE", "4"),
+                ("PMI_FD", "R"),
+                ("MPI_LOCALRANKID", "R"),
+                ("MPI_LOCALNRANKS", "4"),
+                ("I_MPI_ROOT", "/opt/intel/oneapi/mpi/latest"),
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "1"),
+                ("SLURM_LOCALID", "0"),
+                ("SLURM_JOB_ID", "9"),
+                (JOB_ENV, INTEL_JOB),
+            ],
+            "PMI_RANK",
+            Some(4),
+        ),
+        // srun's PMI-2 plugin sets PMI_RANK too, but not Hydra's MPI_LOCALRANKID; nodes of different task counts.
+        (
+            Launcher::Srun,
+            vec![
+                ("SLURM_NTASKS", "6"),
+                ("SLURM_LOCALID", "R"),
+                ("SLURM_STEP_TASKS_PER_NODE", "4,2"),
+                ("PMI_RANK", "R"),
+                ("PMI_SIZE", "6"),
+                ("SLURM_JOB_ID", "7"),
+                ("SLURM_STEP_ID", "1"),
+            ],
+            "SLURM_PROCID",
+            None,
         ),
     ];
     let mut jobs = Vec::new();
-    for (launcher, vars, rank_var) in cases {
+    for (launcher, vars, rank_var, local_world) in cases {
         let infos: Vec<RankInfo> = (0..4)
             .map(|rank| {
                 let r = rank.to_string();
@@ -64,23 +149,49 @@ fn detects_external_launchers_with_agreeing_job_ids() {
                 detect_from(&e).unwrap().unwrap()
             })
             .collect();
+        let world = if vars.contains(&("SLURM_NTASKS", "6")) { 6 } else { 4 };
         for (rank, info) in infos.iter().enumerate() {
-            assert_eq!((info.rank, info.world, info.local_rank, info.launcher), (rank, 4, rank, launcher));
+            assert_eq!(
+                (info.rank, info.world, info.local_rank, info.local_world, info.launcher),
+                (rank, world, rank, local_world, launcher)
+            );
             assert_eq!(info.job, infos[0].job, "ranks must agree on the job id");
         }
         assert_eq!(infos[0].job.as_str().len(), 32);
         jobs.push(infos[0].job.clone());
     }
-    jobs.dedup();
-    assert_eq!(jobs.len(), 4, "different jobs get different ids");
+    assert_eq!((jobs[4].as_str(), jobs[5].as_str()), (MPICH_JOB, INTEL_JOB));
+    assert_eq!(jobs.iter().collect::<HashSet<_>>().len(), jobs.len(), "different jobs get different ids");
     let other = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_ID", "8")]);
     assert_ne!(detect_from(&other).unwrap().unwrap().job, jobs[3]);
+    assert_eq!(Launcher::Mpich.to_string(), "MPICH/Intel MPI (Hydra)");
+}
+
+#[test]
+fn explicit_job_id_overrides_the_derived_one() {
+    let job = JobId::random();
+    let ompi = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")];
+    let srun = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "1")];
+    for (launcher, vars) in [(Launcher::Mpirun, &ompi[..]), (Launcher::Srun, &srun[..])] {
+        // With no job variable of the launcher's at all, and with one.
+        let mut e = env(vars);
+        e.insert(JOB_ENV.into(), job.to_string());
+        for _ in 0..2 {
+            let info = detect_from(&e).unwrap().unwrap();
+            assert_eq!((info.launcher, &info.job), (launcher, &job));
+            e.extend(env(&[("PMIX_NAMESPACE", "p"), ("SLURM_JOB_ID", "7")]));
+        }
+        e.insert(JOB_ENV.into(), "xyz".into());
+        assert_eq!(bad_var(detect_from(&e)), JOB_ENV);
+    }
 }
 
 #[test]
 fn inconsistent_environments_name_the_variable() {
     assert_eq!(detect_from(&env(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap(), None, "no launcher");
     assert_eq!(detect_from(&HashMap::new()).unwrap(), None);
+    // A job id exported in the shell makes no rank of a program started without a launcher.
+    assert_eq!(detect_from(&env(&[(JOB_ENV, MPICH_JOB)])).unwrap(), None);
     let torch = |rank: &str, world: &str, local: &str| {
         env(&[("RANK", rank), ("WORLD_SIZE", world), ("LOCAL_RANK", local), ("TORCHELASTIC_RUN_ID", "x")])
     };
@@ -88,11 +199,80 @@ fn inconsistent_environments_name_the_variable() {
     assert_eq!(bad_var(detect_from(&torch("0", "0", "0"))), "WORLD_SIZE");
     assert_eq!(bad_var(detect_from(&torch("0", "four", "0"))), "WORLD_SIZE");
     assert_eq!(bad_var(detect_from(&torch("0", "4", "-1"))), "LOCAL_RANK");
-    let no_job =
-        env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1"), ("OMPI_COMM_WORLD_LOCAL_RANK", "0")]);
-    assert_eq!(bad_var(detect_from(&no_job)), "OMPI_MCA_ess_base_jobid");
+    let mut local = torch("0", "4", "2");
+    local.insert(LOCAL_WORLD_ENV.into(), "2".into());
+    assert_eq!(bad_env(detect_from(&local)), ("LOCAL_RANK".into(), "local rank 2 >= LOCAL_WORLD_SIZE 2".into()));
+    local.insert(LOCAL_WORLD_ENV.into(), "8".into());
+    assert_eq!(bad_var(detect_from(&local)), LOCAL_WORLD_ENV);
+
+    let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1"), ("OMPI_COMM_WORLD_LOCAL_RANK", "0")];
+    let (var, msg) = bad_env(detect_from(&env(&ompi)));
+    assert_eq!(var, "OMPI_MCA_ess_base_jobid");
+    assert!(msg.contains(&format!("set {JOB_ENV}")), "{msg}");
+    let mut garbled = env(&ompi);
+    garbled.extend(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", ""), ("PMIX_NAMESPACE", "p")]));
+    assert_eq!(bad_var(detect_from(&garbled)), "OMPI_COMM_WORLD_LOCAL_SIZE");
+
     let no_size = env(&[("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_ID", "1")]);
     assert_eq!(bad_var(detect_from(&no_size)), "SLURM_NTASKS");
+    let slurm = |per_node: &str| {
+        let mut e = env(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "3"), ("SLURM_JOB_ID", "1")]);
+        e.insert("SLURM_STEP_TASKS_PER_NODE".into(), per_node.into());
+        detect_from(&e)
+    };
+    assert_eq!(slurm("4(x2)").unwrap().unwrap().local_world, Some(4));
+    assert_eq!(slurm("4,4").unwrap().unwrap().local_world, Some(4));
+    assert_eq!(slurm("4(x1),2(x2)").unwrap().unwrap().local_world, None);
+    for garbled in ["", "4(x", "4(2)", "four", "4,,4"] {
+        assert_eq!(bad_var(slurm(garbled)), "SLURM_STEP_TASKS_PER_NODE", "{garbled:?}");
+    }
+    assert_eq!(bad_var(slurm("2(x4)")), "SLURM_LOCALID", "local rank 3 >= 2 tasks on its node");
+}
+
+#[test]
+fn mpich_needs_its_variables_and_an_explicit_job_id() {
+    let mpich = |pairs: &[(&str, &str)]| {
+        let mut e = env(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "2")]);
+        e.insert(JOB_ENV.into(), MPICH_JOB.into());
+        for (k, v) in pairs {
+            match *v {
+                "-" => e.remove(*k),
+                v => e.insert(k.to_string(), v.to_string()),
+            };
+        }
+        detect_from(&e)
+    };
+    assert_eq!(mpich(&[]).unwrap().unwrap().local_world, Some(2));
+    assert_eq!(mpich(&[("MPI_LOCALNRANKS", "-")]).unwrap().unwrap().local_world, None);
+    let (var, msg) = bad_env(mpich(&[(JOB_ENV, "-")]));
+    assert_eq!(var, JOB_ENV);
+    assert!(msg.contains("MPICH/Intel MPI (Hydra) exports no variable") && msg.contains("openssl rand"), "{msg}");
+    assert_eq!(bad_env(mpich(&[("PMI_SIZE", "-")])).0, "PMI_SIZE");
+    assert_eq!(bad_env(mpich(&[("PMI_RANK", "-")])).0, "PMI_RANK");
+    assert_eq!(bad_env(mpich(&[("PMI_RANK", "x1")])).0, "PMI_RANK");
+    assert_eq!(bad_env(mpich(&[("PMI_SIZE", "1")])).0, "PMI_RANK");
+    assert_eq!(bad_env(mpich(&[("MPI_LOCALRANKID", " ")])).0, "MPI_LOCALRANKID");
+    assert_eq!(bad_env(mpich(&[("MPI_LOCALNRANKS", "1")])).0, "MPI_LOCALRANKID");
+    assert_eq!(bad_env(mpich(&[("MPI_LOCALNRANKS", "0")])).0, "MPI_LOCALNRANKS");
+    assert_eq!(bad_env(mpich(&[(JOB_ENV, "0123")])).0, JOB_ENV);
+    // Hydra's -pmi-port mode: PMI_PORT and PMI_ID instead of PMI_FD, PMI_RANK and PMI_SIZE.
+    let (var, msg) = bad_env(mpich(&[("PMI_RANK", "-"), ("PMI_SIZE", "-"), ("PMI_ID", "1"), ("PMI_PORT", "h:1")]));
+    assert_eq!(var, "PMI_RANK");
+    assert!(msg.contains("-pmi-port"), "{msg}");
+}
+
+#[test]
+fn explicit_places_are_checked() {
+    let job = JobId::random();
+    let info = RankInfo::explicit(1, 2, 1, job.clone()).unwrap();
+    let expected = RankInfo { rank: 1, world: 2, local_rank: 1, local_world: None, job, launcher: Launcher::Explicit };
+    assert_eq!(info, expected);
+    for (rank, world, local_rank, blamed) in [(0, 0, 0, "world: "), (2, 2, 0, "rank: "), (0, 2, 2, "local_rank: ")] {
+        match RankInfo::explicit(rank, world, local_rank, JobId::random()) {
+            Err(LaunchError::BadArgs(msg)) => assert!(msg.starts_with(blamed), "{msg}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -119,16 +299,22 @@ impl TempDir {
     }
 }
 
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
-fn sh(world: usize, dir: &TempDir, script: &str) -> LaunchOptions {
+fn sh(world: usize, dir: &impl AsRef<Path>, script: &str) -> LaunchOptions {
     let mut opts = LaunchOptions::new(world, "/bin/sh");
     opts.args = vec!["-c".into(), script.into()];
-    opts.env = vec![("DIR".into(), dir.0.display().to_string()), ("RANK".into(), "overridden".into())];
+    opts.env = vec![("DIR".into(), dir.as_ref().display().to_string()), ("RANK".into(), "overridden".into())];
     opts.grace = Duration::from_millis(500);
     opts
 }
@@ -146,19 +332,50 @@ fn pids(dir: &TempDir) -> Vec<i32> {
     dir.read("pids").lines().map(|l| l.trim().parse().unwrap()).collect()
 }
 
+/// Every rank's environment, as `env -0` wrote it to `env.<rank>`.
+fn rank_envs(dir: &TempDir, world: usize) -> Vec<HashMap<String, String>> {
+    let parse = |text: String| -> HashMap<String, String> {
+        text.split('\0').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    (0..world).map(|r| parse(dir.read(&format!("env.{r}")))).collect()
+}
+
 #[test]
 fn all_ranks_succeed_with_their_environment() {
     let _shared = SIGNALS.read().unwrap();
     let dir = TempDir::new();
-    let script =
-        r#"echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $ALLREDUCE_JOB_ID" > "$DIR/out.$RANK"; echo hello"#;
-    run(&sh(3, &dir, script)).unwrap();
-    let lines: Vec<Vec<String>> =
-        (0..3).map(|r| dir.read(&format!("out.{r}")).split_whitespace().map(String::from).collect()).collect();
-    for (r, l) in lines.iter().enumerate() {
-        assert_eq!(l[..4], [r.to_string(), "3".into(), r.to_string(), "3".into()]);
-        assert_eq!(l[4], lines[0][4], "one job id for all ranks");
-        JobId::parse(&l[4]).unwrap();
+    run(&sh(3, &dir, r#"env -0 > "$DIR/env.$RANK"; echo hello"#)).unwrap();
+    let envs = rank_envs(&dir, 3);
+    let ours = |var: &str| std::env::var(var).ok();
+    for (r, e) in envs.iter().enumerate() {
+        let vars = [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_ENV].map(|v| e.get(v).map(String::as_str));
+        let (r, w) = (r.to_string(), "3".to_string());
+        assert_eq!(vars, [Some(r.as_str()), Some(w.as_str()), Some(r.as_str()), Some(w.as_str())]);
+        assert_eq!(e[JOB_ENV], envs[0][JOB_ENV], "one job id for all ranks");
+        JobId::parse(&e[JOB_ENV]).unwrap();
+        // As under torchrun: one store address for all ranks, unless our own environment named one.
+        assert_eq!(e[MASTER_ADDR_ENV], ours(MASTER_ADDR_ENV).unwrap_or("127.0.0.1".into()));
+        assert_eq!(e[MASTER_PORT_ENV], envs[0][MASTER_PORT_ENV]);
+        assert!(e[MASTER_PORT_ENV].parse::<u16>().is_ok_and(|p| p > 0), "{}", e[MASTER_PORT_ENV]);
+        // Those variables make torchrun's ranks, but ours still read as ours.
+        let info = detect_from(e).unwrap().unwrap();
+        assert_eq!(
+            (info.launcher, info.rank, info.world, info.local_world),
+            (Launcher::Ours, r.parse().unwrap(), 3, Some(3))
+        );
+        assert_eq!(info.job.as_str(), e[JOB_ENV]);
+    }
+}
+
+#[test]
+fn callers_master_address_and_port_are_kept() {
+    let _shared = SIGNALS.read().unwrap();
+    let dir = TempDir::new();
+    let mut opts = sh(2, &dir, r#"env -0 > "$DIR/env.$RANK""#);
+    opts.env.extend([("MASTER_ADDR".into(), "10.1.2.3".into()), ("MASTER_PORT".into(), "29511".into())]);
+    run(&opts).unwrap();
+    for e in rank_envs(&dir, 2) {
+        assert_eq!((e[MASTER_ADDR_ENV].as_str(), e[MASTER_PORT_ENV].as_str()), ("10.1.2.3", "29511"));
     }
 }
 
@@ -251,7 +468,12 @@ fn interrupt_stops_all_ranks() {
         }
     });
     let start = Instant::now();
-    assert!(matches!(run(&opts), Err(LaunchError::Interrupted)));
+    match run(&opts) {
+        Err(e @ LaunchError::Interrupted { signal: Signal::SIGTERM }) => {
+            assert_eq!(e.to_string(), "interrupted by SIGTERM; all ranks were stopped");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
     assert!(start.elapsed() < Duration::from_secs(5));
     signaller.join().unwrap();
     for pid in pids(&dir) {
@@ -269,4 +491,96 @@ fn bad_arguments_are_refused() {
     assert!(matches!(run(&missing), Err(LaunchError::BadArgs(_))));
     assert!(program_exists(Path::new("sh")));
     assert!(self_exe().unwrap().is_file());
+}
+
+/// Runs the script of [`CHILD_SCRIPT_ENV`] under our launcher as 2 ranks, in directory [`CHILD_DIR_ENV`]; then
+/// exits, 0 on success, 3 after printing the error.
+const CHILD_SCRIPT_ENV: &str = "LAUNCH_TEST_CHILD_SCRIPT";
+const CHILD_DIR_ENV: &str = "LAUNCH_TEST_CHILD_DIR";
+
+/// Not a test by itself: the launcher process of the tests below, which run this binary again with
+/// [`CHILD_SCRIPT_ENV`] set so that signals and our stderr can be the launcher's alone.
+#[test]
+fn child_launcher() {
+    let (Ok(script), Some(dir)) = (std::env::var(CHILD_SCRIPT_ENV), std::env::var_os(CHILD_DIR_ENV)) else {
+        return;
+    };
+    let code = match run(&sh(2, &PathBuf::from(dir), &script)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("launcher: {e}");
+            3
+        }
+    };
+    std::process::exit(code);
+}
+
+/// This test binary as a launcher process (see [`child_launcher`]) running `script`, its stderr piped to us.
+fn spawn_launcher(dir: &TempDir, script: &str) -> Child {
+    Command::new(self_exe().unwrap())
+        .args(["tests::child_launcher", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_SCRIPT_ENV, script)
+        .env(CHILD_DIR_ENV, &dir.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits up to `limit` for the launcher to exit (killing it and failing after that); its status and stderr.
+fn finish(mut launcher: Child, limit: Duration) -> (ExitStatus, String) {
+    let mut stderr = launcher.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = launcher.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            panic!("the launcher did not exit within {limit:?}; stderr:\n{}", reader.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().unwrap())
+}
+
+#[test]
+fn launcher_stops_ranks_and_sweeps_on_every_stop_signal() {
+    for signal in [Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGINT, Signal::SIGTERM] {
+        let dir = TempDir::new();
+        // Each rank leaves a segment of the job and a process in its group, records both pids, and waits.
+        let script = r#"touch "/dev/shm/arx-$ALLREDUCE_JOB_ID-test$RANK"; echo "$ALLREDUCE_JOB_ID" > "$DIR/job"
+            sleep 30 & echo $! >> "$DIR/pids"; echo $$ >> "$DIR/pids"; wait"#;
+        let launcher = spawn_launcher(&dir, script);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dir.read("pids").lines().count() < 4 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let pids = pids(&dir);
+        assert_eq!(pids.len(), 4, "the ranks did not start");
+        let job = JobId::parse(dir.read("job").trim()).unwrap();
+        kill(Pid::from_raw(launcher.id() as i32), signal).unwrap();
+        let (status, stderr) = finish(launcher, Duration::from_secs(5));
+        assert_eq!(status.code(), Some(3), "{signal}: {stderr}");
+        assert!(stderr.contains(&format!("launcher: interrupted by {signal}; all ranks were stopped")), "{stderr}");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(pids.iter().all(|&p| !alive(p)), "{signal}: survivors among {pids:?}");
+        let prefix = format!("arx-{job}-");
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.starts_with(&prefix))
+            .collect();
+        assert!(left.is_empty(), "{signal}: left in /dev/shm: {left:?}");
+    }
 }
