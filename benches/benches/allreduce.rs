@@ -60,6 +60,7 @@ fn launch_ranks() -> Result<(), BenchError> {
         env: Vec::new(),
         grace: Duration::from_secs(2),
         prefix_output: true,
+        rank0_stderr_on_terminal: false,
     })?;
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! `comm-bench`: launches its ranks (or runs as one, under our launcher, torchrun, mpirun or srun) and sweeps.
+//! `comm-bench`: launches its ranks (or runs as one, under our launcher, torchrun, mpirun, MPICH/Intel MPI or srun) and
+//! sweeps.
 
 use bench::cli::{BenchArgs, Cli, Command};
 use bench::BenchError;
@@ -40,6 +41,7 @@ fn launch_command(world: usize, mut command: Vec<std::ffi::OsString>) -> Result<
         env: Vec::new(),
         grace: Duration::from_secs(2),
         prefix_output: true,
+        rank0_stderr_on_terminal: false,
     })?;
     Ok(())
 }
@@ -90,6 +92,8 @@ fn relaunch(num_ranks: Option<u64>, backend: gpu::Backend) -> Result<(), BenchEr
         env: Vec::new(),
         grace: Duration::from_secs(2),
         prefix_output: true,
+        // Rank 0's progress bar over the sweep shows when we run at a terminal.
+        rank0_stderr_on_terminal: true,
     })?;
     Ok(())
 }

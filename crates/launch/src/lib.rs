@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -265,6 +265,9 @@ pub struct LaunchOptions {
     pub grace: Duration,
     /// Prefix every output line with "[rank N] "; otherwise children write to our stdout/stderr directly.
     pub prefix_output: bool,
+    /// When our stderr is a terminal, rank 0 writes its stderr there directly, unprefixed, so that a progress bar
+    /// it draws only on a terminal shows.
+    pub rank0_stderr_on_terminal: bool,
 }
 
 impl LaunchOptions {
@@ -277,6 +280,7 @@ impl LaunchOptions {
             env: Vec::new(),
             grace: Duration::from_secs(2),
             prefix_output: true,
+            rank0_stderr_on_terminal: false,
         }
     }
 }
@@ -468,6 +472,11 @@ fn master_env(opts: &LaunchOptions) -> Result<Vec<(&'static str, String)>, Launc
     Ok(env)
 }
 
+/// Whether `rank`'s stderr goes through a prefixing pump rather than straight to ours.
+fn pipes_stderr(opts: &LaunchOptions, rank: usize, our_stderr_is_terminal: bool) -> bool {
+    opts.prefix_output && !(rank == 0 && opts.rank0_stderr_on_terminal && our_stderr_is_terminal)
+}
+
 fn spawn(opts: &LaunchOptions, job: &JobId, master: &[(&str, String)], rank: usize) -> io::Result<Rank> {
     let mut cmd = Command::new(&opts.program);
     let world = opts.world.to_string();
@@ -485,7 +494,10 @@ fn spawn(opts: &LaunchOptions, job: &JobId, master: &[(&str, String)], rank: usi
         cmd.stdin(Stdio::null());
     }
     if opts.prefix_output {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdout(Stdio::piped());
+    }
+    if pipes_stderr(opts, rank, io::stderr().is_terminal()) {
+        cmd.stderr(Stdio::piped());
     }
     // SAFETY: prctl is async-signal-safe. Dying with us covers the case where we are SIGKILLed ourselves.
     unsafe {

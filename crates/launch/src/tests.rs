@@ -347,9 +347,9 @@ fn all_ranks_succeed_with_their_environment() {
     run(&sh(3, &dir, r#"env -0 > "$DIR/env.$RANK"; echo hello"#)).unwrap();
     let envs = rank_envs(&dir, 3);
     let ours = |var: &str| std::env::var(var).ok();
-    for (r, e) in envs.iter().enumerate() {
+    for (rank, e) in envs.iter().enumerate() {
         let vars = [RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_ENV].map(|v| e.get(v).map(String::as_str));
-        let (r, w) = (r.to_string(), "3".to_string());
+        let (r, w) = (rank.to_string(), "3".to_string());
         assert_eq!(vars, [Some(r.as_str()), Some(w.as_str()), Some(r.as_str()), Some(w.as_str())]);
         assert_eq!(e[JOB_ENV], envs[0][JOB_ENV], "one job id for all ranks");
         JobId::parse(&e[JOB_ENV]).unwrap();
@@ -359,10 +359,7 @@ fn all_ranks_succeed_with_their_environment() {
         assert!(e[MASTER_PORT_ENV].parse::<u16>().is_ok_and(|p| p > 0), "{}", e[MASTER_PORT_ENV]);
         // Those variables make torchrun's ranks, but ours still read as ours.
         let info = detect_from(e).unwrap().unwrap();
-        assert_eq!(
-            (info.launcher, info.rank, info.world, info.local_world),
-            (Launcher::Ours, r.parse().unwrap(), 3, Some(3))
-        );
+        assert_eq!((info.launcher, info.rank, info.world, info.local_world), (Launcher::Ours, rank, 3, Some(3)));
         assert_eq!(info.job.as_str(), e[JOB_ENV]);
     }
 }
@@ -493,19 +490,22 @@ fn bad_arguments_are_refused() {
     assert!(self_exe().unwrap().is_file());
 }
 
-/// Runs the script of [`CHILD_SCRIPT_ENV`] under our launcher as 2 ranks, in directory [`CHILD_DIR_ENV`]; then
-/// exits, 0 on success, 3 after printing the error.
+/// The script that [`child_launcher`] runs under our launcher as 2 ranks (rank 0's stderr given the terminal if
+/// ours is one), and the directory it gives them as DIR.
 const CHILD_SCRIPT_ENV: &str = "LAUNCH_TEST_CHILD_SCRIPT";
 const CHILD_DIR_ENV: &str = "LAUNCH_TEST_CHILD_DIR";
 
 /// Not a test by itself: the launcher process of the tests below, which run this binary again with
-/// [`CHILD_SCRIPT_ENV`] set so that signals and our stderr can be the launcher's alone.
+/// [`CHILD_SCRIPT_ENV`] set so that signals and stderr can be the launcher's alone. Exits 0 on success, 3 after
+/// printing the error.
 #[test]
 fn child_launcher() {
     let (Ok(script), Some(dir)) = (std::env::var(CHILD_SCRIPT_ENV), std::env::var_os(CHILD_DIR_ENV)) else {
         return;
     };
-    let code = match run(&sh(2, &PathBuf::from(dir), &script)) {
+    let mut opts = sh(2, &PathBuf::from(dir), &script);
+    opts.rank0_stderr_on_terminal = true;
+    let code = match run(&opts) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("launcher: {e}");
@@ -583,4 +583,23 @@ fn launcher_stops_ranks_and_sweeps_on_every_stop_signal() {
             .collect();
         assert!(left.is_empty(), "{signal}: left in /dev/shm: {left:?}");
     }
+}
+
+#[test]
+fn rank0_stderr_is_prefixed_unless_ours_is_a_terminal() {
+    let mut opts = LaunchOptions::new(2, "true");
+    assert!(pipes_stderr(&opts, 0, true) && pipes_stderr(&opts, 1, true));
+    opts.rank0_stderr_on_terminal = true;
+    assert!(!pipes_stderr(&opts, 0, true), "rank 0 gets the terminal");
+    assert!(pipes_stderr(&opts, 1, true) && pipes_stderr(&opts, 0, false));
+    opts.prefix_output = false;
+    assert!(!pipes_stderr(&opts, 1, false));
+    // End to end, with the launcher's stderr a pipe (whatever ours is): nothing changes.
+    let dir = TempDir::new();
+    let (status, stderr) = finish(spawn_launcher(&dir, r#"echo "to stderr" >&2"#), Duration::from_secs(10));
+    assert!(status.success(), "{stderr}");
+    for rank in 0..2 {
+        assert!(stderr.lines().any(|l| l == format!("[rank {rank}] to stderr")), "{stderr}");
+    }
+    assert!(!stderr.lines().any(|l| l == "to stderr"), "{stderr}");
 }
