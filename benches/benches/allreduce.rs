@@ -4,16 +4,18 @@
 //! The other ranks only follow rank 0's commands, so criterion's own arguments (filters, `--list`, baselines)
 //! need no handling there. Every method is checked against the float64 reference before it is timed.
 
+use allreduce::check::{agree_verdict, input_values, reference, tolerance, POISON};
+use allreduce::methods;
+use allreduce::timing::{Timer, TimingOptions};
+use allreduce::{Collective, Communicator, DType, Mode, Op, Options};
 use allreduce_benches::{
-    env_flag, median, methods as method_list, sizes, Command, Entry, Summary, COPY, METHODS_ENV, QUICK_ENV, RANKS_ENV,
+    env_flag, methods as method_list, sizes, Command, Entry, Summary, COPY, METHODS_ENV, QUICK_ENV, RANKS_ENV,
 };
 use allreduce_benches::{SUMMARY_ENV, SUMMARY_SAMPLES};
-use bench::check::{compare, fingerprint, input_values, reference, tolerance, POISON};
-use bench::{methods, BenchError};
-use collective::{Collective, DType, Op};
+use bench::BenchError;
 use criterion::{BenchmarkId, Criterion, Throughput};
-use gpu::{DeviceBuffer, DriverKind, Event, Gpu, MemKind, Stream};
-use ipc::{Rendezvous, RendezvousOptions};
+use gpu::{DeviceBuffer, DriverKind, Gpu, MemKind, Stream};
+use ipc::Rendezvous;
 use launch::RankInfo;
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -68,7 +70,10 @@ fn launch_ranks() -> Result<(), BenchError> {
 /// comm-bench's defaults: 2 on the host driver, where ranks share the CPU cores; comm_bench.py's 8 on a GPU
 /// driver (with fewer GPUs than that, run under MPS as dist/gpu_node.sh does, or set ARX_BENCH_RANKS).
 fn default_world() -> Result<usize, BenchError> {
-    let opened = gpu::open(gpu::Backend::Auto, &gpu::DriverOptions { device: None, shm_prefix: String::new() })?;
+    let opened = gpu::open(
+        gpu::Backend::Auto,
+        &gpu::DriverOptions { device: None, local_rank: None, shm_prefix: String::new() },
+    )?;
     Ok(if opened.gpu.kind() == DriverKind::Host { 2 } else { 8 })
 }
 
@@ -77,15 +82,20 @@ fn rank(info: &RankInfo) -> Result<(), BenchError> {
         Some(_) => deadline::timeout_from_env().map_err(BenchError::Config)?,
         None => DEFAULT_TIMEOUT,
     };
-    let opened =
-        gpu::open(gpu::Backend::Auto, &gpu::DriverOptions { device: None, shm_prefix: info.job.shm_name("g") })?;
-    let rdv = Rendezvous::join(&info.job, info.rank, info.world, RendezvousOptions { timeout, ..Default::default() })?;
-    let result = Job::new(opened.gpu, &rdv).and_then(|mut job| job.run());
+    let sizes = sizes(gpu_present()?, 512);
+    let capacity = sizes.iter().max().copied().unwrap_or(1) * DTYPE.size();
+    let opts = Options { capacity_bytes: capacity, timeout: Some(timeout), ..Options::default() };
+    let comm = Communicator::new(info.clone(), opts)?;
+    let result = Job::new(&comm).and_then(|mut job| job.run());
     if let Err(e) = &result {
         // Every peer's current or next wait fails at once, with this reason.
-        rdv.abort(&e.to_string());
+        comm.rendezvous().abort(&e.to_string());
     }
     result
+}
+
+fn gpu_present() -> Result<bool, BenchError> {
+    Ok(default_world()? != 2)
 }
 
 /// What a benchmark times.
@@ -104,14 +114,14 @@ struct Job<'a> {
     targets: Vec<Target>,
     input: DeviceBuffer,
     output: DeviceBuffer,
-    stream: Stream,
-    start: Event,
-    end: Event,
+    /// Taken out while a call borrows the job.
+    timer: Option<Timer>,
 }
 
 impl<'a> Job<'a> {
     /// Agrees on the configuration, builds every method every rank can build, and allocates like comm-bench.
-    fn new(gpu: Gpu, rdv: &'a Rendezvous) -> Result<Job<'a>, BenchError> {
+    fn new(comm: &'a Communicator) -> Result<Job<'a>, BenchError> {
+        let (gpu, rdv) = (comm.gpu().clone(), comm.rendezvous());
         let sizes = sizes(gpu.kind() != DriverKind::Host, gpu.info().size_align);
         let list = method_list(std::env::var(METHODS_ENV).ok().as_deref()).map_err(BenchError::Config)?;
         let config = format!("driver={}\nworld={}\nsizes={sizes:?}\nmethods={list:?}\n", gpu.kind(), rdv.world());
@@ -121,9 +131,13 @@ impl<'a> Job<'a> {
         }
         let capacity = sizes.iter().max().copied().unwrap_or(1) * DTYPE.size();
         let (mut names, mut targets) = (vec![COPY.to_string()], vec![Target::Copy]);
-        let opts = methods::BuildOptions::new(capacity);
+        let opts = methods::BuildOptions {
+            capacity_bytes: capacity,
+            tables: [Mode::Eager, Mode::Graph].map(|m| comm.engine_table(m).clone()),
+            car_uncached: true,
+        };
         for name in &list {
-            let m = methods::build(name, &gpu, rdv, &opts).map_err(|e| e.to_string());
+            let m = methods::build(name, comm.team(), &opts).map_err(|e| e.to_string());
             // Every rank learns whether every rank built it, so all skip it together.
             let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
             let m = match ok.iter().position(|v| v[..] != [1]) {
@@ -142,9 +156,7 @@ impl<'a> Job<'a> {
         Ok(Job {
             input: gpu.alloc(capacity, MemKind::Device)?,
             output: gpu.alloc(capacity, MemKind::Device)?,
-            stream: gpu.stream()?,
-            start: gpu.event()?,
-            end: gpu.event()?,
+            timer: Some(Timer::new(&gpu)?),
             gpu,
             rdv,
             sizes,
@@ -274,78 +286,60 @@ impl<'a> Job<'a> {
 
     /// Nobody unmaps a buffer while a peer's last call may still read it.
     fn teardown(&mut self) -> Result<(), BenchError> {
-        self.stream.sync()?;
+        if let Some(t) = &self.timer {
+            t.stream.sync()?;
+        }
         self.rdv.barrier("teardown")?;
         self.targets.clear();
         Ok(())
     }
 
-    fn call(&mut self, t: usize, count: usize) -> Result<(), BenchError> {
+    fn call(&mut self, t: usize, count: usize, stream: &Stream) -> Result<(), BenchError> {
         let (input, output) = (self.input.ptr(), self.output.ptr());
+        // SAFETY: the job's own input and output, each of the largest size's bytes.
         match &mut self.targets[t] {
-            Target::Copy => self.stream.copy(output, input, count * DTYPE.size())?,
-            Target::Method(m) => m.run(OP, DTYPE, input, output, count, &self.stream)?,
+            Target::Copy => unsafe { stream.copy(output, input, count * DTYPE.size())? },
+            Target::Method(m) => unsafe { m.run(OP, DTYPE, input, output, count, stream)? },
         }
         Ok(())
     }
 
-    /// `iters` calls between two events after aligning the ranks; the slowest rank's time.
+    /// `iters` calls, timed like every measurement (ranks aligned, the slowest rank's time).
     fn time(&mut self, t: usize, s: usize, iters: u64) -> Result<Duration, BenchError> {
         let count = self.sizes[s];
-        self.stream.sync()?;
-        self.rdv.barrier("align ranks before timing")?;
-        self.stream.record(&self.start)?;
-        for _ in 0..iters {
-            self.call(t, count)?;
-        }
-        self.stream.record(&self.end)?;
-        self.end.sync()?;
-        let secs = self.start.elapsed_ms(&self.end)? as f64 / 1e3;
-        let all = self.rdv.all_gather("times", &secs.to_le_bytes())?;
-        let max = all.iter().map(|b| f64::from_le_bytes(b[..8].try_into().expect("8 bytes"))).fold(0.0, f64::max);
-        Ok(Duration::from_secs_f64(max))
+        let opts = TimingOptions { iters: iters.max(1), warmup: 0, repeats: 1, graph: false };
+        let timer = self.timer.take().expect("the job's timer is back after every call");
+        let timing = timer.time_calls(&opts, self.rdv, |stream| {
+            self.call(t, count, stream).map_err(|e| allreduce::Error::BadArgs(e.to_string()))
+        });
+        self.timer = Some(timer);
+        Ok(Duration::from_secs_f64(timing?.median_ms() * 1e-3 * iters as f64))
     }
 
     /// One checked call on fresh inputs: every rank learns every rank's verdict. The copy must reproduce the
     /// input; a method, the float64 reference sum, bitwise equal on every rank.
     fn check(&mut self, t: usize, count: usize) -> Result<Option<String>, BenchError> {
         let (rank, world) = (self.rdv.rank(), self.rdv.world());
-        let seed = rand::random::<u64>().to_le_bytes();
-        let seed = self.rdv.broadcast("check seed", 0, &seed)?;
-        let seed = u64::from_le_bytes(seed.try_into().map_err(|_| BenchError::Config("bad seed".into()))?);
+        let seed = allreduce::agree_seed(self.rdv)?;
         let values = input_values(seed, rank, count, DTYPE);
-        let bytes = count * DTYPE.size();
-        self.stream.upload(&self.input, 0, &DTYPE.encode(&values))?;
-        self.stream.memset(self.output.ptr(), POISON, bytes)?;
-        self.call(t, count)?;
-        let mut out = vec![0u8; bytes];
-        self.stream.download(&self.output, 0, &mut out)?;
-        let want: Vec<f64> = match self.targets[t] {
-            Target::Copy => values.iter().map(|&v| v as f64).collect(),
-            Target::Method(_) => reference(seed, world, count, DTYPE, 0, count),
+        let timer = self.timer.take().expect("the job's timer is back after every call");
+        let stream = &timer.stream;
+        let mut out = vec![0u8; count * DTYPE.size()];
+        let done = stream
+            .upload(&self.input, 0, &DTYPE.encode(&values))
+            .and_then(|()| stream.fill(&self.output, POISON))
+            .map_err(BenchError::from)
+            .and_then(|()| self.call(t, count, stream))
+            .and_then(|()| Ok(stream.download(&self.output, 0, &mut out)?));
+        self.timer = Some(timer);
+        done?;
+        let (want, tol, bitwise) = match &self.targets[t] {
+            Target::Copy => (values.iter().map(|&v| v as f64).collect(), 0.0, false),
+            Target::Method(m) => {
+                (reference(seed, world, count, DTYPE, 0, count), tolerance(DTYPE, world, m.rounds_every_add()), true)
+            }
         };
-        let tol = match &self.targets[t] {
-            Target::Copy => 0.0,
-            Target::Method(m) => tolerance(DTYPE, world, m.rounds_every_add()),
-        };
-        let v = compare(&DTYPE.decode(&out), &want, tol);
-        let mut blob = (v.wrong as u64).to_le_bytes().to_vec();
-        blob.extend(v.first_wrong.map_or(u64::MAX, |i| i as u64).to_le_bytes());
-        blob.extend(v.max_rel_err.to_le_bytes());
-        blob.extend(fingerprint(&out).to_le_bytes());
-        let all = self.rdv.all_gather("check", &blob)?;
-        let field = |b: &[u8], k: usize| u64::from_le_bytes(b[8 * k..8 * k + 8].try_into().expect("8 bytes"));
-        if let Some((r, b)) = all.iter().enumerate().find(|(_, b)| field(b, 0) > 0) {
-            let (wrong, first, err) = (field(b, 0), field(b, 1), f64::from_bits(field(b, 2)));
-            return Ok(Some(format!(
-                "rank {r} has {wrong} wrong element(s), first at index {first}, max rel err {err:.3e}"
-            )));
-        }
-        let differs = all.iter().position(|b| field(b, 3) != field(&all[0], 3));
-        if let (Target::Method(_), Some(r)) = (&self.targets[t], differs) {
-            return Ok(Some(format!("rank {r}'s result differs bitwise from rank 0's")));
-        }
-        Ok(None)
+        Ok(agree_verdict(self.rdv, &out, DTYPE, &want, tol, bitwise, "before timing")?)
     }
 
     /// The perf gate's input: per benchmark, the median time per call over criterion's measurement samples.
@@ -366,7 +360,7 @@ impl<'a> Job<'a> {
                     method: self.names[key.0].clone(),
                     count,
                     bytes: count * DTYPE.size(),
-                    median_ns: median(measured),
+                    median_ns: allreduce::timing::median(measured),
                     samples: measured.len(),
                 })
             })

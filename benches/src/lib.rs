@@ -24,9 +24,9 @@ pub fn methods(list: Option<&str>) -> Result<Vec<String>, String> {
         return Ok(METHODS.iter().map(|m| m.to_string()).collect());
     };
     let names: Vec<String> = list.split(',').map(|m| m.trim().to_string()).collect();
-    let names = bench::methods::expand(&names);
+    let names = allreduce::methods::expand(&names);
     for m in &names {
-        if bench::methods::op_of(m)? != collective::Op::AllReduce {
+        if allreduce::methods::op_of(m)? != allreduce::Op::AllReduce {
             return Err(format!("{METHODS_ENV}: {m} is not an allreduce method"));
         }
     }
@@ -79,7 +79,7 @@ impl Command {
 /// Element counts: three on the host driver (CI time), five of comm_bench.py's 20 on a GPU driver.
 pub fn sizes(gpu: bool, align: usize) -> Vec<usize> {
     if gpu {
-        let all = bench::sizes::comm_bench_sizes(10, 24, 20, align);
+        let all = allreduce::sizes::comm_bench_sizes(10, 24, 20, align);
         [0, 5, 10, 15, 19].iter().map(|&i| all[i]).collect()
     } else {
         vec![1024, 65536, 1 << 20]
@@ -117,17 +117,6 @@ pub struct Summary {
     pub entries: Vec<Entry>,
 }
 
-/// Median of `v` (NaN when empty).
-pub fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,8 +148,5 @@ mod tests {
         assert_eq!(gpu.len(), 5);
         assert_eq!((gpu[0], gpu[4]), (1024, 1 << 24));
         assert!(gpu.iter().all(|n| n % 512 == 0));
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert!(median(&[]).is_nan());
     }
 }

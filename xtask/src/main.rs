@@ -58,48 +58,64 @@ fn cargo() -> Command {
 }
 
 fn bundle() -> Result<(), String> {
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "bench",
-        "--bin",
-        "comm-bench",
-        "-p",
-        "gpu",
-        "--example",
-        "gpu_smoke",
-    ]))?;
+    run(cargo().args(["build", "--release", "-p", "bench", "--bin", "comm-bench"]))?;
+    run(cargo().args(["build", "--release", "-p", "gpu", "--example", "gpu_smoke", "--example", "cuda_foreign"]))?;
+    run(cargo().args(["build", "--release", "-p", "allreduce-examples", "--features", "cuda", "--bins"]))?;
     let dist = root().join("dist");
     std::fs::create_dir_all(&dist).map_err(|e| e.to_string())?;
     let release = root().join("target/release");
-    for (from, to) in [(release.join("comm-bench"), "comm-bench"), (release.join("examples/gpu_smoke"), "gpu_smoke")] {
-        std::fs::copy(&from, dist.join(to)).map_err(|e| format!("copy {}: {e}", from.display()))?;
+    let built = [
+        (release.join("comm-bench"), "comm-bench"),
+        (release.join("examples/gpu_smoke"), "gpu_smoke"),
+        (release.join("examples/cuda_foreign"), "cuda_foreign"),
+        (release.join("cuda_graph_allreduce"), "cuda_graph_allreduce"),
+        (release.join("host_allreduce"), "host_allreduce"),
+    ];
+    for (from, to) in &built {
+        std::fs::copy(from, dist.join(to)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
-    for script in ["gpu_node.sh", "gpu_verify.sh"] {
+    strip(&dist, &built.map(|b| b.1))?;
+    for script in ["gpu_node.sh", "gpu_verify.sh", "gpu_library.sh"] {
         let from = root().join("scripts").join(script);
         std::fs::copy(&from, dist.join(script)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
-    // The GPU tests, runnable on the node with COMM_BENCH=dist/comm-bench REQUIRE_GPU=1 dist/gpu_tests.
-    let json = output(cargo().args([
-        "test",
-        "--release",
-        "-p",
-        "bench",
-        "--test",
-        "gpu",
-        "--no-run",
-        "--message-format=json",
-    ]))?;
-    let exe = json
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["target"]["name"] == "gpu" && v["executable"].is_string())
-        .and_then(|v| v["executable"].as_str().map(PathBuf::from))
-        .ok_or("cargo reported no executable for the gpu tests")?;
-    std::fs::copy(&exe, dist.join("gpu_tests")).map_err(|e| format!("copy {}: {e}", exe.display()))?;
-    println!("dist/ holds comm-bench, gpu_smoke, gpu_tests, gpu_node.sh and gpu_verify.sh");
+    // The test binaries that run on a GPU node: comm-bench's GPU sweep (COMM_BENCH=dist/comm-bench REQUIRE_GPU=1
+    // dist/gpu_tests) and the communicator's driver-independent tests (ARX_TEST_BACKEND=cuda dist/communicator_tests).
+    for (package, test, to) in [("bench", "gpu", "gpu_tests"), ("allreduce", "communicator", "communicator_tests")] {
+        let json = output(cargo().args([
+            "test",
+            "--release",
+            "-p",
+            package,
+            "--test",
+            test,
+            "--no-run",
+            "--message-format=json",
+        ]))?;
+        let exe = json
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["target"]["name"] == test && v["executable"].is_string())
+            .and_then(|v| v["executable"].as_str().map(PathBuf::from))
+            .ok_or_else(|| format!("cargo reported no executable for {package}'s {test} tests"))?;
+        std::fs::copy(&exe, dist.join(to)).map_err(|e| format!("copy {}: {e}", exe.display()))?;
+        strip(&dist, &[to])?;
+    }
+    println!("dist/ holds comm-bench, the GPU checks and examples, the test binaries and the GPU-node scripts");
     Ok(())
+}
+
+/// Strips debug information from the bundled binaries: a GPU node's transfer limits are tight, and a release
+/// binary's line tables make it several times larger. Without binutils' `strip` they stay as they are.
+fn strip(dist: &std::path::Path, names: &[&str]) -> Result<(), String> {
+    match Command::new("strip").args(names.iter().map(|n| dist.join(n))).status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("strip failed: {s}")),
+        Err(e) => {
+            eprintln!("xtask: binaries left unstripped (no strip: {e})");
+            Ok(())
+        }
+    }
 }
 
 fn main() -> ExitCode {

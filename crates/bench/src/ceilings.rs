@@ -3,10 +3,10 @@
 //! while the others wait), and the protocol's floor: car's barrier-only kernel on every rank, timed like a method.
 
 use crate::cli::BenchArgs;
-use crate::run::{time_calls, Buffers};
+use crate::run::Buffers;
 use crate::BenchError;
-use gpu::{Gpu, HostLaunch, KernelLibrary, LaunchDims};
-use ipc::Rendezvous;
+use allreduce::Communicator;
+use gpu::{HostLaunch, KernelLibrary, LaunchDims};
 use serde::{Deserialize, Serialize};
 
 static LIBRARY: KernelLibrary = KernelLibrary {
@@ -52,17 +52,9 @@ impl Ceilings {
     }
 }
 
-fn elapsed_ms(b: &Buffers, work: impl FnOnce() -> Result<(), BenchError>) -> Result<f64, BenchError> {
-    b.stream.sync()?;
-    b.stream.record(&b.start)?;
-    work()?;
-    b.stream.record(&b.end)?;
-    b.end.sync()?;
-    Ok(b.start.elapsed_ms(&b.end)? as f64)
-}
-
 /// Measures the ceilings. Collective: every rank calls it; rank 0's figures are the ones reported.
-pub(crate) fn measure(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, b: &Buffers) -> Result<Ceilings, BenchError> {
+pub(crate) fn measure(args: &BenchArgs, comm: &Communicator, b: &Buffers) -> Result<Ceilings, BenchError> {
+    let (gpu, rdv, t) = (comm.gpu(), comm.rendezvous(), &b.timer);
     // Well past the last-level cache (60 MB on an H200), so the copy measures memory.
     let bytes = if gpu.kind() == gpu::DriverKind::Host { 64 << 20 } else { 512 << 20 };
     let (mut copy_gbs, mut launch_us, mut replay_us) = (f64::NAN, f64::NAN, f64::NAN);
@@ -71,37 +63,35 @@ pub(crate) fn measure(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, b: &Buffers
     let dims = LaunchDims { grid: 1, block: 32, shared_bytes: 0 };
     if rdv.rank() == 0 {
         let (src, dst) = (gpu.alloc(bytes, gpu::MemKind::Device)?, gpu.alloc(bytes, gpu::MemKind::Device)?);
-        b.stream.memset(src.ptr(), 0, bytes)?;
-        let copy = || (0..COPIES).try_for_each(|_| b.stream.copy(dst.ptr(), src.ptr(), bytes));
-        copy()?;
-        let ms = elapsed_ms(b, || Ok(copy()?))?;
+        t.stream.fill(&src, 0)?;
+        // SAFETY (copies and launches): two buffers of `bytes` of ours; the empty kernel touches no memory.
+        let copy = |s: &gpu::Stream| (0..COPIES).try_for_each(|_| unsafe { s.copy(dst.ptr(), src.ptr(), bytes) });
+        copy(&t.stream)?;
+        let ms = t.elapsed_ms(|s| Ok(copy(s)?))?;
         copy_gbs = 2.0 * bytes as f64 * COPIES as f64 / (ms * 1e-3) / 1e9;
 
         drop((src, dst));
-        let launch = || (0..LAUNCHES).try_for_each(|_| b.stream.launch(&kernel, dims, &0u64));
-        launch()?;
-        launch_us = elapsed_ms(b, || Ok(launch()?))? * 1e3 / LAUNCHES as f64;
-        b.stream.begin_capture()?;
-        let captured = b.stream.launch(&kernel, dims, &0u64);
-        let graph = b.stream.end_capture()?;
+        let launch = |s: &gpu::Stream| (0..LAUNCHES).try_for_each(|_| unsafe { s.launch(&kernel, dims, &0u64) });
+        launch(&t.stream)?;
+        launch_us = t.elapsed_ms(|s| Ok(launch(s)?))? * 1e3 / LAUNCHES as f64;
+        t.stream.begin_capture()?;
+        let captured = unsafe { t.stream.launch(&kernel, dims, &0u64) };
+        let graph = t.stream.end_capture()?;
         captured?;
-        b.stream.replay(&graph)?;
-        replay_us =
-            elapsed_ms(b, || Ok((0..LAUNCHES).try_for_each(|_| b.stream.replay(&graph))?))? * 1e3 / LAUNCHES as f64;
+        t.stream.replay(&graph)?;
+        replay_us = t.elapsed_ms(|s| Ok((0..LAUNCHES).try_for_each(|_| s.replay(&graph))?))? * 1e3 / LAUNCHES as f64;
     }
     rdv.barrier("ceilings measured")?;
-    let (repeats, _) = time_calls(args, rdv, b, |s| Ok(s.launch(&kernel, dims, &0u64)?))?;
-    let empty_all_ranks_us = median(repeats) * 1e3;
-    let barrier_us = if rdv.world() <= collective::MAX_RANKS {
-        let opts = car::CarOptions { capacity_bytes: 256, uncached: true, rule: None, variant: car::Variant::Base };
-        let floor = car::Car::new(gpu, rdv, car::Algo::OneShot, opts)?;
-        let (repeats, _) = time_calls(args, rdv, b, |s| Ok(floor.barrier_only(1, s)?))?;
-        b.stream.sync()?;
-        rdv.barrier("barrier floor measured")?;
-        Some(median(repeats) * 1e3)
-    } else {
-        None
-    };
+    let timing = args.timing();
+    // SAFETY: the empty kernel touches no memory.
+    let empty = t.time_calls(&timing, rdv, |s| Ok(unsafe { s.launch(&kernel, dims, &0u64) }?))?;
+    let empty_all_ranks_us = empty.median_ms() * 1e3;
+    let opts = car::CarOptions { capacity_bytes: 256, uncached: true, rule: None, variant: car::Variant::Base };
+    let floor = car::Car::new(comm.team(), car::Algo::OneShot, opts)?;
+    let barrier = t.time_calls(&timing, rdv, |s| Ok(floor.barrier_only(1, s)?))?;
+    t.stream.sync()?;
+    rdv.barrier("barrier floor measured")?;
+    let barrier_us = Some(barrier.median_ms() * 1e3);
     Ok(Ceilings {
         copy_bytes: bytes,
         copy_gbs,
@@ -110,9 +100,4 @@ pub(crate) fn measure(args: &BenchArgs, gpu: &Gpu, rdv: &Rendezvous, b: &Buffers
         empty_all_ranks_us,
         barrier_us,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

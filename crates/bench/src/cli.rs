@@ -1,7 +1,7 @@
 //! comm-bench's command line: comm_bench.py's flags (snake_case, with kebab-case aliases) and ours.
 
+use allreduce::{DType, Op};
 use clap::{Args, Parser, Subcommand};
-use collective::{DType, Op};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -116,6 +116,10 @@ pub struct BenchArgs {
     /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
     #[arg(long = "timeout_s", alias = "timeout-s", value_parser = parse_timeout)]
     pub timeout_s: Option<f64>,
+    /// Seconds set-up (cold kernel compiles on every rank) may wait for a peer [default: ALLREDUCE_SETUP_TIMEOUT_S,
+    /// else six times --timeout_s, at least 60].
+    #[arg(long = "setup_timeout_s", alias = "setup-timeout-s", value_parser = parse_timeout)]
+    pub setup_timeout_s: Option<f64>,
 }
 
 fn parse_op(s: &str) -> Result<Op, String> {
@@ -127,11 +131,8 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
 fn parse_backend(s: &str) -> Result<gpu::Backend, String> {
     s.parse().map_err(|e: gpu::GpuError| e.to_string())
 }
-fn parse_timeout(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
-        _ => Err(format!("{s:?} is not a number of seconds in (0, 86400]")),
-    }
+pub(crate) fn parse_timeout(s: &str) -> Result<f64, String> {
+    deadline::parse_seconds(s).map(|d| d.as_secs_f64())
 }
 
 impl BenchArgs {
@@ -140,7 +141,15 @@ impl BenchArgs {
         if self.tune.is_some() && self.op != Op::AllReduce {
             return Err("--tune measures allreduce methods; drop --op".into());
         }
-        self.tune_table()?;
+        if let Some(path) = &self.tune_table {
+            allreduce::TuneTable::load(path).map_err(|e| e.to_string())?;
+        }
+        if let Some(n) = self.num_ranks.filter(|&n| n as usize > collective::MAX_RANKS) {
+            return Err(format!(
+                "--num_ranks {n}: the communicator's algorithms run 1 to {} ranks (one node)",
+                collective::MAX_RANKS
+            ));
+        }
         if self.min_size > self.max_size {
             return Err(format!("--min_size {} is above --max_size {}", self.min_size, self.max_size));
         }
@@ -148,9 +157,9 @@ impl BenchArgs {
             if methods.is_empty() {
                 return Err("--methods names no method".into());
             }
-            for m in &crate::methods::expand(methods) {
-                crate::methods::op_of(m).map_err(|e| e.to_string())?;
-                if crate::methods::op_of(m)? != self.op {
+            for m in &allreduce::methods::expand(methods) {
+                allreduce::methods::op_of(m).map_err(|e| e.to_string())?;
+                if allreduce::methods::op_of(m)? != self.op {
                     return Err(format!("method {m} does not run --op {}", self.op));
                 }
             }
@@ -162,22 +171,17 @@ impl BenchArgs {
     pub fn sizes(&self, align: usize) -> Vec<usize> {
         match &self.counts {
             Some(c) => c.iter().map(|&n| n as usize).collect(),
-            None => crate::sizes::comm_bench_sizes(self.min_size, self.max_size, self.size_steps as usize, align),
+            None => allreduce::sizes::comm_bench_sizes(self.min_size, self.max_size, self.size_steps as usize, align),
         }
     }
 
     /// The methods to run, in comm_bench.py's column order (with `--tune`: auto's candidates).
     pub fn method_names(&self) -> Vec<String> {
         match (&self.methods, &self.tune) {
-            (Some(m), _) => crate::methods::expand(m),
-            (None, Some(_)) => crate::auto::CANDIDATES.iter().map(|s| s.to_string()).collect(),
-            (None, None) => crate::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
+            (Some(m), _) => allreduce::methods::expand(m),
+            (None, Some(_)) => allreduce::Algorithm::CANDIDATES.iter().map(|a| a.name().to_string()).collect(),
+            (None, None) => allreduce::methods::defaults(self.op).iter().map(|s| s.to_string()).collect(),
         }
-    }
-
-    /// The table `auto` follows.
-    pub fn tune_table(&self) -> Result<crate::auto::TuneTable, String> {
-        self.tune_table.as_deref().map_or_else(|| Ok(Default::default()), crate::auto::TuneTable::load)
     }
 }
 

@@ -1,17 +1,14 @@
 //! The harness behind `comm-bench`: comm_bench.py's sweep over every registered method, with results checked
 //! against a float64 reference, ranks aligned before timing, max over ranks, medians of repeats, busbw and a
-//! graph-replay mode.
+//! graph-replay mode. Built on the `allreduce` library like any program: its communicator sets each rank up, its
+//! registry builds the methods, and its timing and checking paths measure them.
 
-pub mod auto;
 pub mod ceilings;
-pub mod check;
 pub mod cli;
-pub mod methods;
 pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod run;
-pub mod sizes;
 pub mod soak;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +21,8 @@ pub enum BenchError {
     Collective(#[from] collective::CollectiveError),
     #[error(transparent)]
     Launch(#[from] launch::LaunchError),
+    #[error(transparent)]
+    Allreduce(#[from] allreduce::Error),
     #[error("{0}")]
     Config(String),
     #[error("{0}")]

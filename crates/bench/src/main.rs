@@ -112,15 +112,7 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
                     }
                 }
                 if let Some(path) = &args.tune {
-                    let mode = if args.graph { "graph" } else { "eager" };
-                    let on = format!(
-                        "{}, {} ranks, {}, {mode}, {}",
-                        outcome.device, outcome.world, outcome.driver, outcome.dtype
-                    );
-                    let table = bench::auto::TuneTable::from_rows(&outcome.rows, on).map_err(BenchError::Config)?;
-                    let json = serde_json::to_string_pretty(&table).map_err(|e| BenchError::Config(e.to_string()))?;
-                    std::fs::write(path, json)?;
-                    println!("# wrote the tune table {}: {:?}", path.display(), table.entries);
+                    store_tune_table(args, &outcome, path)?;
                 }
                 let failed =
                     outcome.rows.iter().filter(|r| matches!(r.status, bench::report::Status::Failed(_))).count();
@@ -134,9 +126,47 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
     }
 }
 
+/// Writes the fastest passed candidate per size to `path` and to the per-user cache, where communicators on this
+/// machine (comm-bench's `auto` included) find it by its key.
+fn store_tune_table(
+    args: &BenchArgs,
+    outcome: &bench::report::Outcome,
+    path: &std::path::Path,
+) -> Result<(), BenchError> {
+    use allreduce::tune::{Algorithm, TableKey, TuneTable};
+    let mode = if args.graph { allreduce::Mode::Graph } else { allreduce::Mode::Eager };
+    let driver: gpu::DriverKind = match outcome.driver.as_str() {
+        "cuda" => gpu::DriverKind::Cuda,
+        "hip" => gpu::DriverKind::Hip,
+        _ => gpu::DriverKind::Host,
+    };
+    let key = TableKey::new(driver, &outcome.device, outcome.world, mode);
+    let on =
+        format!("{}, {} ranks, {}, {}, {}", outcome.device, outcome.world, outcome.driver, mode.name(), outcome.dtype);
+    let times: Vec<(usize, Algorithm, f64)> = outcome
+        .rows
+        .iter()
+        .filter(|r| r.status == bench::report::Status::Passed)
+        .filter_map(|r| Some((r.bytes, Algorithm::from_name(&r.method)?, r.time_ms?)))
+        .collect();
+    let table = TuneTable::from_times(&times, key.clone(), on)?;
+    table.store(path)?;
+    println!("# wrote the tune table {}:", path.display());
+    for e in &table.entries {
+        let upto = e.max_bytes.map_or("larger".to_string(), |b| format!("<= {b} B"));
+        println!("#   {upto:>14}: {}", e.method);
+    }
+    if let Some(dir) = allreduce::tune::cache_dir() {
+        let cached = dir.join(key.file_name());
+        table.store(&cached)?;
+        println!("# and cached it as {}, which communicators on this machine now follow", cached.display());
+    }
+    Ok(())
+}
+
 /// comm_bench.py's 8 ranks on a GPU driver; 2 on the host driver, where ranks share the CPU cores.
 fn default_world(backend: gpu::Backend) -> Result<usize, BenchError> {
-    let opened = gpu::open(backend, &gpu::DriverOptions { device: None, shm_prefix: String::new() })?;
+    let opened = gpu::open(backend, &gpu::DriverOptions { device: None, local_rank: None, shm_prefix: String::new() })?;
     let world = if opened.gpu.kind() == gpu::DriverKind::Host { 2 } else { 8 };
     println!("# {} driver: launching {world} ranks (--num_ranks overrides)", opened.gpu.kind());
     Ok(world)

@@ -212,7 +212,8 @@ mod tests {
             for e in 10..=24 {
                 let count = 1usize << e;
                 let ms = 0.005 * (k + 1) as f64 + count as f64 * 2e-9;
-                rows.push(Row::new(method, &args, count, 2, Status::Passed).timed(vec![ms], ms));
+                let t = allreduce::timing::Timing { repeats_ms: vec![ms], rank0_ms: ms, issue_ms: vec![ms] };
+                rows.push(Row::new(method, &args, count, 2, Status::Passed).timed(t));
             }
         }
         rows.push(Row::new("nccl", &args, 1024, 2, Status::Skipped("no library".into())));
@@ -224,7 +225,7 @@ mod tests {
             empty_all_ranks_us: 1.0,
             barrier_us: None,
         };
-        Outcome::new(&info, 2, &args, ceilings, rows)
+        Outcome::new(&info, 2, &args, "test".into(), ceilings, rows)
     }
 
     #[test]

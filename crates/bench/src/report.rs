@@ -3,7 +3,7 @@
 
 use crate::ceilings::Ceilings;
 use crate::cli::BenchArgs;
-use crate::methods::{csv_column, csv_columns};
+use allreduce::methods::{csv_column, csv_columns};
 use collective::Op;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -34,6 +34,10 @@ pub struct Row {
     pub repeats_ms: Vec<f64>,
     /// Rank 0's first measurement: what comm_bench.py itself would have reported.
     pub rank0_ms: Option<f64>,
+    /// Median over repeats of the slowest rank's host time per call spent issuing the timed calls (a graph replay
+    /// issues `num_iters` calls at once).
+    #[serde(default)]
+    pub issue_us: Option<f64>,
     /// comm_bench.py's `bwidth`: input bytes / time.
     pub algbw_gbs: Option<f64>,
     /// nccl-tests' bus bandwidth: algbw x 2(W-1)/W for allreduce, x (W-1)/W for reduce-scatter.
@@ -54,23 +58,18 @@ impl Row {
             time_ms: None,
             repeats_ms: Vec::new(),
             rank0_ms: None,
+            issue_us: None,
             algbw_gbs: None,
             busbw_gbs: None,
             world,
         }
     }
 
-    /// Adds the timings (median of `repeats`).
-    pub fn timed(mut self, mut repeats: Vec<f64>, rank0: f64) -> Row {
-        let mut sorted = repeats.clone();
-        sorted.sort_by(f64::total_cmp);
-        let median = if sorted.is_empty() {
-            f64::NAN
-        } else if sorted.len() % 2 == 1 {
-            sorted[sorted.len() / 2]
-        } else {
-            (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
-        };
+    /// Adds the timings (medians over repeats).
+    pub fn timed(mut self, timing: allreduce::timing::Timing) -> Row {
+        let median = timing.median_ms();
+        self.issue_us = Some(timing.median_issue_ms() * 1e3);
+        let (mut repeats, rank0) = (timing.repeats_ms, timing.rank0_ms);
         let algbw = self.bytes as f64 / (median * 1e-3) / 1e9;
         let w = self.world as f64;
         let factor = if self.op == Op::AllReduce.name() { 2.0 * (w - 1.0) / w } else { (w - 1.0) / w };
@@ -90,7 +89,7 @@ impl Row {
             Status::Skipped(r) => ("-".to_string(), format!("skipped: {r}")),
         };
         println!(
-            "  {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  {status}",
+            "  {:>12} {:>10} {:>5} {:>18} {:>11} {:>11} {:>11} {:>7}  {status}",
             self.bytes,
             self.count,
             self.dtype,
@@ -106,7 +105,7 @@ impl Row {
 /// The table's column heads, matching [`Row::print`].
 pub fn print_header() {
     println!(
-        "# {:>12} {:>10} {:>5} {:>12} {:>11} {:>11} {:>11} {:>7}  status",
+        "# {:>12} {:>10} {:>5} {:>18} {:>11} {:>11} {:>11} {:>7}  status",
         "size(B)", "count", "type", "method", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
     );
 }
@@ -127,6 +126,9 @@ pub struct Outcome {
     /// car's memory type (`--car_memory`).
     #[serde(default)]
     pub car_memory: String,
+    /// Where the table `auto` followed came from.
+    #[serde(default)]
+    pub tune_table: String,
     /// Seconds since the Unix epoch when the sweep ended.
     pub unix_time: u64,
     pub ceilings: Ceilings,
@@ -134,7 +136,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn new(info: &gpu::DeviceInfo, world: usize, args: &BenchArgs, ceilings: Ceilings, rows: Vec<Row>) -> Outcome {
+    pub fn new(
+        info: &gpu::DeviceInfo,
+        world: usize,
+        args: &BenchArgs,
+        tune_table: String,
+        ceilings: Ceilings,
+        rows: Vec<Row>,
+    ) -> Outcome {
         Outcome {
             driver: info.kind.to_string(),
             device: info.name.clone(),
@@ -147,6 +156,7 @@ impl Outcome {
             num_warmup_iters: args.num_warmup_iters,
             repeats: args.repeats,
             car_memory: format!("{:?}", args.car_memory).to_lowercase(),
+            tune_table,
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             ceilings,
             rows,

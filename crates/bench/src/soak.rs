@@ -3,11 +3,10 @@
 //! each other if a protocol lets them), each into its own output; inputs are small integers, so every sum is exact
 //! in every dtype and the expected output is known without a reference run.
 
-use crate::{methods, BenchError};
+use crate::BenchError;
+use allreduce::{methods, Collective, Communicator, DType, Mode, Op, Options};
 use clap::Args;
-use collective::{Collective, DType, Op};
-use gpu::{Gpu, MemKind};
-use ipc::{Rendezvous, RendezvousOptions};
+use gpu::MemKind;
 use launch::RankInfo;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -34,7 +33,7 @@ pub struct SoakArgs {
     /// Comma-separated methods or groups, as comm-bench's [default: every car and symm method, tuned ones included].
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
-    #[arg(long = "timeout_s", alias = "timeout-s")]
+    #[arg(long = "timeout_s", alias = "timeout-s", value_parser = crate::cli::parse_timeout)]
     pub timeout_s: Option<f64>,
 }
 
@@ -66,20 +65,22 @@ struct Call {
 /// One rank's soak; rank 0 prints the summary.
 pub fn run_rank(args: &SoakArgs, info: &RankInfo) -> Result<(), BenchError> {
     let timeout = match args.timeout_s {
-        Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
-        Some(s) => return Err(BenchError::Config(format!("--timeout_s {s} is not a positive number of seconds"))),
+        Some(s) => Duration::from_secs_f64(s),
         None => deadline::timeout_from_env().map_err(BenchError::Config)?,
     };
-    let gpu = gpu::open(args.backend, &gpu::DriverOptions { device: None, shm_prefix: info.job.shm_name("g") })?.gpu;
-    let rdv = Rendezvous::join(&info.job, info.rank, info.world, RendezvousOptions { timeout, ..Default::default() })?;
-    let result = soak(args, &gpu, &rdv);
+    let capacity = args.max_count as usize * DType::F32.size();
+    let opts =
+        Options { backend: args.backend, capacity_bytes: capacity, timeout: Some(timeout), ..Options::default() };
+    let comm = Communicator::new(info.clone(), opts)?;
+    let result = soak(args, &comm);
     if let Err(e) = &result {
-        rdv.abort(&e.to_string());
+        comm.rendezvous().abort(&e.to_string());
     }
     result
 }
 
-fn soak(args: &SoakArgs, gpu: &Gpu, rdv: &Rendezvous) -> Result<(), BenchError> {
+fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
+    let (gpu, rdv) = (comm.gpu(), comm.rendezvous());
     let (rank, world) = (rdv.rank(), rdv.world());
     let names: Vec<String> = match &args.methods {
         Some(m) => methods::expand(m),
@@ -87,16 +88,19 @@ fn soak(args: &SoakArgs, gpu: &Gpu, rdv: &Rendezvous) -> Result<(), BenchError> 
     };
     let max = args.max_count as usize;
     let capacity = max * DType::F32.size();
+    let build = methods::BuildOptions {
+        capacity_bytes: capacity,
+        tables: [Mode::Eager, Mode::Graph].map(|m| comm.engine_table(m).clone()),
+        car_uncached: true,
+    };
     let mut built: Vec<(Op, Box<dyn Collective>)> = Vec::new();
     for name in &names {
         let op = methods::op_of(name).map_err(BenchError::Config)?;
-        built.push((op, methods::build(name, gpu, rdv, &methods::BuildOptions::new(capacity))?));
+        built.push((op, methods::build(name, comm.team(), &build)?));
     }
     let seed = match args.seed {
         Some(s) => s,
-        None => u64::from_le_bytes(
-            rdv.broadcast("soak seed", 0, &rand::random::<u64>().to_le_bytes())?.try_into().expect("8 bytes"),
-        ),
+        None => allreduce::agree_seed(rdv)?,
     };
     let mut rng = SmallRng::seed_from_u64(seed);
     let batch = args.batch as usize;
@@ -129,12 +133,13 @@ fn soak(args: &SoakArgs, gpu: &Gpu, rdv: &Rendezvous) -> Result<(), BenchError> 
         for (k, c) in calls.iter().enumerate() {
             let x: Vec<f32> = (0..c.count).map(|i| value(rank, i, done + k as u64)).collect();
             stream.upload(&inputs, k * capacity, &c.dtype.encode(&x))?;
-            stream.memset(outputs.ptr().offset(k * capacity), 0xFF, c.count * c.dtype.size())?;
+            stream.upload(&outputs, k * capacity, &vec![0xFF; c.count * c.dtype.size()])?;
         }
         for (k, c) in calls.iter().enumerate() {
             let (op, m) = &mut built[c.method];
             let (input, output) = (inputs.ptr().offset(k * capacity), outputs.ptr().offset(k * capacity));
-            m.run(*op, c.dtype, input, output, c.count, &stream)?;
+            // SAFETY: slot k of our input and output arrays, `capacity` bytes each; the stream is synced below.
+            unsafe { m.run(*op, c.dtype, input, output, c.count, &stream)? };
             per_method[c.method] += 1;
         }
         stream.sync()?;

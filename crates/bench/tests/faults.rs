@@ -49,7 +49,7 @@ fn inject(signal: nix::sys::signal::Signal) {
     let before = shm_segments();
     let world = 4;
     let job = Command::new(BIN)
-        .args(["--backend", "host", "--num_ranks", &world.to_string(), "--timeout_s", "3"])
+        .args(["--backend", "host", "--num_ranks", &world.to_string(), "--timeout_s", "3", "--setup_timeout_s", "3"])
         .args(["--counts", "1000,65536,300000", "--num_iters", "50", "--repeats", "1000"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

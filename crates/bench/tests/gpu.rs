@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::process::Command;
 
 fn gpu_present() -> Option<gpu::DriverKind> {
-    let opts = gpu::DriverOptions { device: None, shm_prefix: String::new() };
+    let opts = gpu::DriverOptions { device: None, local_rank: None, shm_prefix: String::new() };
     let kind = gpu::open(gpu::Backend::Auto, &opts).ok()?.gpu.kind();
     let present = kind != gpu::DriverKind::Host;
     if !present {

@@ -11,13 +11,10 @@ mod host;
 use collective::host_sync::FLAG_SLOTS;
 pub use collective::Algo;
 use collective::{
-    check_args, check_world, resident_cap, Collective, CollectiveError, DType, Family, LaunchRule, Op, MAX_BLOCKS,
-    MAX_RANKS,
+    check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
-use ipc::Rendezvous;
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 use std::collections::HashMap;
-use std::os::fd::AsFd;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
@@ -149,36 +146,33 @@ const COUNTER_WORDS: usize = 2 * MAX_BLOCKS + 1;
 
 impl Car {
     /// Allocates and registers this rank's buffers and maps every peer's. Collective: every rank calls it.
-    pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: CarOptions) -> Result<Car, CollectiveError> {
+    pub fn new(team: Team<'_>, algo: Algo, opts: CarOptions) -> Result<Car, CollectiveError> {
         let variant = opts.variant;
         let name = variant.method(algo).ok_or_else(|| {
             CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to {}", algo.method(Family::Car)))
         })?;
-        let (rank, world) = (rdv.rank(), rdv.world());
-        check_world(name, world)?;
-        if opts.capacity_bytes == 0 {
-            return Err(CollectiveError::BadArgs("car capacity must be at least 1 byte".into()));
-        }
+        let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
+        team.agree_capacity(name, opts.capacity_bytes)?;
         let slot = opts.capacity_bytes.next_multiple_of(256);
         // Push keeps one slot per source in each half.
         let half = if variant == Variant::Push { world * slot } else { slot };
         let counters = gpu.alloc(COUNTER_WORDS * 8, MemKind::Device)?;
-        let shared = Shared::new(gpu, rdv, name, variant == Variant::Vmm, opts.uncached, 2 * half)?;
+        let (data, flags) = if variant == Variant::Vmm {
+            (gpu.vmm_create(2 * half)?, gpu.vmm_create(FLAG_SLOTS * 8)?)
+        } else {
+            let kind = MemKind::Ipc { uncached: opts.uncached };
+            (gpu.alloc(2 * half, kind)?, gpu.alloc(FLAG_SLOTS * 8, kind)?)
+        };
         let stream = gpu.stream()?;
-        stream.memset(counters.ptr(), 0, counters.bytes())?;
+        stream.fill(&counters, 0)?;
+        stream.fill(&flags, 0)?;
         stream.sync()?;
-
-        // Every rank's capacity must agree, or peers would read past a buffer.
-        let caps = rdv.all_gather(&format!("{name} capacity"), &(opts.capacity_bytes as u64).to_le_bytes())?;
-        if let Some(r) = caps.iter().position(|c| c[..] != (opts.capacity_bytes as u64).to_le_bytes()) {
-            return Err(CollectiveError::Mismatch(format!(
-                "{name}: rank {r} registered a different capacity than rank {rank} ({} bytes)",
-                opts.capacity_bytes
-            )));
-        }
-        let mut base = CarParams::zeroed_with(rank, world, half, rdv.timeout());
-        base.bufs[..world].copy_from_slice(&shared.data);
-        base.flags[..world].copy_from_slice(&shared.flags);
+        // Handles travel only after the flags are zero, so no peer can signal into an uninitialised array.
+        let sharing = if variant == Variant::Vmm { Sharing::Vmm } else { Sharing::Ipc };
+        let peers = team.exchange(name, &[&data, &flags], sharing)?;
+        let mut base = CarParams::zeroed_with(rank, world, half, team.timeout_ns());
+        base.bufs = peers.column(0);
+        base.flags = peers.column(1);
         base.counters = counters.ptr().0;
         base.slot_bytes = slot as u64;
         let table = if variant == Variant::PeerTable {
@@ -205,18 +199,11 @@ impl Car {
         }
         let barrier = module.kernel("car_barrier_only")?;
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
-        let probe = &kernels[&DType::Bf16];
-        let cap = resident_cap(probe, rule.threads, world, gpu.info().count)?;
-        if cap == 0 {
-            return Err(CollectiveError::Unsupported(format!(
-                "{name}: not even one block of {} threads per rank fits beside {world} ranks on one device",
-                rule.threads
-            )));
-        }
+        let cap = team.resident_cap(name, &kernels[&DType::Bf16], rule.threads)?;
         if let Some(asked) = opts.rule {
             asked.check_requested(name, cap, world)?;
         }
-        rdv.barrier(&format!("{name} setup"))?;
+        team.rdv.barrier(&format!("{name} setup"))?;
         Ok(Car {
             name,
             algo,
@@ -228,86 +215,12 @@ impl Car {
             kernels,
             barrier,
             _module: module,
-            _peers: shared.peers,
-            _data: shared.local_data,
-            _flags: shared.local_flags,
+            _peers: peers.mapped,
+            _data: data,
+            _flags: flags,
             _counters: counters,
             _table: table,
         })
-    }
-}
-
-/// A data buffer and a flag array per rank, zeroed flags, mapped by every peer: through classic IPC handles, or
-/// (`vmm`) VMM allocations whose POSIX fds travel over the rendezvous socket.
-struct Shared {
-    local_data: DeviceBuffer,
-    local_flags: DeviceBuffer,
-    /// Every rank's data buffer and flag array, as mapped here.
-    data: Vec<u64>,
-    flags: Vec<u64>,
-    peers: Vec<DeviceBuffer>,
-}
-
-impl Shared {
-    fn new(
-        gpu: &Gpu,
-        rdv: &Rendezvous,
-        name: &str,
-        vmm: bool,
-        uncached: bool,
-        data_bytes: usize,
-    ) -> Result<Shared, CollectiveError> {
-        let flag_bytes = FLAG_SLOTS * 8;
-        let (local_data, local_flags) = if vmm {
-            (gpu.vmm_create(data_bytes)?, gpu.vmm_create(flag_bytes)?)
-        } else {
-            let kind = MemKind::Ipc { uncached };
-            (gpu.alloc(data_bytes, kind)?, gpu.alloc(flag_bytes, kind)?)
-        };
-        let stream = gpu.stream()?;
-        stream.memset(local_flags.ptr(), 0, flag_bytes)?;
-        stream.sync()?;
-        // Handles travel only after the flags are zero, so no peer can signal into an uninitialised array.
-        let rank = rdv.rank();
-        let mut shared = Shared { data: Vec::new(), flags: Vec::new(), peers: Vec::new(), local_data, local_flags };
-        if vmm {
-            let fds = [gpu.vmm_export_fd(&shared.local_data)?, gpu.vmm_export_fd(&shared.local_flags)?];
-            let fds = fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>();
-            for (r, theirs) in rdv.all_gather_fds(&format!("{name} buffers"), &fds)?.into_iter().enumerate() {
-                if r == rank {
-                    shared.push_local();
-                    continue;
-                }
-                let [fd, ff]: [_; 2] = theirs.try_into().map_err(|v: Vec<_>| {
-                    CollectiveError::Mismatch(format!("{name}: rank {r} sent {} buffer handles, not 2", v.len()))
-                })?;
-                let (d, f) = (gpu.vmm_import_fd(fd, data_bytes)?, gpu.vmm_import_fd(ff, flag_bytes)?);
-                shared.push_peer(d, f);
-            }
-        } else {
-            let data = rdv.all_gather(&format!("{name} data handles"), &gpu.ipc_export(&shared.local_data)?)?;
-            let flags = rdv.all_gather(&format!("{name} flag handles"), &gpu.ipc_export(&shared.local_flags)?)?;
-            for (r, (dh, fh)) in data.iter().zip(&flags).enumerate() {
-                if r == rank {
-                    shared.push_local();
-                } else {
-                    let (d, f) = (gpu.ipc_import(dh, data_bytes)?, gpu.ipc_import(fh, flag_bytes)?);
-                    shared.push_peer(d, f);
-                }
-            }
-        }
-        Ok(shared)
-    }
-
-    fn push_local(&mut self) {
-        self.data.push(self.local_data.ptr().0);
-        self.flags.push(self.local_flags.ptr().0);
-    }
-
-    fn push_peer(&mut self, data: DeviceBuffer, flags: DeviceBuffer) {
-        self.data.push(data.ptr().0);
-        self.flags.push(flags.ptr().0);
-        self.peers.extend([data, flags]);
     }
 }
 
@@ -317,16 +230,17 @@ impl Car {
     pub fn barrier_only(&self, grid: u32, stream: &Stream) -> Result<(), CollectiveError> {
         let grid = grid.clamp(1, self.cap as u32);
         let dims = LaunchDims { grid, block: self.rule.threads.max(self.base.world), shared_bytes: 0 };
-        stream.launch(&self.barrier, dims, &self.base)?;
+        // SAFETY: the barrier kernel touches only this communicator's flags and counters, live while `self` is.
+        unsafe { stream.launch(&self.barrier, dims, &self.base)? };
         Ok(())
     }
 }
 
 impl CarParams {
-    fn zeroed_with(rank: usize, world: usize, half: usize, timeout: std::time::Duration) -> CarParams {
+    fn zeroed_with(rank: usize, world: usize, half: usize, timeout_ns: u64) -> CarParams {
         CarParams {
             half_bytes: half as u64,
-            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns,
             rank: rank as u32,
             world: world as u32,
             ..bytemuck::Zeroable::zeroed()
@@ -351,7 +265,7 @@ impl Collective for Car {
         self.variant == Variant::RoundEveryAdd
     }
 
-    fn run(
+    unsafe fn run(
         &mut self,
         op: Op,
         dtype: DType,
@@ -366,7 +280,9 @@ impl Collective for Car {
         let params =
             CarParams { input: input.0, output: output.0, count: count as u64, dtype: dtype.code(), ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
-        stream.launch(&self.kernels[&dtype], dims, &params)?;
+        // SAFETY: the caller vouches for `input` and `output` (this function's contract); the rest of `params` is
+        // this communicator's own memory, sized for `count` by check_args.
+        unsafe { stream.launch(&self.kernels[&dtype], dims, &params)? };
         Ok(())
     }
 }

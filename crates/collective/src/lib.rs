@@ -6,9 +6,11 @@
 mod elem;
 pub mod host_sync;
 mod plan;
+mod team;
 
 pub use elem::{Element, HostElem};
-pub use plan::{resident_cap, LaunchPlan, LaunchRule};
+pub use plan::{LaunchPlan, LaunchRule};
+pub use team::{PeerMaps, Sharing, Team};
 
 use gpu::{DevicePtr, Stream};
 use std::fmt;
@@ -212,7 +214,12 @@ pub trait Collective {
     }
     /// Enqueues `op` on `stream`: `input` holds `count` elements, `output` receives
     /// [`Op::output_count`] elements. Every rank must call with the same arguments, in the same order.
-    fn run(
+    ///
+    /// # Safety
+    /// `input` and `output` are device memory of `stream`'s driver, aligned to [`VEC_BYTES`], holding `count` and
+    /// [`Op::output_count`] elements of `dtype`, live and not touched by other work until the call has run; the
+    /// ranges may be equal (in place) but must not otherwise overlap.
+    unsafe fn run(
         &mut self,
         op: Op,
         dtype: DType,

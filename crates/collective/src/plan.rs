@@ -68,12 +68,6 @@ impl LaunchRule {
     }
 }
 
-/// Blocks of `kernel` one rank may launch so that the blocks of every rank sharing its device fit at once.
-pub fn resident_cap(kernel: &gpu::Kernel, threads: u32, world: usize, devices: usize) -> gpu::Result<usize> {
-    let ranks_per_device = world.div_ceil(devices.max(1)).max(1);
-    Ok(kernel.max_resident_blocks(threads, 0)? / ranks_per_device)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

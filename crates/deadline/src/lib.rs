@@ -10,15 +10,28 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Environment variable that overrides [`DEFAULT_TIMEOUT`], in seconds (fractions allowed).
 pub const TIMEOUT_ENV: &str = "ALLREDUCE_TIMEOUT_S";
 
+/// How long set-up (cold kernel compiles on every rank, buffer exchange) may wait for a peer, in seconds.
+pub const SETUP_TIMEOUT_ENV: &str = "ALLREDUCE_SETUP_TIMEOUT_S";
+
+/// A timeout given in seconds: a finite number in (0, 86400].
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 86400]")),
+    }
+}
+
+/// The seconds in environment variable `var`, if it is set.
+pub fn seconds_from_env(var: &str) -> Result<Option<Duration>, String> {
+    match std::env::var(var) {
+        Ok(s) => parse_seconds(&s).map(Some).map_err(|e| format!("{var}: {e}")),
+        Err(_) => Ok(None),
+    }
+}
+
 /// The timeout from [`TIMEOUT_ENV`], else [`DEFAULT_TIMEOUT`].
 pub fn timeout_from_env() -> Result<Duration, String> {
-    match std::env::var(TIMEOUT_ENV) {
-        Ok(s) => match s.trim().parse::<f64>() {
-            Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
-            _ => Err(format!("{TIMEOUT_ENV}={s:?}: expected seconds in (0, 86400]")),
-        },
-        Err(_) => Ok(DEFAULT_TIMEOUT),
-    }
+    Ok(seconds_from_env(TIMEOUT_ENV)?.unwrap_or(DEFAULT_TIMEOUT))
 }
 
 /// A point in time after which a wait gives up.

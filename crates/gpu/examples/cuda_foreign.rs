@@ -58,7 +58,7 @@ fn run() -> Res<()> {
         Some(i) => Some(args.get(i + 1).ok_or("--device needs an ordinal")?.parse()?),
         None => None,
     };
-    let opts = DriverOptions { device, shm_prefix: format!("/arx-foreign{}", std::process::id()) };
+    let opts = DriverOptions { device, local_rank: None, shm_prefix: format!("/arx-foreign{}", std::process::id()) };
     let gpu = open(Backend::Cuda, &opts)?.gpu;
     if let Some(i) = args.iter().position(|a| a == "--child") {
         return child(&gpu, args.get(i + 1).ok_or("--child needs a hex handle")?);
@@ -87,7 +87,8 @@ fn child(gpu: &Gpu, hex: &str) -> Res<()> {
     if out.iter().enumerate().any(|(i, &x)| x != pattern(i)) {
         return Err("child: the range does not hold the parent's bytes".into());
     }
-    s.memset(mapped.ptr().offset(OFFSET), 0x77, LEN)?;
+    // SAFETY: this check's own buffers, sized for the call.
+    unsafe { s.memset(mapped.ptr().offset(OFFSET), 0x77, LEN)? };
     s.sync()?;
     Ok(())
 }
@@ -102,7 +103,8 @@ fn streams(gpu: &Gpu) -> Res<()> {
     for raw in [s as u64, 0, 2] {
         // SAFETY: a live stream of the primary context and the default streams, each outliving its borrow.
         let b = unsafe { gpu.borrow_stream(raw)? };
-        b.memset(buf.ptr(), raw as u8 + 1, 1 << 20)?;
+        // SAFETY: this check's own buffers, sized for the call.
+        unsafe { b.memset(buf.ptr(), raw as u8 + 1, 1 << 20)? };
         b.sync()?;
         drop(b);
         let mut out = vec![0u8; 1 << 20];

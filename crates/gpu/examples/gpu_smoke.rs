@@ -123,7 +123,11 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Res<()> {
-    let opts = DriverOptions { device: args.device, shm_prefix: format!("/arx-smoke{}", std::process::id()) };
+    let opts = DriverOptions {
+        device: args.device,
+        local_rank: None,
+        shm_prefix: format!("/arx-smoke{}", std::process::id()),
+    };
     let opened = open(args.backend, &opts)?;
     let gpu = opened.gpu;
     if let Some((handle, bytes)) = args.ipc_child {
@@ -155,11 +159,13 @@ fn memory(gpu: &Gpu) -> Res<()> {
     let mut data = vec![0u8; BYTES];
     rand::thread_rng().fill_bytes(&mut data);
     s.upload(&a, 0, &data)?;
-    s.copy(b.ptr(), a.ptr(), BYTES)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.copy(b.ptr(), a.ptr(), BYTES)? };
     let mut out = vec![0u8; BYTES];
     s.download(&b, 0, &mut out)?;
     check(out == data, "upload, device copy, download")?;
-    s.memset(b.ptr().offset(100), 0xa5, 1000)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.memset(b.ptr().offset(100), 0xa5, 1000)? };
     s.download(&b, 0, &mut out)?;
     let want: Vec<u8> =
         data.iter().enumerate().map(|(i, &x)| if (100..1100).contains(&i) { 0xa5 } else { x }).collect();
@@ -209,7 +215,8 @@ fn ipc_child(gpu: &Gpu, handle: &[u8], bytes: usize) -> Res<()> {
     if out.iter().enumerate().any(|(i, &x)| x != pattern(i)) {
         return Err("child: the mapped allocation does not hold the parent's pattern".into());
     }
-    s.memset(mapped.ptr(), 0x5a, bytes)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.memset(mapped.ptr(), 0x5a, bytes)? };
     s.sync()?;
     Ok(())
 }
@@ -239,7 +246,8 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     let plus = |k: u8| -> Vec<u8> { data.iter().map(|x| x.wrapping_add(k)).collect() };
     let mut out = vec![0u8; BYTES];
 
-    s.launch(&add_one, dims, &params)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.launch(&add_one, dims, &params)? };
     s.sync()?;
     s.download(&buf, 0, &mut out)?;
     check(out == plus(1), "add_one, launched eagerly")?;
@@ -247,8 +255,10 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     check(!s.is_capturing()?, "a fresh stream is not capturing")?;
     s.begin_capture()?;
     check(s.is_capturing()?, "a stream in capture says so")?;
-    s.launch(&add_one, dims, &params)?;
-    s.launch(&add_one, dims, &params)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.launch(&add_one, dims, &params)? };
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.launch(&add_one, dims, &params)? };
     let graph = s.end_capture()?;
     check(!s.is_capturing()?, "a stream whose capture ended is not capturing")?;
     s.download(&buf, 0, &mut out)?;
@@ -263,17 +273,20 @@ fn kernels(gpu: &Gpu) -> Res<()> {
     let one = LaunchDims { grid: 1, block: 32, shared_bytes: 0 };
     let nothing = Params { ptr: 0, n: 0 };
     let (e0, e1) = (gpu.event()?, gpu.event()?);
-    s.launch(&empty, one, &nothing)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.launch(&empty, one, &nothing)? };
     s.sync()?;
     s.record(&e0)?;
     for _ in 0..LAUNCHES {
-        s.launch(&empty, one, &nothing)?;
+        // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+        unsafe { s.launch(&empty, one, &nothing)? };
     }
     s.record(&e1)?;
     e1.sync()?;
     let eager_us = e0.elapsed_ms(&e1)? as f64 * 1e3 / LAUNCHES as f64;
     s.begin_capture()?;
-    s.launch(&empty, one, &nothing)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.launch(&empty, one, &nothing)? };
     let g1 = s.end_capture()?;
     s.replay(&g1)?;
     s.sync()?;
@@ -303,7 +316,8 @@ fn vmm(gpu: &Gpu) -> Res<()> {
     let mut out = vec![0u8; BYTES];
     s.download(&w, 0, &mut out)?;
     check(out == data, "bytes written through the creator's mapping are seen through the import")?;
-    s.memset(w.ptr(), 0x3c, 4096)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { s.memset(w.ptr(), 0x3c, 4096)? };
     s.download(&v, 0, &mut out[..4096])?;
     check(out[..4096].iter().all(|&x| x == 0x3c), "and back")?;
     check(gpu.ipc_export(&v).is_err(), "VMM memory is not a cuMemAlloc IPC allocation")?;
@@ -318,13 +332,15 @@ fn caller_owned(gpu: &Gpu) -> Res<()> {
     let buf = gpu.alloc(BYTES, MemKind::Device)?;
     // SAFETY: `own` is a live stream of this device's context and outlives the borrow.
     let borrowed = unsafe { gpu.borrow_stream(own.handle())? };
-    borrowed.memset(buf.ptr(), 0x11, BYTES)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { borrowed.memset(buf.ptr(), 0x11, BYTES)? };
     borrowed.sync()?;
     drop(borrowed);
     let mut out = vec![0u8; BYTES];
     own.download(&buf, 0, &mut out)?;
     check(out.iter().all(|&x| x == 0x11), "a memset through a borrowed stream")?;
-    own.memset(buf.ptr(), 0x22, BYTES)?;
+    // SAFETY: this smoke test's own buffers and kernels, sized for the call.
+    unsafe { own.memset(buf.ptr(), 0x22, BYTES)? };
     own.sync()?;
     own.download(&buf, 0, &mut out)?;
     check(out.iter().all(|&x| x == 0x22), "dropping the borrow leaves the stream alive")?;

@@ -1087,7 +1087,7 @@ mod tests {
 
     #[test]
     fn open_without_cuda_is_not_available_not_a_panic() {
-        let opts = DriverOptions { device: None, shm_prefix: String::new() };
+        let opts = DriverOptions { device: None, local_rank: None, shm_prefix: String::new() };
         match open(&opts) {
             Ok(d) => assert_eq!(d.info().kind, DriverKind::Cuda),
             Err(GpuError::NotAvailable { backend, .. }) => assert_eq!(backend, "cuda"),

@@ -1112,7 +1112,7 @@ mod tests {
     use crate::Backend;
 
     fn opts() -> DriverOptions {
-        DriverOptions { device: None, shm_prefix: String::new() }
+        DriverOptions { device: None, local_rank: None, shm_prefix: String::new() }
     }
 
     #[test]

@@ -458,7 +458,7 @@ mod tests {
 
     fn host() -> crate::Gpu {
         let prefix = format!("/arx-test{}", std::process::id());
-        open(Backend::Host, &DriverOptions { device: None, shm_prefix: prefix }).unwrap().gpu
+        open(Backend::Host, &DriverOptions { device: None, local_rank: None, shm_prefix: prefix }).unwrap().gpu
     }
 
     #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -486,14 +486,17 @@ mod tests {
         let b = gpu.alloc(4096, MemKind::Device).unwrap();
         let data: Vec<u8> = (0..4096).map(|_| rand::random()).collect();
         s.upload(&a, 0, &data).unwrap();
-        s.copy(b.ptr(), a.ptr(), 4096).unwrap();
+        // SAFETY: the test's own buffers and kernels, sized for the call.
+        unsafe { s.copy(b.ptr(), a.ptr(), 4096) }.unwrap();
         let module = gpu.load(&LIB).unwrap();
         let k = module.kernel("add_one").unwrap();
         let dims = LaunchDims { grid: 1, block: 1, shared_bytes: 0 };
         let params = AddOne { ptr: b.ptr().0, n: 4096 };
         s.begin_capture().unwrap();
-        s.launch(&k, dims, &params).unwrap();
-        s.launch(&k, dims, &params).unwrap();
+        // SAFETY: the test's own buffers and kernels, sized for the call.
+        unsafe { s.launch(&k, dims, &params) }.unwrap();
+        // SAFETY: the test's own buffers and kernels, sized for the call.
+        unsafe { s.launch(&k, dims, &params) }.unwrap();
         let g = s.end_capture().unwrap();
         let mut out = vec![0u8; 4096];
         s.download(&b, 0, &mut out).unwrap();
@@ -503,7 +506,8 @@ mod tests {
         s.download(&b, 0, &mut out).unwrap();
         let want: Vec<u8> = data.iter().map(|x| x.wrapping_add(4)).collect();
         assert_eq!(out, want);
-        s.memset(b.ptr(), 7, 4096).unwrap();
+        // SAFETY: the test's own buffers and kernels, sized for the call.
+        unsafe { s.memset(b.ptr(), 7, 4096) }.unwrap();
         s.download(&b, 0, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 7));
         assert!(module.kernel("missing").is_err());
@@ -573,15 +577,18 @@ mod tests {
         // SAFETY: `own` is a live stream of this driver and outlives both borrows.
         let (a, b) = unsafe { (gpu.borrow_stream(own.handle()).unwrap(), gpu.borrow_stream(own.handle()).unwrap()) };
         assert_eq!(a.handle(), own.handle());
-        a.memset(buf.ptr(), 3, 4096).unwrap();
+        // SAFETY: the test's own buffers and kernels, sized for the call.
+        unsafe { a.memset(buf.ptr(), 3, 4096) }.unwrap();
         a.sync().unwrap();
         let mut out = vec![0u8; 4096];
         own.download(&buf, 0, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 3));
         drop(a);
-        b.memset(buf.ptr(), 4, 16).unwrap();
+        // SAFETY: the test's own buffers and kernels, sized for the call.
+        unsafe { b.memset(buf.ptr(), 4, 16) }.unwrap();
         drop(b);
-        own.memset(buf.ptr(), 9, 4096).unwrap();
+        // SAFETY: the test's own buffers and kernels, sized for the call.
+        unsafe { own.memset(buf.ptr(), 9, 4096) }.unwrap();
         own.download(&buf, 0, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 9), "the original stream must outlive its borrows");
         assert!(

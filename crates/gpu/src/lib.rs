@@ -201,8 +201,10 @@ pub trait Driver: Send + Sync {
 /// Options for opening a driver.
 #[derive(Clone, Debug)]
 pub struct DriverOptions {
-    /// Device ordinal; `None` takes `LOCAL_RANK % device count` (so ranks spread over GPUs, or share one).
+    /// Device ordinal; `None` takes `local_rank % device count` (so ranks spread over GPUs, or share one).
     pub device: Option<usize>,
+    /// The launcher's local rank (every launcher names it differently); `None` reads `LOCAL_RANK`.
+    pub local_rank: Option<usize>,
     /// Prefix of every shared-memory name the host driver creates (`/arx-<job>`), so a launcher can sweep them.
     pub shm_prefix: String,
 }
@@ -256,7 +258,10 @@ pub(crate) fn pick_ordinal(opts: &DriverOptions, count: usize) -> Result<usize> 
     }
     let ordinal = match opts.device {
         Some(d) => d,
-        None => std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(0) % count,
+        None => {
+            let env = || std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse::<usize>().ok());
+            opts.local_rank.or_else(env).unwrap_or(0) % count
+        }
     };
     if ordinal >= count {
         return Err(GpuError::BadArgs(format!("device {ordinal} requested, {count} present")));
@@ -384,11 +389,26 @@ impl Stream {
     pub fn sync(&self) -> Result<()> {
         self.gpu.0.stream_sync(self.handle)
     }
-    pub fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+    /// Enqueues a copy of `bytes` from `src` to `dst`.
+    ///
+    /// # Safety
+    /// Both ranges are device memory of this driver (or mapped into it) that stays allocated until the copy has
+    /// run, and nothing else writes `dst` or `src` (or reads `dst`) while it runs. The host driver dereferences the
+    /// addresses on this thread.
+    pub unsafe fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.gpu.0.memcpy_dtod(self.handle, dst, src, bytes)
     }
-    pub fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+    /// Enqueues a fill of `bytes` at `dst` with `value`.
+    ///
+    /// # Safety
+    /// As [`Stream::copy`], for the one range `dst`.
+    pub unsafe fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.gpu.0.memset_d8(self.handle, dst, value, bytes)
+    }
+    /// Fills all of `buf` with `value`: safe, since the range is the buffer's own and the buffer outlives the call
+    /// (a device driver keeps it until its stream is idle: see [`DeviceBuffer`]'s owner's duty to sync first).
+    pub fn fill(&self, buf: &DeviceBuffer, value: u8) -> Result<()> {
+        self.gpu.0.memset_d8(self.handle, buf.ptr(), value, buf.bytes())
     }
     pub fn upload(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
         check_range(dst, offset, src.len())?;
@@ -399,7 +419,11 @@ impl Stream {
         self.gpu.0.memcpy_dtoh(self.handle, dst, src.ptr().offset(offset))
     }
     /// Launches `kernel` with one by-value parameter struct (the kernels' ABI in this workspace).
-    pub fn launch<P: bytemuck::Pod>(&self, kernel: &Kernel, dims: LaunchDims, params: &P) -> Result<()> {
+    ///
+    /// # Safety
+    /// `params` is the parameter struct `kernel` was written for, and every address in it is memory the kernel may
+    /// access as it does, live until the launch has run (on the host driver it runs on this thread).
+    pub unsafe fn launch<P: bytemuck::Pod>(&self, kernel: &Kernel, dims: LaunchDims, params: &P) -> Result<()> {
         self.gpu.0.launch(self.handle, kernel.handle, dims, bytemuck::bytes_of(params))
     }
     pub fn record(&self, event: &Event) -> Result<()> {

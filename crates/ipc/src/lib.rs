@@ -405,7 +405,7 @@ pub struct Rendezvous {
     seg: Segment,
     layout: Layout,
     rank: usize,
-    timeout: Duration,
+    timeout: Cell<Duration>,
     sock: OwnedFd,
     peers: Vec<UnixAddr>,
     barrier_gen: Cell<u64>,
@@ -437,7 +437,7 @@ impl Rendezvous {
             seg,
             layout,
             rank,
-            timeout: opts.timeout,
+            timeout: Cell::new(opts.timeout),
             sock,
             peers,
             barrier_gen: Cell::new(0),
@@ -462,7 +462,12 @@ impl Rendezvous {
     }
 
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.timeout.get()
+    }
+
+    /// Changes how long each later wait may take (set-up, with its cold kernel compiles, waits longer than calls).
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.timeout.set(timeout);
     }
 
     /// Returns once every rank called `barrier` as often as we did.
@@ -470,7 +475,7 @@ impl Rendezvous {
         let g = self.barrier_gen.get() + 1;
         self.barrier_gen.set(g);
         self.ctrl(self.rank).arrived.0.store(g, Ordering::Release);
-        let deadline = Deadline::after(self.timeout);
+        let deadline = Deadline::after(self.timeout.get());
         self.wait(&self.label("barrier", what), &deadline, self.others(), |r| {
             self.ctrl(r).arrived.0.load(Ordering::Acquire) >= g
         })
@@ -519,7 +524,7 @@ impl Rendezvous {
             self.drain(&mut cmsg)?;
             Ok(sent[r] && self.inbox.borrow().contains_key(&(seq, r)))
         };
-        self.wait(&label, &Deadline::after(self.timeout), self.others(), |r| {
+        self.wait(&label, &Deadline::after(self.timeout.get()), self.others(), |r| {
             failure.is_some() || progress(r).unwrap_or_else(|e| failure.replace(e).is_none())
         })?;
         if let Some(e) = failure {
@@ -626,7 +631,7 @@ impl Rendezvous {
         }
         let g = self.data_gen.get() + 1;
         self.data_gen.set(g);
-        let deadline = Deadline::after(self.timeout);
+        let deadline = Deadline::after(self.timeout.get());
         if let Some(blob) = mine {
             self.wait(label, &deadline, self.others(), |r| self.ctrl(r).consumed.0.load(Ordering::Acquire) >= g - 1)?;
             let p = self.slot(self.rank);

@@ -5,8 +5,8 @@
 //! caller's buffers are copied in and out on the same stream, so the method accepts any device pointers like
 //! the others do.
 
-use collective::{check_args, Collective, CollectiveError, DType, Op};
-use gpu::{DevicePtr, DriverKind, Gpu, GpuError, Stream};
+use collective::{check_args, Collective, CollectiveError, DType, Op, Team};
+use gpu::{DevicePtr, DriverKind, GpuError, Stream};
 use ipc::Rendezvous;
 use rccl_sys::{
     ncclCommWindowDeregisterFn, ncclCommWindowRegisterFn, ncclComm_t, ncclDataType_t, ncclMemAllocFn, ncclMemFreeFn,
@@ -57,10 +57,10 @@ fn flavor_for(kind: DriverKind) -> Result<Flavor, CollectiveError> {
 }
 
 /// NCCL refuses two ranks of one communicator on one GPU (init fails or hangs), so this is checked first.
-fn check_devices(method: &str, devices: usize, world: usize) -> Result<(), CollectiveError> {
-    if devices < world {
+fn check_devices(method: &str, ranks_per_device: usize) -> Result<(), CollectiveError> {
+    if ranks_per_device > 1 {
         return Err(CollectiveError::Unsupported(format!(
-            "{method}: NCCL needs one GPU per rank, and {world} ranks share {devices} visible device(s)"
+            "{method}: NCCL needs one GPU per rank, and {ranks_per_device} ranks share a device"
         )));
     }
     Ok(())
@@ -123,14 +123,14 @@ impl Nccl {
     /// Creates the communicator. Collective: every rank calls it, with the same options.
     ///
     /// NCCL binds the communicator to the calling thread's current device, which the GPU driver selected.
-    pub fn new(gpu: &Gpu, rdv: &Rendezvous, opts: NcclOptions) -> Result<Nccl, CollectiveError> {
+    pub fn new(team: Team<'_>, opts: NcclOptions) -> Result<Nccl, CollectiveError> {
         let name = method_name(opts.op, opts.symmetric);
-        let flavor = flavor_for(gpu.kind())?;
-        let (rank, world) = (rdv.rank(), rdv.world());
+        let flavor = flavor_for(team.gpu.kind())?;
+        let (rdv, rank, world) = (team.rdv, team.rank(), team.world());
         if opts.capacity_bytes == 0 {
             return Err(CollectiveError::BadArgs(format!("{name} capacity must be at least 1 byte")));
         }
-        check_devices(name, gpu.info().count, world)?;
+        check_devices(name, team.ranks_per_device)?;
 
         // Every rank reports whether it can go on, so that one rank without a usable library fails them all
         // here instead of leaving the others waiting in NCCL's bootstrap.
@@ -244,7 +244,7 @@ impl Collective for Nccl {
         self.capacity
     }
 
-    fn run(
+    unsafe fn run(
         &mut self,
         op: Op,
         dtype: DType,
@@ -263,7 +263,8 @@ impl Collective for Nccl {
         };
         let (send, recv) = match staged {
             Some((inp, out)) => {
-                stream.copy(inp, input, count * dtype.size())?;
+                // SAFETY: the caller vouches for `input`; the staging buffer holds `capacity` bytes (check_args).
+                unsafe { stream.copy(inp, input, count * dtype.size())? };
                 (inp, out)
             }
             None => (input, output),
@@ -287,7 +288,8 @@ impl Collective for Nccl {
         };
         self.lib.check(status, call).map_err(nccl_err)?;
         if let Some((_, out)) = staged {
-            stream.copy(output, out, out_count * dtype.size())?;
+            // SAFETY: as the copy in, for the output.
+            unsafe { stream.copy(output, out, out_count * dtype.size())? };
         }
         Ok(())
     }
@@ -330,8 +332,9 @@ impl Drop for Nccl {
 mod tests {
     use super::*;
 
-    fn host_gpu() -> Gpu {
-        let opts = gpu::DriverOptions { device: None, shm_prefix: format!("/arx-t{}", std::process::id()) };
+    fn host_gpu() -> gpu::Gpu {
+        let opts =
+            gpu::DriverOptions { device: None, local_rank: None, shm_prefix: format!("/arx-t{}", std::process::id()) };
         gpu::open(gpu::Backend::Host, &opts).unwrap().gpu
     }
 
@@ -342,7 +345,7 @@ mod tests {
         for symmetric in [false, true] {
             for op in [Op::AllReduce, Op::ReduceScatter] {
                 let opts = NcclOptions { op, symmetric, capacity_bytes: 1 << 20 };
-                match Nccl::new(&gpu, &rdv, opts) {
+                match Nccl::new(Team::new(&gpu, &rdv, 1), opts) {
                     Err(CollectiveError::Unsupported(msg)) => {
                         assert_eq!(msg, "nccl needs a GPU driver; the host driver has no NCCL")
                     }
@@ -355,9 +358,8 @@ mod tests {
 
     #[test]
     fn one_gpu_per_rank() {
-        assert!(check_devices("nccl", 8, 8).is_ok());
-        assert!(check_devices("nccl", 8, 2).is_ok());
-        match check_devices("nccl_rs", 1, 2) {
+        assert!(check_devices("nccl", 1).is_ok());
+        match check_devices("nccl_rs", 2) {
             Err(CollectiveError::Unsupported(msg)) => {
                 assert!(msg.contains("one GPU per rank") && msg.contains("nccl_rs"), "{msg}")
             }

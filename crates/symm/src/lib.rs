@@ -13,13 +13,10 @@ pub mod tuned;
 
 pub use collective::Algo;
 use collective::{
-    check_args, check_world, resident_cap, Collective, CollectiveError, DType, Family, LaunchRule, Op, MAX_BLOCKS,
-    MAX_RANKS,
+    check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, Module, Stream};
-use ipc::Rendezvous;
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, Module, Stream};
 use std::collections::HashMap;
-use std::os::fd::AsFd;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
@@ -93,51 +90,29 @@ pub struct Symm {
 
 impl Symm {
     /// Creates, exchanges and maps the symmetric buffers. Collective: every rank calls it.
-    pub fn new(gpu: &Gpu, rdv: &Rendezvous, algo: Algo, opts: SymmOptions) -> Result<Symm, CollectiveError> {
+    pub fn new(team: Team<'_>, algo: Algo, opts: SymmOptions) -> Result<Symm, CollectiveError> {
         let name = method_name(algo, opts.fused_copy_in).ok_or_else(|| {
             CollectiveError::BadArgs(format!("{}: no variant with the copy-in fused", algo.method(Family::Symm)))
         })?;
-        let (rank, world) = (rdv.rank(), rdv.world());
-        check_world(name, world)?;
-        if opts.capacity_bytes == 0 {
-            return Err(CollectiveError::BadArgs("symm capacity must be at least 1 byte".into()));
-        }
+        let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
+        team.agree_capacity(name, opts.capacity_bytes)?;
         let data_bytes = opts.capacity_bytes.next_multiple_of(256);
         let total = data_bytes + PAD_BYTES;
-        let sizes = rdv.all_gather(&format!("{name} sizes"), &(total as u64).to_le_bytes())?;
-        if let Some(r) = sizes.iter().position(|s| s[..] != (total as u64).to_le_bytes()) {
-            return Err(CollectiveError::Mismatch(format!(
-                "{name}: rank {r} asked for a different symmetric buffer size than rank {rank} ({total} bytes)"
-            )));
-        }
         let buffer = gpu.vmm_create(total)?;
         let stream = gpu.stream()?;
-        stream.memset(buffer.ptr().offset(data_bytes), 0, PAD_BYTES)?;
+        // SAFETY: the pad is the last PAD_BYTES of our own allocation, which no peer has mapped yet.
+        unsafe { stream.memset(buffer.ptr().offset(data_bytes), 0, PAD_BYTES)? };
         stream.sync()?;
-        let fd = gpu.vmm_export_fd(&buffer)?;
-        let fds = rdv.all_gather_fds(&format!("{name} buffers"), &[fd.as_fd()])?;
+        let peers = team.exchange(name, &[&buffer], Sharing::Vmm)?;
         let mut base = SymmParams {
-            timeout_ns: rdv.timeout().as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns: team.timeout_ns(),
             rank: rank as u32,
             world: world as u32,
             ..bytemuck::Zeroable::zeroed()
         };
-        let mut peers = Vec::new();
-        for (r, peer_fds) in fds.into_iter().enumerate() {
-            let ptr = if r == rank {
-                buffer.ptr()
-            } else {
-                let fd = peer_fds
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| CollectiveError::Mismatch(format!("{name}: rank {r} sent no buffer handle")))?;
-                let mapped = gpu.vmm_import_fd(fd, total)?;
-                let ptr = mapped.ptr();
-                peers.push(mapped);
-                ptr
-            };
-            base.bufs[r] = ptr.0;
-            base.pads[r] = ptr.offset(data_bytes).0;
+        for (r, ptrs) in peers.ptrs.iter().enumerate() {
+            base.bufs[r] = ptrs[0].0;
+            base.pads[r] = ptrs[0].offset(data_bytes).0;
         }
 
         let module = gpu.load(&LIBRARY)?;
@@ -146,18 +121,12 @@ impl Symm {
             kernels.insert(dtype, module.kernel(&format!("{name}_{dtype}"))?);
         }
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
-        let cap = resident_cap(&kernels[&DType::Bf16], rule.threads, world, gpu.info().count)?;
-        if cap == 0 {
-            return Err(CollectiveError::Unsupported(format!(
-                "{name}: not even one block of {} threads per rank fits beside {world} ranks on one device",
-                rule.threads
-            )));
-        }
+        let cap = team.resident_cap(name, &kernels[&DType::Bf16], rule.threads)?;
         if let Some(asked) = opts.rule {
             asked.check_requested(name, cap, world)?;
         }
         // Every pad is zero before anyone signals.
-        rdv.barrier(&format!("{name} setup"))?;
+        team.rdv.barrier(&format!("{name} setup"))?;
         Ok(Symm {
             name,
             algo,
@@ -169,7 +138,7 @@ impl Symm {
             base,
             kernels,
             _module: module,
-            _peers: peers,
+            _peers: peers.mapped,
             _buffer: buffer,
         })
     }
@@ -188,7 +157,7 @@ impl Collective for Symm {
         self.capacity
     }
 
-    fn run(
+    unsafe fn run(
         &mut self,
         op: Op,
         dtype: DType,
@@ -199,14 +168,16 @@ impl Collective for Symm {
     ) -> Result<(), CollectiveError> {
         self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
         check_args(op, dtype, count, self.base.world as usize, self.capacity)?;
+        // SAFETY (both): the caller vouches for `input` and `output` (this function's contract); the symmetric
+        // buffers are ours, sized for `count` by check_args.
         if !self.copies_in {
-            stream.copy(self.mine, input, count * dtype.size())?;
+            unsafe { stream.copy(self.mine, input, count * dtype.size())? };
         }
         let plan = self.rule.plan(count * dtype.size(), self.cap);
         let params =
             SymmParams { input: input.0, output: output.0, count: count as u64, dtype: dtype.code(), ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
-        stream.launch(&self.kernels[&dtype], dims, &params)?;
+        unsafe { stream.launch(&self.kernels[&dtype], dims, &params)? };
         Ok(())
     }
 }

@@ -20,11 +20,9 @@
 use crate::host_tuned;
 use collective::host_sync::FLAG_SLOTS;
 use collective::{
-    check_args, check_world, resident_cap, Collective, CollectiveError, DType, LaunchRule, Op, MAX_BLOCKS, MAX_RANKS,
+    check_args, Collective, CollectiveError, DType, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
-use ipc::Rendezvous;
-use std::os::fd::AsFd;
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
@@ -265,15 +263,12 @@ fn packet_bytes(ll_packets: usize) -> usize {
 
 impl SymmTuned {
     /// Creates, exchanges and maps the registered buffers. Collective: every rank calls it.
-    pub fn new(gpu: &Gpu, rdv: &Rendezvous, design: Design, opts: TunedOptions) -> Result<SymmTuned, CollectiveError> {
+    pub fn new(team: Team<'_>, design: Design, opts: TunedOptions) -> Result<SymmTuned, CollectiveError> {
         let name = method_name(design, opts.staging).ok_or_else(|| {
             CollectiveError::BadArgs(format!("{} has no staging buffer to move to IPC memory", design.method()))
         })?;
-        let (rank, world) = (rdv.rank(), rdv.world());
-        check_world(name, world)?;
-        if opts.capacity_bytes == 0 {
-            return Err(CollectiveError::BadArgs(format!("{name}: capacity must be at least 1 byte")));
-        }
+        let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
+        team.agree_capacity(name, opts.capacity_bytes)?;
         if opts.rule.is_some() && matches!(design, Design::OneShotTuned | Design::TwoShotTuned) {
             return Err(CollectiveError::BadArgs(format!(
                 "{name}: picks a kernel and a launch shape per size; a fixed shape applies to one kernel's designs"
@@ -284,14 +279,9 @@ impl SymmTuned {
         let ipc = opts.staging == Staging::Ipc;
         // The sync area: packets, then (VMM staging) the epoch flags; with IPC staging the flags follow the staging
         // halves in the IPC allocation.
+        let flags_at = if ipc { 2 * data } else { packet_bytes(ll_packets) };
         let sync_bytes = packet_bytes(ll_packets) + if ipc { 0 } else { FLAG_SLOTS * 8 };
         let staging_bytes = 2 * data + if ipc { FLAG_SLOTS * 8 } else { 0 };
-        let sizes = rdv.all_gather(&format!("{name} sizes"), &(data as u64).to_le_bytes())?;
-        if let Some(r) = sizes.iter().position(|s| s[..] != (data as u64).to_le_bytes()) {
-            return Err(CollectiveError::Mismatch(format!(
-                "{name}: rank {r} registered a different capacity than rank {rank} ({data} bytes)"
-            )));
-        }
         let (input, output, sync) = (gpu.vmm_create(data)?, gpu.vmm_create(data)?, gpu.vmm_create(sync_bytes)?);
         let staging = if ipc {
             gpu.alloc(staging_bytes, MemKind::Ipc { uncached: true })?
@@ -300,58 +290,41 @@ impl SymmTuned {
         };
         let counters = gpu.alloc(MAX_BLOCKS * 8, MemKind::Device)?;
         let stream = gpu.stream()?;
-        stream.memset(sync.ptr(), 0, sync_bytes)?;
+        stream.fill(&sync, 0)?;
         if ipc {
-            stream.memset(staging.ptr().offset(2 * data), 0, FLAG_SLOTS * 8)?;
+            // SAFETY: the flags are the last FLAG_SLOTS words of our own staging allocation, not yet shared.
+            unsafe { stream.memset(staging.ptr().offset(flags_at), 0, FLAG_SLOTS * 8)? };
         }
-        stream.memset(counters.ptr(), 0, MAX_BLOCKS * 8)?;
+        stream.fill(&counters, 0)?;
         stream.sync()?;
-        let mut fds = vec![gpu.vmm_export_fd(&input)?, gpu.vmm_export_fd(&output)?, gpu.vmm_export_fd(&sync)?];
-        if !ipc {
-            fds.push(gpu.vmm_export_fd(&staging)?);
-        }
-        let borrowed = fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>();
-        let all = rdv.all_gather_fds(&format!("{name} buffers"), &borrowed)?;
-        let staging_handles = if ipc {
-            rdv.all_gather(&format!("{name} staging handles"), &gpu.ipc_export(&staging)?)?
+        let (vmm, ipc_maps) = if ipc {
+            let vmm = team.exchange(name, &[&input, &output, &sync], Sharing::Vmm)?;
+            (vmm, Some(team.exchange(&format!("{name} staging"), &[&staging], Sharing::Ipc)?))
         } else {
-            Vec::new()
+            (team.exchange(name, &[&input, &output, &sync, &staging], Sharing::Vmm)?, None)
+        };
+        let staging_ptrs = match &ipc_maps {
+            Some(m) => m.column::<MAX_RANKS>(0),
+            None => vmm.column::<MAX_RANKS>(3),
         };
         let mut base = TunedParams {
+            inputs: vmm.column(0),
+            outputs: vmm.column(1),
+            packets: vmm.column(2),
+            staging: staging_ptrs,
             counters: counters.ptr().0,
             ll_packets: ll_packets as u64,
             half_bytes: data as u64,
-            timeout_ns: rdv.timeout().as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns: team.timeout_ns(),
             rank: rank as u32,
             world: world as u32,
             ..bytemuck::Zeroable::zeroed()
         };
-        let mut peers = Vec::new();
-        for (r, theirs) in all.into_iter().enumerate() {
-            let (i, o, s, g) = if r == rank {
-                (input.ptr(), output.ptr(), sync.ptr(), staging.ptr())
-            } else {
-                let want = fds.len();
-                if theirs.len() != want {
-                    return Err(CollectiveError::Mismatch(format!(
-                        "{name}: rank {r} sent {} buffer handles, not {want}",
-                        theirs.len()
-                    )));
-                }
-                let mut theirs = theirs.into_iter();
-                let mut import = |bytes| gpu.vmm_import_fd(theirs.next().expect("length checked"), bytes);
-                let (i, o, s) = (import(data)?, import(data)?, import(sync_bytes)?);
-                let g = if ipc { gpu.ipc_import(&staging_handles[r], staging_bytes)? } else { import(staging_bytes)? };
-                let ptrs = (i.ptr(), o.ptr(), s.ptr(), g.ptr());
-                peers.extend([i, o, s, g]);
-                ptrs
-            };
-            base.inputs[r] = i.0;
-            base.outputs[r] = o.0;
-            base.packets[r] = s.0;
-            base.flags[r] = if ipc { g.offset(2 * data).0 } else { s.offset(packet_bytes(ll_packets)).0 };
-            base.staging[r] = g.0;
+        for r in 0..world {
+            base.flags[r] = if ipc { base.staging[r] } else { base.packets[r] } + flags_at as u64;
         }
+        let mut peers = vmm.mapped;
+        peers.extend(ipc_maps.map(|m| m.mapped).unwrap_or_default());
         let module = gpu.load(&LIBRARY)?;
         let mut kernels = Vec::new();
         let mut caps = Vec::new();
@@ -361,25 +334,19 @@ impl SymmTuned {
                 kernels.push(module.kernel(&format!("{}_{dtype}", stem.name()))?);
             }
             let threads = rule(gpu.kind(), stem, 0).threads;
-            let cap = resident_cap(&kernels[first], threads, world, gpu.info().count)?;
-            if cap == 0 {
-                return Err(CollectiveError::Unsupported(format!(
-                    "{name}: not even one block of {threads} threads per rank fits beside {world} ranks on one device"
-                )));
-            }
-            caps.push(cap);
+            caps.push(team.resident_cap(&format!("{name} {}", stem.name()), &kernels[first], threads)?);
         }
         let fixed = match opts.rule {
             Some(asked) => {
                 let first = design.kernel(0, Issue::Eager) as usize * DType::ALL.len();
-                let cap = resident_cap(&kernels[first], asked.threads, world, gpu.info().count)?;
+                let cap = team.resident_cap(name, &kernels[first], asked.threads)?;
                 asked.check_requested(name, cap, world)?;
                 Some((asked, cap))
             }
             None => None,
         };
         // Every flag and packet is zero before anyone writes one.
-        rdv.barrier(&format!("{name} setup"))?;
+        team.rdv.barrier(&format!("{name} setup"))?;
         Ok(SymmTuned {
             name,
             design,
@@ -400,6 +367,24 @@ impl SymmTuned {
     }
 }
 
+/// Where one call's data is: the caller's input and output, and, where they lie in a buffer the caller registered
+/// with every peer, every rank's address of that buffer at the same offset.
+#[derive(Clone, Copy, Debug)]
+pub struct CallBuffers {
+    pub input: DevicePtr,
+    pub output: DevicePtr,
+    pub peer_inputs: Option<[u64; MAX_RANKS]>,
+    pub peer_outputs: Option<[u64; MAX_RANKS]>,
+}
+
+impl CallBuffers {
+    /// Buffers known only to this rank: the designs that read peers' inputs (or write peers' outputs) go through
+    /// the registered buffers, with copies.
+    pub fn local(input: DevicePtr, output: DevicePtr) -> CallBuffers {
+        CallBuffers { input, output, peer_inputs: None, peer_outputs: None }
+    }
+}
+
 impl SymmTuned {
     /// Largest message `design` takes: the packet designs are bounded by the packet area (`symm_zc_2shot_ll`
     /// carries one shard, a multiple of 16 bytes, per source).
@@ -414,21 +399,31 @@ impl SymmTuned {
         }
     }
 
+    /// The kernel `design` runs for `bytes` on `stream`: asking whether the stream captures costs a driver call,
+    /// so only the sizes whose kernel depends on it ask.
+    pub fn kernel_for(&self, design: Design, bytes: usize, stream: &Stream) -> Result<&'static str, CollectiveError> {
+        let issue = if design.depends_on_issue(bytes) { Issue::of(stream)? } else { Issue::Eager };
+        Ok(design.kernel(bytes, issue).name())
+    }
+
     /// Runs any of the designs on these buffers (what `auto` picks per size), as `Collective::run` runs its own.
-    pub fn run_design(
+    /// Kernels that read only this rank's input (packets, the epoch one-shot) read the caller's input in place;
+    /// the zero-copy kernels read every peer's input, so an input outside a registered buffer is copied in first
+    /// (likewise for two-shot's output, which every peer writes).
+    ///
+    /// # Safety
+    /// As [`Collective::run`]; in addition, `bufs.peer_inputs` / `peer_outputs`, when given, are every rank's
+    /// mapping of a buffer that every rank passes, at the same offset, to this same call.
+    pub unsafe fn run_design(
         &mut self,
         design: Design,
         dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
+        bufs: &CallBuffers,
         count: usize,
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
         check_args(Op::AllReduce, dtype, count, self.base.world as usize, self.capacity_for(design))?;
         let bytes = count * dtype.size();
-        if input != self.input.ptr() {
-            stream.copy(self.input.ptr(), input, bytes)?;
-        }
         let issue = if design.depends_on_issue(bytes) { Issue::of(stream)? } else { Issue::Eager };
         let stem = design.kernel(bytes, issue);
         let s = stem as usize;
@@ -436,12 +431,41 @@ impl SymmTuned {
             Some((asked, cap)) if design == self.design => asked.plan(bytes, cap),
             _ => rule(self.kind, stem, bytes).plan(bytes, self.caps[s]),
         };
-        let params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
+        let mut params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
+        let me = self.base.rank as usize;
+        let (input, output) = (bufs.input, bufs.output);
+        let reads_peers = !matches!(stem, Stem::Ll | Stem::EpochOneShot);
+        let writes_peers = stem == Stem::ZeroCopyTwoShot;
+        // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
+        let in_place = input == output;
+        let mut copy_out = false;
+        if !reads_peers {
+            params.inputs[me] = input.0;
+        } else if let (Some(p), false) = (bufs.peer_inputs, in_place) {
+            params.inputs = p;
+        } else if input != self.input.ptr() {
+            // SAFETY: `input` holds `count` elements (the caller's contract) and our registered input `capacity`.
+            unsafe { stream.copy(self.input.ptr(), input, bytes)? };
+        }
+        if writes_peers {
+            match bufs.peer_outputs {
+                _ if output == self.output.ptr() => {}
+                Some(p) => params.outputs = p,
+                _ => copy_out = true,
+            }
+        } else if reads_peers && in_place && params.inputs[me] == output.0 {
+            copy_out = true;
+        } else {
+            params.outputs[me] = output.0;
+        }
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         let d = DType::ALL.iter().position(|&t| t == dtype).expect("every dtype is in ALL");
-        stream.launch(&self.kernels[s * DType::ALL.len() + d], dims, &params)?;
-        if output != self.output.ptr() {
-            stream.copy(output, self.output.ptr(), bytes)?;
+        // SAFETY: every address in `params` is the caller's (its contract) or this communicator's own memory
+        // mapped on every rank, each holding `count` elements (check_args).
+        unsafe { stream.launch(&self.kernels[s * DType::ALL.len() + d], dims, &params)? };
+        if copy_out {
+            // SAFETY: as the copy in.
+            unsafe { stream.copy(output, self.output.ptr(), bytes)? };
         }
         Ok(())
     }
@@ -468,7 +492,7 @@ impl Collective for SymmTuned {
         Some(&self.output)
     }
 
-    fn run(
+    unsafe fn run(
         &mut self,
         op: Op,
         dtype: DType,
@@ -478,7 +502,8 @@ impl Collective for SymmTuned {
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
         self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
-        self.run_design(self.design, dtype, input, output, count, stream)
+        // SAFETY: the caller's contract is run_design's, without registered peer buffers.
+        unsafe { self.run_design(self.design, dtype, &CallBuffers::local(input, output), count, stream) }
     }
 }
 

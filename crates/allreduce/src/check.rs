@@ -89,6 +89,40 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
+/// Every rank's verdict on its output `out` against `want` within `tol` (and, with `bitwise`, the same bits as
+/// rank 0's), gathered so all ranks agree; `None` when all passed, else what failed, named by rank. Collective.
+pub fn agree_verdict(
+    rdv: &ipc::Rendezvous,
+    out: &[u8],
+    dtype: DType,
+    want: &[f64],
+    tol: f64,
+    bitwise: bool,
+    when: &str,
+) -> Result<Option<String>, crate::Error> {
+    let v = compare(&dtype.decode(out), want, tol);
+    let mut blob = (v.wrong as u64).to_le_bytes().to_vec();
+    blob.extend(fingerprint(out).to_le_bytes());
+    blob.extend(v.max_rel_err.to_le_bytes());
+    blob.extend((v.first_wrong.map_or(u64::MAX, |i| i as u64)).to_le_bytes());
+    let all = rdv.all_gather(&format!("check {when}"), &blob)?;
+    let field = |r: &[u8], k: usize| u64::from_le_bytes(r[8 * k..8 * k + 8].try_into().expect("8-byte fields"));
+    for (r, blob) in all.iter().enumerate() {
+        let wrong = field(blob, 0);
+        if wrong > 0 {
+            return Ok(Some(format!(
+                "{when}: rank {r} has {wrong} wrong element(s), first at output index {}, max rel err {:.3e}",
+                field(blob, 3),
+                f64::from_bits(field(blob, 2))
+            )));
+        }
+    }
+    if let Some(r) = all.iter().position(|blob| bitwise && field(blob, 1) != field(&all[0], 1)) {
+        return Ok(Some(format!("{when}: rank {r}'s result differs bitwise from rank 0's")));
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,9 @@
-//! The registry of methods by name: the benchmark knows implementations only through it and the
-//! [`Collective`] trait.
+//! The registry of methods by name, for benchmarks and studies: comm-bench knows implementations only through it and
+//! the [`Collective`] trait. A program calls [`crate::Communicator`], which picks among them itself.
 
-use crate::auto::{Auto, TuneTable};
-use collective::{Collective, CollectiveError, LaunchRule, Op};
-use gpu::Gpu;
-use ipc::Rendezvous;
+use crate::engine::Engine;
+use crate::tune::LoadedTable;
+use collective::{Collective, CollectiveError, LaunchRule, Op, Team};
 use symm::tuned::{Design, Staging, SymmTuned, TunedOptions};
 
 /// Every method, with the op it runs and the comm_bench.py column it fills (if any).
@@ -15,6 +14,7 @@ pub const METHODS: &[(&str, Op, Option<&str>)] = &[
     ("symm_2shot", Op::AllReduce, Some("symm_2shot")),
     ("nccl", Op::AllReduce, Some("nccl")),
     ("auto", Op::AllReduce, None),
+    ("communicator", Op::AllReduce, None),
     ("symm_1shot_tuned", Op::AllReduce, None),
     ("symm_2shot_tuned", Op::AllReduce, None),
     ("symm_ll", Op::AllReduce, None),
@@ -183,43 +183,32 @@ const SHAPED: &[&str] = &[
     "symm_zc_2shot_ll",
 ];
 
-/// How methods are built: their largest message, auto's table, and car's memory type.
+/// How methods are built: their largest message, auto's tables (eager, graph), and car's memory type.
 #[derive(Clone, Debug)]
 pub struct BuildOptions {
     pub capacity_bytes: usize,
-    pub tune: TuneTable,
+    pub tables: [LoadedTable; 2],
     /// car's buffers and flags uncached (fine-grained; ROCm's hipDeviceMallocUncached) or coarse-grained.
     pub car_uncached: bool,
 }
 
-impl BuildOptions {
-    pub fn new(capacity_bytes: usize) -> BuildOptions {
-        BuildOptions { capacity_bytes, tune: TuneTable::default(), car_uncached: true }
-    }
-}
-
 /// Builds a method. Collective: every rank calls it with the same arguments, in the same order.
-pub fn build(
-    name: &str,
-    gpu: &Gpu,
-    rdv: &Rendezvous,
-    opts: &BuildOptions,
-) -> Result<Box<dyn Collective>, CollectiveError> {
+pub fn build(name: &str, team: Team<'_>, opts: &BuildOptions) -> Result<Box<dyn Collective>, CollectiveError> {
     let capacity_bytes = opts.capacity_bytes;
     op_of(name).map_err(CollectiveError::BadArgs)?;
     let (base, rule) = split_shape(name).map_err(CollectiveError::BadArgs)?;
     let car_variant = |algo, variant| -> Result<Box<dyn Collective>, CollectiveError> {
         let opts = car::CarOptions { capacity_bytes, uncached: opts.car_uncached, rule, variant };
-        Ok(Box::new(car::Car::new(gpu, rdv, algo, opts)?))
+        Ok(Box::new(car::Car::new(team, algo, opts)?))
     };
     let car = |algo| car_variant(algo, car::Variant::Base);
     let symm_variant = |algo, fused_copy_in| -> Result<Box<dyn Collective>, CollectiveError> {
         let opts = symm::SymmOptions { capacity_bytes, rule, fused_copy_in };
-        Ok(Box::new(symm::Symm::new(gpu, rdv, algo, opts)?))
+        Ok(Box::new(symm::Symm::new(team, algo, opts)?))
     };
     let symm = |algo| symm_variant(algo, false);
     let tuned_on = |design, staging| -> Result<Box<dyn Collective>, CollectiveError> {
-        Ok(Box::new(SymmTuned::new(gpu, rdv, design, TunedOptions { capacity_bytes, staging, rule })?))
+        Ok(Box::new(SymmTuned::new(team, design, TunedOptions { capacity_bytes, staging, rule })?))
     };
     let tuned = |design| tuned_on(design, Staging::Vmm);
     if let Some((algo, variant)) = car_ablation(base) {
@@ -233,7 +222,7 @@ pub fn build(
         "symm_2shot" => symm(symm::Algo::TwoShot),
         "symm_2shot_fused" => symm_variant(symm::Algo::TwoShot, true),
         "symm_rs" => symm(symm::Algo::ReduceScatter),
-        "auto" => Ok(Box::new(Auto::new(gpu, rdv, capacity_bytes, opts.tune.clone())?)),
+        "auto" => Ok(Box::new(Engine::new(team, capacity_bytes, opts.tables.clone())?)),
         "symm_1shot_tuned" => tuned(Design::OneShotTuned),
         "symm_2shot_tuned" => tuned(Design::TwoShotTuned),
         "symm_ll" => tuned(Design::Ll),
@@ -249,8 +238,11 @@ pub fn build(
         "nccl" | "nccl_symm" | "nccl_rs" | "nccl_symm_rs" => {
             let op = op_of(name).map_err(CollectiveError::BadArgs)?;
             let opts = rccl::NcclOptions { op, symmetric: name.contains("symm"), capacity_bytes };
-            Ok(Box::new(rccl::Nccl::new(gpu, rdv, opts)?))
+            Ok(Box::new(rccl::Nccl::new(team, opts)?))
         }
+        "communicator" => Err(CollectiveError::BadArgs(
+            "communicator is a Communicator's own call path: time it through Communicator::split".into(),
+        )),
         other => Err(CollectiveError::BadArgs(op_of(other).err().unwrap_or_default())),
     }
 }

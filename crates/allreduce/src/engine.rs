@@ -1,0 +1,117 @@
+//! The engine behind [`crate::Communicator`] and comm-bench's `auto`: car's one-shot and two-shot and the tuned
+//! symmetric-memory designs, built once, and per call the algorithm the tune table of the call's mode names.
+
+use crate::tune::{Algorithm, LoadedTable, Mode};
+use collective::{Collective, CollectiveError, DType, Op, Team};
+use gpu::{DeviceBuffer, DevicePtr, Stream};
+use symm::tuned::{CallBuffers, Design, SymmTuned, TunedOptions};
+
+pub struct Engine {
+    /// Indexed by `Mode as usize`: eager, graph.
+    tables: [LoadedTable; 2],
+    car_1shot: car::Car,
+    car_2shot: car::Car,
+    symm: SymmTuned,
+}
+
+impl Engine {
+    /// Builds every candidate. Collective: every rank calls it with the same tables.
+    pub fn new(team: Team<'_>, capacity_bytes: usize, tables: [LoadedTable; 2]) -> Result<Engine, CollectiveError> {
+        let car = |algo| {
+            let opts = car::CarOptions { capacity_bytes, uncached: true, rule: None, variant: car::Variant::Base };
+            car::Car::new(team, algo, opts)
+        };
+        Ok(Engine {
+            tables,
+            car_1shot: car(car::Algo::OneShot)?,
+            car_2shot: car(car::Algo::TwoShot)?,
+            symm: SymmTuned::new(team, Design::TwoShotTuned, TunedOptions::new(capacity_bytes))?,
+        })
+    }
+
+    pub fn table(&self, mode: Mode) -> &LoadedTable {
+        &self.tables[mode as usize]
+    }
+
+    /// The algorithm for a message of `bytes` on `stream`: the stream is asked whether it captures only when the
+    /// two tables disagree at this size (the query is a driver call).
+    pub fn choose(&self, bytes: usize, stream: &Stream) -> Result<Algorithm, CollectiveError> {
+        let (eager, graph) = (self.tables[0].pick(bytes), self.tables[1].pick(bytes));
+        Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
+    }
+
+    /// Runs `algo` (an allreduce candidate) on `bufs`.
+    ///
+    /// # Safety
+    /// As [`SymmTuned::run_design`].
+    pub unsafe fn run_algorithm(
+        &mut self,
+        algo: Algorithm,
+        dtype: DType,
+        bufs: &CallBuffers,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<(), CollectiveError> {
+        let bytes = count * dtype.size();
+        let (input, output) = (bufs.input, bufs.output);
+        let design = match algo {
+            // SAFETY (both car arms): the caller's contract.
+            Algorithm::Car1Shot => {
+                return unsafe { self.car_1shot.run(Op::AllReduce, dtype, input, output, count, stream) }
+            }
+            Algorithm::Car2Shot => {
+                return unsafe { self.car_2shot.run(Op::AllReduce, dtype, input, output, count, stream) }
+            }
+            // Packets carry no more than their area: larger messages take the zero-copy one-shot.
+            Algorithm::SymmLl if bytes <= self.symm.capacity_for(Design::Ll) => Design::Ll,
+            Algorithm::SymmLl | Algorithm::SymmZc1Shot => Design::ZeroCopyOneShot,
+            Algorithm::SymmEpoch1Shot => Design::EpochOneShot,
+            Algorithm::SymmZc2ShotLl if bytes <= self.symm.capacity_for(Design::ZeroCopyTwoShotLl) => {
+                Design::ZeroCopyTwoShotLl
+            }
+            Algorithm::SymmZc2ShotLl | Algorithm::SymmZc2Shot => Design::ZeroCopyTwoShot,
+            Algorithm::CarReduceScatter => {
+                return Err(CollectiveError::BadArgs("car_rs is a reduce-scatter, not an allreduce".into()))
+            }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.symm.run_design(design, dtype, bufs, count, stream) }
+    }
+}
+
+impl Collective for Engine {
+    fn name(&self) -> &str {
+        "auto"
+    }
+
+    fn op(&self) -> Op {
+        Op::AllReduce
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        self.symm.capacity_bytes()
+    }
+
+    fn registered_input(&self) -> Option<&DeviceBuffer> {
+        self.symm.registered_input()
+    }
+
+    fn registered_output(&self) -> Option<&DeviceBuffer> {
+        self.symm.registered_output()
+    }
+
+    unsafe fn run(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<(), CollectiveError> {
+        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
+        let algo = self.choose(count * dtype.size(), stream)?;
+        // SAFETY: the caller's contract, with no registered peer buffers.
+        unsafe { self.run_algorithm(algo, dtype, &CallBuffers::local(input, output), count, stream) }
+    }
+}

@@ -1,0 +1,130 @@
+//! The one timing path of every measurement (comm-bench, its soak and ceilings, the criterion benches and
+//! [`crate::Communicator::tune`]): warm-up, then per repeat a barrier so all ranks start together, `iters` calls
+//! between two events (or one replay of a graph of `iters` captured calls), and the slowest rank's time per call.
+
+use crate::Error;
+use gpu::{Event, Gpu, Stream};
+use ipc::Rendezvous;
+use std::time::Instant;
+
+/// How calls are timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimingOptions {
+    pub iters: u64,
+    pub warmup: u64,
+    pub repeats: u64,
+    /// Capture `iters` calls into a graph once and time its replays.
+    pub graph: bool,
+}
+
+/// A stream and the two events that bracket its timed calls.
+pub struct Timer {
+    pub stream: Stream,
+    start: Event,
+    end: Event,
+}
+
+/// What one timing gave: the slowest rank's milliseconds per call, per repeat, and rank 0's own first figure
+/// (what comm_bench.py reports); and the host's side: the slowest rank's wall time per call spent issuing the calls
+/// (per repeat), which is what a library adds to every eager call whether or not the device hides it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timing {
+    pub repeats_ms: Vec<f64>,
+    pub rank0_ms: f64,
+    pub issue_ms: Vec<f64>,
+}
+
+impl Timing {
+    pub fn median_ms(&self) -> f64 {
+        median(&self.repeats_ms)
+    }
+    pub fn median_issue_ms(&self) -> f64 {
+        median(&self.issue_ms)
+    }
+}
+
+impl Timer {
+    pub fn new(gpu: &Gpu) -> Result<Timer, Error> {
+        Ok(Timer { stream: gpu.stream()?, start: gpu.event()?, end: gpu.event()? })
+    }
+
+    /// Milliseconds that `work` (issued on this timer's stream) takes on this rank alone.
+    pub fn elapsed_ms(&self, work: impl FnOnce(&Stream) -> Result<(), Error>) -> Result<f64, Error> {
+        self.stream.sync()?;
+        self.stream.record(&self.start)?;
+        work(&self.stream)?;
+        self.stream.record(&self.end)?;
+        self.end.sync()?;
+        Ok(self.start.elapsed_ms(&self.end)? as f64)
+    }
+
+    /// Times `enqueue` on every rank. Collective: every rank calls it with the same options.
+    pub fn time_calls(
+        &self,
+        opts: &TimingOptions,
+        rdv: &Rendezvous,
+        mut enqueue: impl FnMut(&Stream) -> Result<(), Error>,
+    ) -> Result<Timing, Error> {
+        let stream = &self.stream;
+        let graph = if opts.graph {
+            stream.begin_capture()?;
+            let captured = (0..opts.iters).try_for_each(|_| enqueue(stream));
+            let graph = stream.end_capture()?;
+            captured?;
+            Some(graph)
+        } else {
+            None
+        };
+        let mut call = |n: u64| -> Result<(), Error> {
+            match &graph {
+                Some(g) => (0..n.div_ceil(opts.iters)).try_for_each(|_| stream.replay(g))?,
+                None => (0..n).try_for_each(|_| enqueue(stream))?,
+            }
+            Ok(())
+        };
+        let mut timing = Timing { repeats_ms: Vec::new(), rank0_ms: f64::NAN, issue_ms: Vec::new() };
+        call(opts.warmup)?;
+        for i in 0..opts.repeats {
+            stream.sync()?;
+            rdv.barrier("align ranks before timing")?;
+            stream.record(&self.start)?;
+            let issued = Instant::now();
+            call(opts.iters)?;
+            let issue_ms = issued.elapsed().as_secs_f64() * 1e3 / opts.iters as f64;
+            stream.record(&self.end)?;
+            self.end.sync()?;
+            let ms = self.start.elapsed_ms(&self.end)? as f64 / opts.iters as f64;
+            let all = rdv.all_gather("times", &[ms.to_le_bytes(), issue_ms.to_le_bytes()].concat())?;
+            let field = |t: &[u8], k: usize| f64::from_le_bytes(t[8 * k..8 * k + 8].try_into().expect("8-byte times"));
+            if i == 0 {
+                timing.rank0_ms = field(&all[0], 0);
+            }
+            timing.repeats_ms.push(all.iter().map(|t| field(t, 0)).fold(0.0, f64::max));
+            timing.issue_ms.push(all.iter().map(|t| field(t, 1)).fold(0.0, f64::max));
+        }
+        Ok(timing)
+    }
+}
+
+/// Median of `v` (the mean of the two middle values for an even count; NaN when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}

@@ -1,0 +1,372 @@
+//! Tune tables: per message size, the algorithm measured fastest on one machine. A table is keyed by driver, device
+//! name, world size and mode (eager launches or graph replays); the communicator looks for its key in the per-user
+//! cache directory, where [`crate::Communicator::tune`] and `comm-bench --tune` store what they measure, and falls
+//! back to a built-in default for the driver, saying so.
+
+use crate::Error;
+use gpu::DriverKind;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// The algorithms a table chooses among, in the order `tune` measures them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    Car1Shot,
+    Car2Shot,
+    SymmLl,
+    SymmEpoch1Shot,
+    SymmZc1Shot,
+    SymmZc2ShotLl,
+    SymmZc2Shot,
+    /// Reduce-scatter: car's first half of two-shot (the one reduce-scatter the communicator runs).
+    CarReduceScatter,
+}
+
+impl Algorithm {
+    /// The allreduce algorithms a tune table may name.
+    pub const CANDIDATES: [Algorithm; 7] = [
+        Algorithm::Car1Shot,
+        Algorithm::Car2Shot,
+        Algorithm::SymmLl,
+        Algorithm::SymmEpoch1Shot,
+        Algorithm::SymmZc1Shot,
+        Algorithm::SymmZc2ShotLl,
+        Algorithm::SymmZc2Shot,
+    ];
+
+    /// The method name comm-bench knows it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Car1Shot => "car_1shot",
+            Algorithm::Car2Shot => "car_2shot",
+            Algorithm::SymmLl => "symm_ll",
+            Algorithm::SymmEpoch1Shot => "symm_epoch_1shot",
+            Algorithm::SymmZc1Shot => "symm_zc_1shot",
+            Algorithm::SymmZc2ShotLl => "symm_zc_2shot_ll",
+            Algorithm::SymmZc2Shot => "symm_zc_2shot",
+            Algorithm::CarReduceScatter => "car_rs",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::CANDIDATES.into_iter().chain([Algorithm::CarReduceScatter]).find(|a| a.name() == name)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How calls reach the device: launched one by one, or replayed from a captured graph (ranks start their kernels
+/// closer together there, which moves the best hand-over points).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Eager,
+    Graph,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 2] = [Mode::Eager, Mode::Graph];
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::Graph => "graph",
+        }
+    }
+}
+
+/// Which machine and job shape a table was measured for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TableKey {
+    pub driver: String,
+    pub device: String,
+    pub world: usize,
+    pub mode: Mode,
+}
+
+impl TableKey {
+    pub fn new(driver: DriverKind, device: &str, world: usize, mode: Mode) -> TableKey {
+        TableKey { driver: driver.to_string(), device: device.to_string(), world, mode }
+    }
+
+    /// The cache file's name: every character outside `[A-Za-z0-9.-]` of the device name becomes `_`.
+    pub fn file_name(&self) -> String {
+        let device: String = self
+            .device
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+            .collect();
+        format!("{}-{device}-w{}-{}.json", self.driver, self.world, self.mode.name())
+    }
+}
+
+/// One size range: messages of at most `max_bytes` (the last entry: any size) run `method`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuneEntry {
+    pub max_bytes: Option<usize>,
+    pub method: String,
+}
+
+/// A tune table as stored: its key (absent in tables written before keys existed), a line for the reader, and the
+/// ranges.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuneTable {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<TableKey>,
+    pub measured_on: String,
+    pub entries: Vec<TuneEntry>,
+}
+
+/// Where the table in use came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+pub enum TableSource {
+    /// Measured on this machine and found in the cache directory.
+    Cache(PathBuf),
+    /// A file the caller named.
+    File(PathBuf),
+    /// The driver's built-in default (no table for this key was found).
+    BuiltIn(&'static str),
+}
+
+impl fmt::Display for TableSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableSource::Cache(p) => write!(f, "tuned on this machine ({})", p.display()),
+            TableSource::File(p) => write!(f, "{}", p.display()),
+            TableSource::BuiltIn(what) => write!(f, "built-in default: {what}"),
+        }
+    }
+}
+
+/// A table ready for the launch path: ranges as algorithms, and where it came from.
+#[derive(Clone, Debug)]
+pub struct LoadedTable {
+    pub table: TuneTable,
+    pub source: TableSource,
+    ranges: Vec<(usize, Algorithm)>,
+}
+
+impl LoadedTable {
+    pub fn new(table: TuneTable, source: TableSource) -> Result<LoadedTable, Error> {
+        let ranges = table.ranges().map_err(|e| Error::Tune(format!("tune table {source}: {e}")))?;
+        Ok(LoadedTable { table, source, ranges })
+    }
+
+    /// The algorithm for a message of `bytes`: the first range that holds it.
+    pub fn pick(&self, bytes: usize) -> Algorithm {
+        self.ranges.iter().find(|r| bytes <= r.0).map_or(Algorithm::SymmZc2Shot, |r| r.1)
+    }
+}
+
+/// How much slower than the fastest an algorithm may be and still keep its range going: a tie within noise.
+pub const TIE: f64 = 0.03;
+
+/// The built-in tables: what `comm-bench --tune` measured, per driver.
+const BUILT_IN_CUDA: &str = include_str!("../../../results/h200-mps/tune.json");
+const BUILT_IN_HIP: &str = include_str!("../tables/hip-mi300x-car.json");
+const BUILT_IN_HOST: &str = include_str!("../tables/host.json");
+
+/// The driver's default table and a line saying what it is.
+pub fn built_in(driver: DriverKind) -> (TuneTable, &'static str) {
+    let (text, what) = match driver {
+        DriverKind::Cuda => (BUILT_IN_CUDA, "cuda: measured on one H200 with 8 ranks under MPS (graph mode)"),
+        DriverKind::Hip => (BUILT_IN_HIP, "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table"),
+        DriverKind::Host => (BUILT_IN_HOST, "host: measured on the host driver with 2 ranks on 2 shared cores (results/host-tune)"),
+    };
+    (serde_json::from_str(text).expect("the built-in tables parse (tested)"), what)
+}
+
+/// The per-user directory tables are cached in: `$ALLREDUCE_TUNE_DIR`, else `$XDG_CACHE_HOME/allreduce-rs/tune`,
+/// else `$HOME/.cache/allreduce-rs/tune`.
+pub fn cache_dir() -> Option<PathBuf> {
+    let var = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty()).map(PathBuf::from);
+    var("ALLREDUCE_TUNE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("allreduce-rs/tune")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/allreduce-rs/tune")))
+}
+
+impl TuneTable {
+    pub fn load(path: &Path) -> Result<TuneTable, Error> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::Tune(format!("tune table {}: {e}", path.display())))?;
+        let table: TuneTable =
+            serde_json::from_str(&text).map_err(|e| Error::Tune(format!("tune table {}: {e}", path.display())))?;
+        table.ranges().map_err(|e| Error::Tune(format!("tune table {}: {e}", path.display())))?;
+        Ok(table)
+    }
+
+    /// Writes the table to `path` (its directory created), through a temporary file so a concurrent reader never
+    /// sees half of it.
+    pub fn store(&self, path: &Path) -> Result<(), Error> {
+        let err = |e: std::io::Error| Error::Tune(format!("writing tune table {}: {e}", path.display()));
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let json = serde_json::to_string_pretty(self).expect("a table serialises");
+        std::fs::write(&tmp, json).map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+
+    /// The ranges as algorithms, checked: not empty, known allreduce methods, bounds ascending, the last open.
+    fn ranges(&self) -> Result<Vec<(usize, Algorithm)>, String> {
+        if self.entries.is_empty() {
+            return Err("no entries".into());
+        }
+        let mut out = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            let algo = Algorithm::from_name(&e.method)
+                .filter(|a| Algorithm::CANDIDATES.contains(a))
+                .ok_or_else(|| format!("{} is not one of {:?}", e.method, Algorithm::CANDIDATES.map(|a| a.name())))?;
+            let bound = match e.max_bytes {
+                Some(b) => b,
+                None if i + 1 == self.entries.len() => usize::MAX,
+                None => return Err(format!("entry {i} has no bound but is not the last")),
+            };
+            if out.last().is_some_and(|&(prev, _)| prev >= bound) {
+                return Err(format!("bounds must ascend: {bound} after {}", out.last().expect("checked").0));
+            }
+            out.push((bound, algo));
+        }
+        if out.last().expect("not empty").0 != usize::MAX {
+            return Err("the last entry must take every larger message (max_bytes null)".into());
+        }
+        Ok(out)
+    }
+
+    /// The fastest algorithm per size from `(bytes, algorithm, time)` measurements, neighbouring sizes with the
+    /// same winner merged, the last range opened to every larger size.
+    pub fn from_times(
+        times: &[(usize, Algorithm, f64)],
+        key: TableKey,
+        measured_on: String,
+    ) -> Result<TuneTable, Error> {
+        let mut sizes: Vec<usize> = times.iter().map(|t| t.0).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut entries: Vec<TuneEntry> = Vec::new();
+        for bytes in sizes {
+            let best = times
+                .iter()
+                .filter(|t| t.0 == bytes && t.2.is_finite() && Algorithm::CANDIDATES.contains(&t.1))
+                .min_by(|a, b| a.2.total_cmp(&b.2));
+            let Some(&(_, mut algo, fastest)) = best else { continue };
+            let incumbent = entries.last().and_then(|e| Algorithm::from_name(&e.method));
+            let close = |a: Algorithm| times.iter().any(|t| t.0 == bytes && t.1 == a && t.2 <= fastest * (1.0 + TIE));
+            if let Some(kept) = incumbent.filter(|&a| close(a)) {
+                algo = kept;
+            }
+            match entries.last_mut() {
+                Some(last) if last.method == algo.name() => last.max_bytes = Some(bytes),
+                _ => entries.push(TuneEntry { max_bytes: Some(bytes), method: algo.name().into() }),
+            }
+        }
+        let last = entries.last_mut().ok_or_else(|| Error::Tune("no candidate was measured at any size".into()))?;
+        last.max_bytes = None;
+        Ok(TuneTable { key: Some(key), measured_on, entries })
+    }
+
+    /// The table for `key`: the cached one if there is one, else the driver's built-in default.
+    pub fn find(key: &TableKey, driver: DriverKind, dir: Option<&Path>) -> Result<LoadedTable, Error> {
+        if let Some(path) = dir.map(|d| d.join(key.file_name())).filter(|p| p.is_file()) {
+            let table = TuneTable::load(&path)?;
+            if table.key.as_ref() != Some(key) {
+                return Err(Error::Tune(format!(
+                    "tune table {} is keyed {:?}, not {key:?}; remove it or tune again",
+                    path.display(),
+                    table.key
+                )));
+            }
+            return LoadedTable::new(table, TableSource::Cache(path));
+        }
+        let (table, what) = built_in(driver);
+        LoadedTable::new(table, TableSource::BuiltIn(what))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(entries: &[(Option<usize>, &str)]) -> TuneTable {
+        let entries = entries.iter().map(|&(max_bytes, m)| TuneEntry { max_bytes, method: m.into() }).collect();
+        TuneTable { key: None, measured_on: "test".into(), entries }
+    }
+
+    #[test]
+    fn picks_by_range_and_refuses_malformed_tables() {
+        let t = table(&[(Some(1000), "symm_ll"), (Some(5000), "symm_epoch_1shot"), (None, "car_2shot")]);
+        let l = LoadedTable::new(t, TableSource::BuiltIn("test")).unwrap();
+        assert_eq!(l.pick(16), Algorithm::SymmLl);
+        assert_eq!(l.pick(1000), Algorithm::SymmLl);
+        assert_eq!(l.pick(1001), Algorithm::SymmEpoch1Shot);
+        assert_eq!(l.pick(1 << 30), Algorithm::Car2Shot);
+        for bad in [
+            table(&[]),
+            table(&[(Some(10), "car_9shot"), (None, "car_1shot")]),
+            table(&[(Some(10), "car_rs"), (None, "car_1shot")]),
+            table(&[(Some(10), "car_1shot"), (Some(5), "car_2shot"), (None, "car_1shot")]),
+            table(&[(None, "car_1shot"), (None, "car_2shot")]),
+            table(&[(Some(10), "car_1shot")]),
+        ] {
+            assert!(LoadedTable::new(bad.clone(), TableSource::BuiltIn("t")).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn every_built_in_table_is_valid() {
+        for d in [DriverKind::Host, DriverKind::Cuda, DriverKind::Hip] {
+            let (t, what) = built_in(d);
+            assert!(what.starts_with(&d.to_string()), "{what}");
+            LoadedTable::new(t, TableSource::BuiltIn(what)).unwrap();
+        }
+    }
+
+    #[test]
+    fn from_times_takes_the_fastest_and_merges_ranges() {
+        use Algorithm::*;
+        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 2, Mode::Eager);
+        let times = [
+            (2048, Car1Shot, 8.0),
+            (2048, SymmLl, 7.0),
+            (4096, SymmLl, f64::NAN),
+            (4096, Car1Shot, 9.0),
+            (8192, Car1Shot, 10.0),
+            (8192, SymmZc2Shot, 11.0),
+            (16384, SymmZc2Shot, 12.0),
+            // Within the tie margin of the incumbent: it keeps the range.
+            (32768, Car2Shot, 20.0),
+            (32768, SymmZc2Shot, 20.5),
+            (65536, Car2Shot, 30.0),
+            (65536, SymmZc2Shot, 40.0),
+        ];
+        let t = TuneTable::from_times(&times, key.clone(), "test".into()).unwrap();
+        let got: Vec<(Option<usize>, &str)> = t.entries.iter().map(|e| (e.max_bytes, e.method.as_str())).collect();
+        let want = [(Some(2048), "symm_ll"), (Some(8192), "car_1shot"), (Some(32768), "symm_zc_2shot"), (None, "car_2shot")];
+        assert_eq!(got, want);
+        assert_eq!(t.key, Some(key));
+    }
+
+    #[test]
+    fn cache_round_trip_by_key_and_fallback_to_built_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 3, Mode::Graph);
+        assert_eq!(key.file_name(), "host-host__2_cores_-w3-graph.json");
+        let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();
+        assert!(matches!(found.source, TableSource::BuiltIn(_)));
+        let mut t = TuneTable::from_times(&[(64, Algorithm::Car2Shot, 1.0)], key.clone(), "here".into()).unwrap();
+        t.store(&dir.path().join(key.file_name())).unwrap();
+        let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();
+        assert_eq!(found.source, TableSource::Cache(dir.path().join(key.file_name())));
+        assert_eq!(found.pick(1 << 20), Algorithm::Car2Shot);
+        // A file under the right name with another key is refused, not silently followed.
+        t.key = Some(TableKey { world: 4, ..key.clone() });
+        t.store(&dir.path().join(key.file_name())).unwrap();
+        assert!(TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap_err().to_string().contains("keyed"));
+    }
+}

@@ -1,0 +1,253 @@
+//! The communicator as a multi-process job: each test re-runs this test binary as the ranks of a job (through the
+//! project's launcher) and the ranks run the test's body. On the host driver by default; `ARX_TEST_BACKEND=cuda`
+//! (or hip) and `ARX_TEST_RANKS=8` run the driver-independent tests on a GPU node (8 ranks on one GPU under MPS).
+
+use allreduce::check::{agree_verdict, fingerprint, input_values, reference, tolerance};
+use allreduce::{Algorithm, Communicator, DType, DevicePtr, Error, Mode, Options};
+use gpu::MemKind;
+use symm::tuned::TWO_SHOT_EPOCH_MAX_BYTES;
+use symm::tuned::{EPOCH_MAX_BYTES, LL_HANDOVER_EAGER_BYTES, LL_HANDOVER_GRAPH_BYTES, LL_MAX_BYTES};
+
+/// The driver of the driver-independent tests.
+fn backend() -> gpu::Backend {
+    std::env::var("ARX_TEST_BACKEND").map_or(gpu::Backend::Host, |b| b.parse().expect("ARX_TEST_BACKEND"))
+}
+
+/// Their world size: `default`, or `ARX_TEST_RANKS`.
+fn ranks(default: usize) -> usize {
+    std::env::var("ARX_TEST_RANKS").map_or(default, |r| r.parse().expect("ARX_TEST_RANKS"))
+}
+
+/// Runs `body` as every rank of a `world`-rank job: the launcher starts this test binary again, filtered to `test`.
+fn as_job(test: &str, world: usize, body: impl FnOnce(launch::RankInfo)) {
+    if let Some(info) = launch::detect().unwrap() {
+        body(info);
+        return;
+    }
+    let mut opts = launch::LaunchOptions::new(world, launch::self_exe().unwrap());
+    opts.args = ["--exact", test, "--nocapture", "--test-threads", "1"].map(Into::into).to_vec();
+    opts.env = vec![("ALLREDUCE_TUNE_DIR".into(), std::env::temp_dir().join("arx-no-tables").display().to_string())];
+    launch::run(&opts).unwrap();
+}
+
+fn comm_on(backend: gpu::Backend, info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
+    let opts = Options { backend, capacity_bytes, ..Options::default() };
+    Communicator::new(info, opts).unwrap()
+}
+
+fn host_comm(info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
+    comm_on(gpu::Backend::Host, info, capacity_bytes)
+}
+
+/// Element counts on both sides of every size at which some choice changes: the tuned designs' hand-overs, the
+/// packet area's end, and every built-in table's range bounds.
+fn handover_counts(dtype: DType, capacity: usize) -> Vec<usize> {
+    let mut bytes =
+        vec![LL_HANDOVER_GRAPH_BYTES, LL_HANDOVER_EAGER_BYTES, LL_MAX_BYTES, TWO_SHOT_EPOCH_MAX_BYTES, EPOCH_MAX_BYTES];
+    for d in [gpu::DriverKind::Host, gpu::DriverKind::Cuda, gpu::DriverKind::Hip] {
+        bytes.extend(allreduce::tune::built_in(d).0.entries.iter().filter_map(|e| e.max_bytes));
+    }
+    let mut counts = vec![1, 8, 13];
+    for b in bytes {
+        let n = b / dtype.size();
+        counts.extend([n - 1, n, n + 1, n + dtype.vec() + 3]);
+    }
+    counts.retain(|&n| n >= 1 && n * dtype.size() <= capacity);
+    counts.sort_unstable();
+    counts.dedup();
+    counts
+}
+
+#[test]
+fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
+    as_job("every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover", ranks(3), |info| {
+        let capacity = 1 << 20;
+        let mut comm = comm_on(backend(), info, capacity);
+        let (rank, world) = (comm.rank(), comm.world());
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let input = gpu.alloc(capacity, MemKind::Device).unwrap();
+        let output = gpu.alloc(capacity, MemKind::Device).unwrap();
+        for dtype in DType::ALL {
+            for count in handover_counts(dtype, capacity) {
+                let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+                let values = dtype.encode(&input_values(seed, rank, count, dtype));
+                let want = reference(seed, world, count, dtype, 0, count);
+                let mut prints = Vec::new();
+                let runs: Vec<Option<Algorithm>> =
+                    Algorithm::CANDIDATES.into_iter().map(Some).chain([None, None]).collect();
+                for (k, algo) in runs.into_iter().enumerate() {
+                    stream.upload(&input, 0, &values).unwrap();
+                    stream.fill(&output, 0xFF).unwrap();
+                    let in_place = k == Algorithm::CANDIDATES.len() + 1;
+                    let out = if in_place { &input } else { &output };
+                    // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+                    unsafe {
+                        comm.all_reduce_with(algo, input.ptr(), out.ptr(), count, dtype, stream.handle()).unwrap()
+                    };
+                    stream.sync().unwrap();
+                    let mut got = vec![0u8; count * dtype.size()];
+                    stream.download(out, 0, &mut got).unwrap();
+                    let what = format!("{dtype} x {count}, {}", algo.map_or("communicator".into(), |a| a.to_string()));
+                    let verdict = agree_verdict(
+                        comm.rendezvous(),
+                        &got,
+                        dtype,
+                        &want,
+                        tolerance(dtype, world, false),
+                        true,
+                        &what,
+                    );
+                    assert_eq!(verdict.unwrap(), None);
+                    prints.push((what, fingerprint(&got)));
+                }
+                let first = &prints[0];
+                for p in &prints[1..] {
+                    assert_eq!(p.1, first.1, "{} and {} differ bitwise", p.0, first.0);
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn bad_calls_get_typed_errors_before_any_work() {
+    as_job("bad_calls_get_typed_errors_before_any_work", ranks(2), |info| {
+        let capacity = 4096;
+        let mut comm = comm_on(backend(), info, capacity);
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let buf = gpu.alloc(2 * capacity, MemKind::Device).unwrap();
+        let p = buf.ptr();
+        let s = stream.handle();
+        // SAFETY: every call below is refused before it touches memory (and the buffers are ours anyway).
+        unsafe {
+            assert!(matches!(comm.all_reduce(p, p, 4097, DType::F32, s), Err(Error::TooLarge { .. })));
+            assert!(matches!(
+                comm.all_reduce(p.offset(2), p.offset(2), 8, DType::Bf16, s),
+                Err(Error::Misaligned { what: "input", .. })
+            ));
+            assert!(matches!(
+                comm.all_reduce(p, p.offset(18), 8, DType::Bf16, s),
+                Err(Error::Misaligned { what: "output", .. })
+            ));
+            assert!(matches!(comm.all_reduce(p, p.offset(16), 64, DType::F32, s), Err(Error::BadArgs(_))));
+            assert!(matches!(comm.all_reduce(p, p, 0, DType::F32, s), Err(Error::BadArgs(_))));
+            assert!(matches!(comm.reduce_scatter(p, p.offset(4096), 7, DType::F32, s), Err(Error::BadArgs(_))));
+        }
+        let mut short = vec![0f32; 3];
+        if gpu.kind() != gpu::DriverKind::Host {
+            let refused = comm.all_reduce_host(&[1f32; 3], &mut short);
+            assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
+            return;
+        }
+        // On the host driver a stream handle is a number it checks (on a GPU driver, an invalid handle is the
+        // undefined behaviour the unsafe contract excludes).
+        // SAFETY: refused before any work.
+        assert!(matches!(unsafe { comm.all_reduce(p, p, 8, DType::F32, 0xdead) }, Err(Error::Gpu(_))));
+        assert!(matches!(comm.all_reduce_host(&[1f32; 4], &mut short), Err(Error::BadArgs(_))));
+        // The communicator still works after refusing.
+        let mut data = vec![1.0f32; 100];
+        comm.all_reduce_host_in_place(&mut data).unwrap();
+        assert!(data.iter().all(|&v| v == comm.world() as f32));
+    });
+}
+
+#[test]
+fn host_slices_any_alignment_in_place_and_reduce_scatter() {
+    as_job("host_slices_any_alignment_in_place_and_reduce_scatter", 4, |info| {
+        let mut comm = host_comm(info, 1 << 16);
+        let (rank, world) = (comm.rank(), comm.world());
+        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let n = 4099;
+        let x: Vec<f32> = input_values(seed, rank, n + 1, DType::F32);
+        let want = reference(seed, world, n + 1, DType::F32, 0, n + 1);
+        // An odd offset: not 16-byte aligned, staged.
+        let mut out = vec![f32::NAN; n + 1];
+        comm.all_reduce_host(&x[1..], &mut out[1..]).unwrap();
+        let tol = tolerance(DType::F32, world, false);
+        for i in 1..=n {
+            assert!((out[i] as f64 - want[i]).abs() <= tol * want[i] + 1e-30, "element {i}");
+        }
+        let mut inplace = x[1..].to_vec();
+        comm.all_reduce_host_in_place(&mut inplace).unwrap();
+        assert_eq!(inplace, out[1..], "in place gives the same bits as out of place");
+        let count = 4 * world * 10;
+        let bf: Vec<half::bf16> =
+            input_values(seed, rank, count, DType::Bf16).iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let mut shard = vec![half::bf16::NAN; count / world];
+        comm.reduce_scatter_host(&bf, &mut shard).unwrap();
+        assert_eq!(comm.last_algorithm(), Some(Algorithm::CarReduceScatter));
+        let (lo, hi) = allreduce::check::output_range(allreduce::Op::ReduceScatter, count, world, rank);
+        let want = reference(seed, world, count, DType::Bf16, lo, hi);
+        let got: Vec<f64> = shard.iter().map(|v| v.to_f64()).collect();
+        assert_eq!(allreduce::check::compare(&got, &want, tolerance(DType::Bf16, world, false)).wrong, 0);
+    });
+}
+
+#[test]
+fn tables_are_named_and_cached_tables_found() {
+    as_job("tables_are_named_and_cached_tables_found", 2, |info| {
+        let comm = host_comm(info, 1 << 16);
+        for mode in Mode::ALL {
+            assert!(matches!(comm.table_source(mode), allreduce::TableSource::BuiltIn(_)), "{mode:?}");
+        }
+        assert!(comm.notes().iter().any(|n| n.contains("no tune table")));
+        assert_eq!(comm.placement().ranks_per_device, 2);
+        assert!(comm.placement().to_string().contains("bus id host"));
+    });
+}
+
+#[test]
+fn registered_caller_buffers_are_read_in_place() {
+    as_job("registered_caller_buffers_are_read_in_place", ranks(3), |info| {
+        let capacity = 1 << 20;
+        let mut comm = comm_on(backend(), info, capacity);
+        let (rank, world) = (comm.rank(), comm.world());
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let mine = gpu.alloc(2 * capacity, MemKind::Ipc { uncached: true }).unwrap();
+        let private = gpu.alloc(4096, MemKind::Device).unwrap();
+        // SAFETY: our own allocations, alive as long as the communicator.
+        let refused = unsafe { comm.register(private.ptr(), 4096) };
+        assert!(matches!(refused, Err(Error::Unsupported(_)) | Err(Error::Gpu(_))), "{:?}", refused.err());
+        // SAFETY: as above.
+        unsafe { comm.register(mine.ptr(), 2 * capacity).unwrap() };
+        let out = mine.ptr().offset(capacity);
+        for count in [8, 4099, 300_000] {
+            let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+            let dtype = DType::Bf16;
+            let want = reference(seed, world, count, dtype, 0, count);
+            for algo in [Algorithm::SymmZc1Shot, Algorithm::SymmZc2Shot, Algorithm::SymmZc2ShotLl] {
+                stream.fill(&mine, 0xFF).unwrap_or(());
+                stream.upload(&mine, 0, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
+                // SAFETY: registered ranges at the same offsets on every rank.
+                unsafe { comm.all_reduce_with(Some(algo), mine.ptr(), out, count, dtype, stream.handle()).unwrap() };
+                stream.sync().unwrap();
+                let mut got = vec![0u8; count * dtype.size()];
+                stream.download(&mine, capacity, &mut got).unwrap();
+                let v = agree_verdict(
+                    comm.rendezvous(),
+                    &got,
+                    dtype,
+                    &want,
+                    tolerance(dtype, world, false),
+                    true,
+                    "registered",
+                );
+                assert_eq!(v.unwrap(), None, "{algo} x {count}");
+            }
+        }
+    });
+}
+
+#[test]
+fn explicit_coordinates_and_a_missing_launcher() {
+    std::env::remove_var("ALLREDUCE_JOB_ID");
+    let me = launch::RankInfo::explicit(0, 1, 0, ipc::JobId::random()).unwrap();
+    let mut comm = host_comm(me, 4096);
+    let mut x = vec![half::f16::from_f32(0.5); 64];
+    comm.all_reduce_host_in_place(&mut x).unwrap();
+    assert!(x.iter().all(|v| v.to_f32() == 0.5));
+    let _ = DevicePtr(0);
+}

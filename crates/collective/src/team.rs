@@ -1,0 +1,156 @@
+//! The set-up every custom method shares, written once: agreeing on sizes, mapping every peer's buffers, and launch
+//! caps that every rank computes alike.
+
+use crate::{check_world, CollectiveError};
+use gpu::{DeviceBuffer, DevicePtr, Gpu, Kernel};
+use ipc::Rendezvous;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+/// What a method is built from: this rank's device, the job's rendezvous, and how many ranks share this device
+/// (from the placement the ranks agreed on, not from `world / device count`), and how long a kernel waits for a
+/// peer before it traps.
+#[derive(Clone, Copy)]
+pub struct Team<'a> {
+    pub gpu: &'a Gpu,
+    pub rdv: &'a Rendezvous,
+    pub ranks_per_device: usize,
+    pub kernel_timeout: Duration,
+}
+
+/// Every rank's copies of a set of buffers, as mapped here: `ptrs[rank][k]` is rank `rank`'s buffer `k`.
+pub struct PeerMaps {
+    pub ptrs: Vec<Vec<DevicePtr>>,
+    /// The peers' mappings, unmapped when dropped (after every stream that may use them is idle).
+    pub mapped: Vec<DeviceBuffer>,
+}
+
+impl PeerMaps {
+    /// Rank by rank, buffer `k`'s addresses, padded with zeros to `N` ranks (a kernel parameter block's array).
+    pub fn column<const N: usize>(&self, k: usize) -> [u64; N] {
+        let mut out = [0u64; N];
+        self.ptrs.iter().zip(out.iter_mut()).for_each(|(p, o)| *o = p[k].0);
+        out
+    }
+}
+
+/// How a buffer travels to the peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// A VMM allocation whose POSIX fd travels over the rendezvous socket.
+    Vmm,
+    /// A classic IPC allocation whose handle travels through the rendezvous segment.
+    Ipc,
+}
+
+impl<'a> Team<'a> {
+    pub fn new(gpu: &'a Gpu, rdv: &'a Rendezvous, ranks_per_device: usize) -> Team<'a> {
+        Team { gpu, rdv, ranks_per_device: ranks_per_device.max(1), kernel_timeout: rdv.timeout() }
+    }
+
+    /// The same team with kernels that wait `timeout` for a peer (set-up's own waits keep the rendezvous's).
+    pub fn with_kernel_timeout(self, timeout: Duration) -> Team<'a> {
+        Team { kernel_timeout: timeout, ..self }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rdv.rank()
+    }
+
+    pub fn world(&self) -> usize {
+        self.rdv.world()
+    }
+
+    /// The kernels' per-wait deadline, in nanoseconds.
+    pub fn timeout_ns(&self) -> u64 {
+        self.kernel_timeout.as_nanos().min(u64::MAX as u128) as u64
+    }
+
+    /// Refuses a world the custom kernels cannot address or an empty capacity, and checks that every rank asked
+    /// for the same capacity (a peer would otherwise read past a buffer).
+    pub fn agree_capacity(&self, name: &str, capacity_bytes: usize) -> Result<(), CollectiveError> {
+        check_world(name, self.world())?;
+        if capacity_bytes == 0 {
+            return Err(CollectiveError::BadArgs(format!("{name}: capacity must be at least 1 byte")));
+        }
+        let mine = (capacity_bytes as u64).to_le_bytes();
+        let all = self.rdv.all_gather(&format!("{name} capacity"), &mine)?;
+        if let Some(r) = all.iter().position(|c| c[..] != mine) {
+            return Err(CollectiveError::Mismatch(format!(
+                "{name}: rank {r} asked for a different capacity than rank {} ({capacity_bytes} bytes)",
+                self.rank()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Blocks of `kernel` (of `threads` threads) one rank may launch so that the blocks of every rank sharing a
+    /// device are resident at once: this device's occupancy over the ranks that share it, then the minimum over
+    /// all ranks, so that no block ever waits for a peer block that was never launched.
+    pub fn resident_cap(&self, name: &str, kernel: &Kernel, threads: u32) -> Result<usize, CollectiveError> {
+        let local = kernel.max_resident_blocks(threads, 0)? / self.ranks_per_device;
+        let all = self.rdv.all_gather(&format!("{name} resident blocks"), &(local as u64).to_le_bytes())?;
+        let cap = all.iter().map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as usize).min();
+        match cap {
+            Some(c) if c > 0 => Ok(c),
+            _ => Err(CollectiveError::Unsupported(format!(
+                "{name}: not even one block of {threads} threads per rank fits beside the {} ranks that share a device",
+                self.ranks_per_device
+            ))),
+        }
+    }
+
+    /// Hands `bufs` to every peer and maps theirs. Collective: every rank passes the same number of buffers of the
+    /// same sizes, the way `sharing` says.
+    pub fn exchange(&self, name: &str, bufs: &[&DeviceBuffer], sharing: Sharing) -> Result<PeerMaps, CollectiveError> {
+        let (rank, gpu) = (self.rank(), self.gpu);
+        let mut maps = PeerMaps { ptrs: Vec::new(), mapped: Vec::new() };
+        let mine: Vec<DevicePtr> = bufs.iter().map(|b| b.ptr()).collect();
+        let theirs: Vec<Vec<DeviceBuffer>> = match sharing {
+            Sharing::Vmm => {
+                let fds = bufs.iter().map(|b| gpu.vmm_export_fd(b)).collect::<Result<Vec<_>, _>>()?;
+                let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+                let all = self.rdv.all_gather_fds(&format!("{name} buffers"), &borrowed)?;
+                let mut out = Vec::new();
+                for (r, fds) in all.into_iter().enumerate() {
+                    if r == rank {
+                        out.push(Vec::new());
+                        continue;
+                    }
+                    if fds.len() != bufs.len() {
+                        return Err(CollectiveError::Mismatch(format!(
+                            "{name}: rank {r} sent {} buffer handles, not {}",
+                            fds.len(),
+                            bufs.len()
+                        )));
+                    }
+                    let m = fds.into_iter().zip(bufs).map(|(fd, b)| gpu.vmm_import_fd(fd, b.bytes()));
+                    out.push(m.collect::<Result<Vec<_>, _>>()?);
+                }
+                out
+            }
+            Sharing::Ipc => {
+                let mut handles = Vec::new();
+                for (k, b) in bufs.iter().enumerate() {
+                    handles.push(self.rdv.all_gather(&format!("{name} handle {k}"), &gpu.ipc_export(b)?)?);
+                }
+                let import = |r: usize| -> Result<Vec<DeviceBuffer>, gpu::GpuError> {
+                    if r == rank {
+                        return Ok(Vec::new());
+                    }
+                    bufs.iter().zip(&handles).map(|(b, h)| gpu.ipc_import(&h[r], b.bytes())).collect()
+                };
+                (0..self.world()).map(import).collect::<Result<Vec<_>, _>>()?
+            }
+        };
+        for (r, mapped) in theirs.into_iter().enumerate() {
+            if r == rank {
+                maps.ptrs.push(mine.clone());
+            } else {
+                maps.ptrs.push(mapped.iter().map(|b| b.ptr()).collect());
+                maps.mapped.extend(mapped);
+            }
+        }
+        Ok(maps)
+    }
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The library on a GPU node, from the binaries `cargo xtask bundle` put into dist/ (nothing is built here):
+#   gpu_library.sh OUT_DIR
+# gpu_smoke and cuda_foreign (streams and memory the caller owns), the communicator's tests on the GPU driver
+# (every algorithm the same bits on both sides of every hand-over), the cudarc example (its own stream, eager and
+# inside its own graph, every comm_bench.py size checked), and the communicator's cost over the engine called
+# directly at 1024 elements, eager and graph. With fewer GPUs than ranks the ranks run under MPS.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: gpu_library.sh OUT_DIR}
+mkdir -p "$out"
+# Never NVLink multicast: it can take a shared host's GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$out/kernel-cache} ALLREDUCE_TUNE_DIR=$out/tune-cache
+ranks=${RANKS:-8}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
+mps_started=0
+stop_mps() {
+    if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
+}
+trap stop_mps EXIT
+if [ "$gpus" -lt "$ranks" ] && [ "${NO_MPS:-0}" != 1 ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/arx-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/arx-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d
+    mps_started=1
+fi
+{
+    echo "date: $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
+} | tee "$out/machine.txt"
+status=0
+step() {
+    local name=$1
+    shift
+    echo "## $name: $*" | tee "$out/$name.txt"
+    if ! "$@" >>"$out/$name.txt" 2>&1; then
+        echo "## $name FAILED" | tee -a "$out/$name.txt"
+        status=1
+    fi
+    tail -n 5 "$out/$name.txt"
+}
+# Warm the kernel cache with one rank, so 8 cold compiles do not race the set-up deadline.
+step smoke "$here/gpu_smoke" --backend cuda
+step foreign "$here/cuda_foreign"
+step communicator_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/communicator_tests" --test-threads 1 \
+    every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover bad_calls_get_typed_errors_before_any_work \
+    registered_caller_buffers_are_read_in_place
+step cuda_example "$here/comm-bench" launch -n "$ranks" -- "$here/cuda_graph_allreduce"
+for mode in eager graph; do
+    flag=(); [ "$mode" = graph ] && flag=(--graph)
+    step "overhead_$mode" "$here/comm-bench" --backend cuda --num_ranks "$ranks" --counts 1024 \
+        --methods auto,communicator --num_iters 200 --repeats 15 --export_csv --output_dir "$out/overhead_$mode" \
+        "${flag[@]}"
+done
+exit $status
