@@ -176,7 +176,9 @@ pub fn built_in(driver: DriverKind) -> (TuneTable, &'static str) {
     let (text, what) = match driver {
         DriverKind::Cuda => (BUILT_IN_CUDA, "cuda: measured on one H200 with 8 ranks under MPS (graph mode)"),
         DriverKind::Hip => (BUILT_IN_HIP, "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table"),
-        DriverKind::Host => (BUILT_IN_HOST, "host: measured on the host driver with 2 ranks on 2 shared cores (results/host-tune)"),
+        DriverKind::Host => {
+            (BUILT_IN_HOST, "host: measured on the host driver with 2 ranks on 2 shared cores (results/host-tune)")
+        }
     };
     (serde_json::from_str(text).expect("the built-in tables parse (tested)"), what)
 }
@@ -347,7 +349,8 @@ mod tests {
         ];
         let t = TuneTable::from_times(&times, key.clone(), "test".into()).unwrap();
         let got: Vec<(Option<usize>, &str)> = t.entries.iter().map(|e| (e.max_bytes, e.method.as_str())).collect();
-        let want = [(Some(2048), "symm_ll"), (Some(8192), "car_1shot"), (Some(32768), "symm_zc_2shot"), (None, "car_2shot")];
+        let want =
+            [(Some(2048), "symm_ll"), (Some(8192), "car_1shot"), (Some(32768), "symm_zc_2shot"), (None, "car_2shot")];
         assert_eq!(got, want);
         assert_eq!(t.key, Some(key));
     }
