@@ -2,9 +2,9 @@
 //! bandwidth (bytes read + written), an empty kernel launched eagerly and replayed from a graph (on rank 0 alone,
 //! while the others wait), and the protocol's floor: car's barrier-only kernel on every rank, timed like a method.
 
-use crate::cli::BenchArgs;
-use crate::run::Buffers;
+use crate::config::SweepConfig;
 use crate::BenchError;
+use allreduce::timing::Timer;
 use allreduce::Communicator;
 use gpu::{HostLaunch, KernelLibrary, LaunchDims};
 use serde::{Deserialize, Serialize};
@@ -53,8 +53,8 @@ impl Ceilings {
 }
 
 /// Measures the ceilings. Collective: every rank calls it; rank 0's figures are the ones reported.
-pub(crate) fn measure(args: &BenchArgs, comm: &Communicator, b: &Buffers) -> Result<Ceilings, BenchError> {
-    let (gpu, rdv, t) = (comm.gpu(), comm.rendezvous(), &b.timer);
+pub(crate) fn measure(cfg: &SweepConfig, comm: &Communicator, t: &Timer) -> Result<Ceilings, BenchError> {
+    let (gpu, rdv) = (comm.gpu(), comm.rendezvous());
     // Well past the last-level cache (60 MB on an H200), so the copy measures memory.
     let bytes = if gpu.kind() == gpu::DriverKind::Host { 64 << 20 } else { 512 << 20 };
     let (mut copy_gbs, mut launch_us, mut replay_us) = (f64::NAN, f64::NAN, f64::NAN);
@@ -82,7 +82,7 @@ pub(crate) fn measure(args: &BenchArgs, comm: &Communicator, b: &Buffers) -> Res
         replay_us = t.elapsed_ms(|s| Ok((0..LAUNCHES).try_for_each(|_| s.replay(&graph))?))? * 1e3 / LAUNCHES as f64;
     }
     rdv.barrier("ceilings measured")?;
-    let timing = args.timing();
+    let timing = cfg.timing;
     // SAFETY: the empty kernel touches no memory.
     let empty = t.time_calls(&timing, rdv, |s| Ok(unsafe { s.launch(&kernel, dims, &0u64) }?))?;
     let empty_all_ranks_us = empty.median_ms() * 1e3;

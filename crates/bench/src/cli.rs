@@ -1,9 +1,12 @@
 //! comm-bench's command line: comm_bench.py's flags (snake_case, with kebab-case aliases) and ours.
 
+use crate::config::{Sizes, SweepConfig};
+use allreduce::timing::TimingOptions;
 use allreduce::{DType, Op};
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -131,7 +134,7 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
 fn parse_backend(s: &str) -> Result<gpu::Backend, String> {
     s.parse().map_err(|e: gpu::GpuError| e.to_string())
 }
-pub(crate) fn parse_timeout(s: &str) -> Result<f64, String> {
+fn parse_timeout(s: &str) -> Result<f64, String> {
     deadline::parse_seconds(s).map(|d| d.as_secs_f64())
 }
 
@@ -167,11 +170,30 @@ impl BenchArgs {
         Ok(())
     }
 
-    /// The element counts of the sweep on a driver that rounds comm_bench.py's sizes to `align`.
-    pub fn sizes(&self, align: usize) -> Vec<usize> {
-        match &self.counts {
-            Some(c) => c.iter().map(|&n| n as usize).collect(),
-            None => allreduce::sizes::comm_bench_sizes(self.min_size, self.max_size, self.size_steps as usize, align),
+    /// The sweep these flags describe.
+    pub fn config(&self) -> SweepConfig {
+        let sizes = match &self.counts {
+            Some(c) => Sizes::Counts(c.iter().map(|&n| n as usize).collect()),
+            None => {
+                Sizes::CommBench { min_exp: self.min_size, max_exp: self.max_size, steps: self.size_steps as usize }
+            }
+        };
+        SweepConfig {
+            backend: self.backend,
+            op: self.op,
+            dtype: self.dtype,
+            sizes,
+            methods: self.method_names(),
+            timing: TimingOptions {
+                iters: self.num_iters,
+                warmup: self.num_warmup_iters,
+                repeats: self.repeats,
+                graph: self.graph,
+            },
+            car_uncached: self.car_memory == CarMemory::Uncached,
+            timeout: self.timeout_s.map(Duration::from_secs_f64),
+            setup_timeout: self.setup_timeout_s.map(Duration::from_secs_f64),
+            tune_table: self.tune_table.clone(),
         }
     }
 

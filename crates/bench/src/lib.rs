@@ -5,6 +5,7 @@
 
 pub mod ceilings;
 pub mod cli;
+pub mod config;
 pub mod plot;
 pub mod progress;
 pub mod report;

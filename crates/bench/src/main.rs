@@ -102,7 +102,7 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
     args.validate().map_err(BenchError::Config)?;
     match launch::detect()? {
         Some(info) => {
-            if let Some(outcome) = bench::run::run_rank(args, &info)? {
+            if let Some(outcome) = bench::run::run_rank(&args.config(), &info)? {
                 if args.export_csv {
                     let (csv, json) = outcome.export(&args.output_dir, args.op)?;
                     println!("# wrote {} and {}", csv.display(), json.display());

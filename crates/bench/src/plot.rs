@@ -196,7 +196,7 @@ mod tests {
     use clap::Parser;
 
     fn outcome() -> Outcome {
-        let args = Cli::try_parse_from(["comm-bench"]).unwrap().bench;
+        let args = Cli::try_parse_from(["comm-bench"]).unwrap().bench.config();
         let info = gpu::DeviceInfo {
             kind: gpu::DriverKind::Host,
             name: "test host".into(),

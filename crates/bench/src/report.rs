@@ -2,7 +2,7 @@
 //! (same columns, same bandwidth formula) and a JSON file with everything.
 
 use crate::ceilings::Ceilings;
-use crate::cli::BenchArgs;
+use crate::config::SweepConfig;
 use allreduce::methods::{csv_column, csv_columns};
 use collective::Op;
 use serde::{Deserialize, Serialize};
@@ -47,13 +47,13 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(method: &str, args: &BenchArgs, count: usize, world: usize, status: Status) -> Row {
+    pub fn new(method: &str, cfg: &SweepConfig, count: usize, world: usize, status: Status) -> Row {
         Row {
             method: method.into(),
-            op: args.op.name().into(),
-            dtype: args.dtype.name().into(),
+            op: cfg.op.name().into(),
+            dtype: cfg.dtype.name().into(),
             count,
-            bytes: count * args.dtype.size(),
+            bytes: count * cfg.dtype.size(),
             status,
             time_ms: None,
             repeats_ms: Vec::new(),
@@ -139,7 +139,7 @@ impl Outcome {
     pub fn new(
         info: &gpu::DeviceInfo,
         world: usize,
-        args: &BenchArgs,
+        cfg: &SweepConfig,
         tune_table: String,
         ceilings: Ceilings,
         rows: Vec<Row>,
@@ -149,13 +149,13 @@ impl Outcome {
             device: info.name.clone(),
             arch: info.arch.clone(),
             world,
-            op: args.op.name().into(),
-            dtype: args.dtype.name().into(),
-            graph: args.graph,
-            num_iters: args.num_iters,
-            num_warmup_iters: args.num_warmup_iters,
-            repeats: args.repeats,
-            car_memory: format!("{:?}", args.car_memory).to_lowercase(),
+            op: cfg.op.name().into(),
+            dtype: cfg.dtype.name().into(),
+            graph: cfg.timing.graph,
+            num_iters: cfg.timing.iters,
+            num_warmup_iters: cfg.timing.warmup,
+            repeats: cfg.timing.repeats,
+            car_memory: if cfg.car_uncached { "uncached" } else { "coarse" }.into(),
             tune_table,
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             ceilings,

@@ -3,58 +3,41 @@
 //! and method: check, time (ranks aligned by a barrier before the start event, max over
 //! ranks, median of repeats), check again after the timed calls, and report.
 
-use crate::cli::{BenchArgs, CarMemory};
+use crate::config::SweepConfig;
 use crate::report::{Outcome, Row, Status};
 use crate::BenchError;
 use allreduce::check::{agree_verdict, input_values, output_range, reference, tolerance, POISON};
 use allreduce::methods;
-use allreduce::timing::{Timer, TimingOptions};
+use allreduce::timing::Timer;
 use allreduce::{Collective, Communicator, DType, Mode, Op, Options};
-use gpu::{DeviceBuffer, Gpu, MemKind, Stream};
+use gpu::{DeviceBuffer, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
-use std::time::Duration;
 
 /// Runs this rank's part; rank 0 returns the results.
-pub fn run_rank(args: &BenchArgs, info: &RankInfo) -> Result<Option<Outcome>, BenchError> {
-    let timeout = match args.timeout_s {
-        Some(s) => Duration::from_secs_f64(s),
+pub fn run_rank(cfg: &SweepConfig, info: &RankInfo) -> Result<Option<Outcome>, BenchError> {
+    let timeout = match cfg.timeout {
+        Some(t) => t,
         None => deadline::timeout_from_env().map_err(BenchError::Config)?,
     };
     // The capacity depends on the driver's size rounding, which only the opened driver knows: every candidate
     // alignment is at most 512 elements, so the largest sweep size rounded to 512 bounds them all.
-    let sizes = args.sizes(512);
-    let capacity = sizes.iter().max().copied().unwrap_or(1) * args.dtype.size();
+    let sizes = cfg.counts(512);
+    let capacity = sizes.iter().max().copied().unwrap_or(1) * cfg.dtype.size();
     let opts = Options {
-        backend: args.backend,
+        backend: cfg.backend,
         capacity_bytes: capacity,
         timeout: Some(timeout),
-        setup_timeout: args.setup_timeout_s.map(Duration::from_secs_f64),
+        setup_timeout: cfg.setup_timeout,
         tune_dir: None,
-        tune_table: args.tune_table.clone(),
+        tune_table: cfg.tune_table.clone(),
     };
     let mut comm = Communicator::new(info.clone(), opts)?;
-    let result = sweep(args, &mut comm);
+    let result = sweep(cfg, &mut comm);
     if let Err(e) = &result {
         comm.rendezvous().abort(&e.to_string());
     }
     result
-}
-
-/// The settings every rank must share, as `key=value` lines.
-fn fingerprint_config(args: &BenchArgs, gpu: &Gpu, sizes: &[usize], methods: &[String]) -> String {
-    format!(
-        "driver={}\nop={}\ndtype={}\nsizes={sizes:?}\nmethods={}\nnum_iters={}\nnum_warmup_iters={}\nrepeats={}\ngraph={}\ncar_memory={:?}\n",
-        gpu.kind(),
-        args.op,
-        args.dtype,
-        methods.join(","),
-        args.num_iters,
-        args.num_warmup_iters,
-        args.repeats,
-        args.graph,
-        args.car_memory
-    )
 }
 
 /// A method: built from the registry, the communicator's own engine (`auto`) or call path (`communicator`), or why
@@ -67,25 +50,19 @@ enum Built {
 }
 
 /// A rank's benchmark buffers (input and output at full capacity) and its timer.
-pub(crate) struct Buffers {
-    pub(crate) input: DeviceBuffer,
-    pub(crate) output: DeviceBuffer,
-    pub(crate) timer: Timer,
+struct Buffers {
+    input: DeviceBuffer,
+    output: DeviceBuffer,
+    timer: Timer,
 }
 
-impl BenchArgs {
-    pub(crate) fn timing(&self) -> TimingOptions {
-        TimingOptions { iters: self.num_iters, warmup: self.num_warmup_iters, repeats: self.repeats, graph: self.graph }
-    }
-}
-
-fn sweep(args: &BenchArgs, comm: &mut Communicator) -> Result<Option<Outcome>, BenchError> {
+fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, BenchError> {
     let gpu = comm.gpu().clone();
     let (rank, world) = (comm.rank(), comm.world());
-    let sizes = args.sizes(gpu.info().size_align);
-    let names = args.method_names();
-    allreduce::agree(comm.rendezvous(), "configuration", &fingerprint_config(args, &gpu, &sizes, &names))?;
-    let capacity = sizes.iter().max().copied().unwrap_or(1) * args.dtype.size();
+    let sizes = cfg.counts(gpu.info().size_align);
+    let names = &cfg.methods;
+    allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(gpu.kind(), &sizes))?;
+    let capacity = sizes.iter().max().copied().unwrap_or(1) * cfg.dtype.size();
     if rank == 0 {
         let i = gpu.info();
         println!(
@@ -94,23 +71,22 @@ fn sweep(args: &BenchArgs, comm: &mut Communicator) -> Result<Option<Outcome>, B
             i.kind,
             i.name,
             i.arch,
-            args.op,
-            args.dtype,
+            cfg.op,
+            cfg.dtype,
             sizes.len()
         );
         print!("{}", comm.placement());
-        let mode = if args.graph { Mode::Graph } else { Mode::Eager };
-        println!("# auto follows {}", comm.table_source(mode));
+        println!("# auto follows {}", comm.table_source(cfg.mode()));
         comm.notes().iter().for_each(|n| println!("# {n}"));
     }
 
     let build = methods::BuildOptions {
         capacity_bytes: capacity,
         tables: [Mode::Eager, Mode::Graph].map(|m| comm.engine_table(m).clone()),
-        car_uncached: args.car_memory == CarMemory::Uncached,
+        car_uncached: cfg.car_uncached,
     };
     let mut built: Vec<(String, Built)> = Vec::new();
-    for name in &names {
+    for name in names {
         let m = if name == "auto" {
             Ok(Built::Engine)
         } else if name == "communicator" {
@@ -133,7 +109,7 @@ fn sweep(args: &BenchArgs, comm: &mut Communicator) -> Result<Option<Outcome>, B
         output: gpu.alloc(capacity, MemKind::Device)?,
         timer: Timer::new(&gpu)?,
     };
-    let ceilings = crate::ceilings::measure(args, comm, &bufs)?;
+    let ceilings = crate::ceilings::measure(cfg, comm, &bufs.timer)?;
     if rank == 0 {
         ceilings.print();
         crate::report::print_header();
@@ -143,15 +119,15 @@ fn sweep(args: &BenchArgs, comm: &mut Communicator) -> Result<Option<Outcome>, B
     for &count in &sizes {
         for (name, method) in built.iter_mut() {
             let here = match method {
-                Built::Failed(reason) => vec![Row::new(name, args, count, world, Status::Skipped(reason.clone()))],
-                Built::Method(m) => measure_ways(args, comm.rendezvous(), &bufs, name, m.as_mut(), count)?,
+                Built::Failed(reason) => vec![Row::new(name, cfg, count, world, Status::Skipped(reason.clone()))],
+                Built::Method(m) => measure_ways(cfg, comm.rendezvous(), &bufs, name, m.as_mut(), count)?,
                 Built::Engine => {
                     let (engine, rdv) = comm.engine_and_rendezvous();
-                    measure_ways(args, rdv, &bufs, name, engine, count)?
+                    measure_ways(cfg, rdv, &bufs, name, engine, count)?
                 }
                 Built::Communicator => {
                     let (mut calls, rdv) = comm.split();
-                    measure_ways(args, rdv, &bufs, name, &mut calls, count)?
+                    measure_ways(cfg, rdv, &bufs, name, &mut calls, count)?
                 }
             };
             if rank == 0 {
@@ -166,14 +142,14 @@ fn sweep(args: &BenchArgs, comm: &mut Communicator) -> Result<Option<Outcome>, B
     // Nobody unmaps a buffer while a peer's last call may still read it.
     comm.rendezvous().barrier("teardown")?;
     drop(built);
-    let table = comm.table_source(if args.graph { Mode::Graph } else { Mode::Eager }).to_string();
-    Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, args, table, ceilings, rows)))
+    let table = comm.table_source(cfg.mode()).to_string();
+    Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, table, ceilings, rows)))
 }
 
 /// A method with registered buffers is timed on them (a caller that allocated its tensors there: the `+reg` row)
 /// and on the benchmark's own buffers (what a caller with ordinary tensors gets: the plain row).
 fn measure_ways(
-    args: &BenchArgs,
+    cfg: &SweepConfig,
     rdv: &Rendezvous,
     b: &Buffers,
     name: &str,
@@ -184,13 +160,13 @@ fn measure_ways(
     let mut rows = Vec::new();
     for &registered in ways {
         let label = if registered { format!("{name}+reg") } else { name.to_string() };
-        rows.push(measure(args, rdv, b, &label, m, count, registered)?);
+        rows.push(measure(cfg, rdv, b, &label, m, count, registered)?);
     }
     Ok(rows)
 }
 
 fn measure(
-    args: &BenchArgs,
+    cfg: &SweepConfig,
     rdv: &Rendezvous,
     b: &Buffers,
     name: &str,
@@ -198,16 +174,16 @@ fn measure(
     count: usize,
     registered: bool,
 ) -> Result<Row, BenchError> {
-    let (op, dtype, world) = (args.op, args.dtype, rdv.world());
+    let (op, dtype, world) = (cfg.op, cfg.dtype, rdv.world());
     // The name asked for (a launch shape included), not only the method's own.
-    let row = |status| Row::new(name, args, count, world, status);
+    let row = |status| Row::new(name, cfg, count, world, status);
     if let Err(reason) = m.supports(op, dtype) {
         return Ok(row(Status::Skipped(reason)));
     }
     if op == Op::ReduceScatter && !count.is_multiple_of(world) {
         return Ok(row(Status::Skipped(format!("{count} elements do not split into {world} equal shards"))));
     }
-    if args.graph && !m.capturable() {
+    if cfg.timing.graph && !m.capturable() {
         return Ok(row(Status::Skipped("cannot be captured into a graph".into())));
     }
     if count * dtype.size() > m.capacity_bytes() {
@@ -234,7 +210,7 @@ fn measure(
         return Ok(row(Status::Failed(failure)));
     }
 
-    let t = b.timer.time_calls(&args.timing(), rdv, |s| {
+    let t = b.timer.time_calls(&cfg.timing, rdv, |s| {
         // SAFETY: as the checked call above.
         unsafe { m.run(op, dtype, input, output, count, s)? };
         Ok(())

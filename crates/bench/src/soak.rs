@@ -33,7 +33,7 @@ pub struct SoakArgs {
     /// Comma-separated methods or groups, as comm-bench's [default: every car and symm method, tuned ones included].
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
-    #[arg(long = "timeout_s", alias = "timeout-s", value_parser = crate::cli::parse_timeout)]
+    #[arg(long = "timeout_s", alias = "timeout-s", value_parser = |s: &str| deadline::parse_seconds(s).map(|d| d.as_secs_f64()))]
     pub timeout_s: Option<f64>,
 }
 
