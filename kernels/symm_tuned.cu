@@ -40,11 +40,28 @@ template <int DT> ARX_DEV u32 pack_payload(const float* a) {
     return (u32)f32_to_f16(a[0]) | ((u32)f32_to_f16(a[1]) << 16);
 }
 
+// The packet flag of epoch e, in a packet's high word: e mod (2^32 - 1) + 1, never 0, so a zeroed slot never reads as
+// data. The flags wrap every 2^32 - 1 calls; a slot not written since the last wrap could then carry a current flag,
+// so the last call to use each area before a wrap zeroes it (ll_clean): every slot then holds either nothing or a
+// packet of the flags' current period. (== symm::tuned::ll_flag)
+ARX_DEV u64 ll_flag(u64 epoch) { return (epoch % 0xffffffffull + 1) << 32; }
+
+// Zeroes the slots of this rank's area of `epoch`'s parity that this thread reads (j = first mod stride, every
+// source), and the ones nobody reads this call, when the flags wrap before the area's next use (call epoch + 2).
+// Every design calls it last: no peer writes this area again before this rank's next call, which follows this one.
+ARX_DEV void ll_clean(const TunedParams& p, u64 epoch) {
+    if (ll_flag(epoch + 2) > ll_flag(epoch)) return;
+    u64* mine = (u64*)p.packets[p.rank] + (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride)
+        for (u32 src = 0; src < ARX_MAX_RANKS; ++src) st_relaxed_sys(mine + src * p.ll_packets + j, 0);
+}
+
 template <int DT> ARX_DEV void symm_ll(TunedParams p) {
     typedef Elem<DT> E;
     const int per = 4 / E::SIZE;  // elements per packet
     u64 epoch = next_epoch(p.counters);
-    u64 flag = (epoch & 0xffffffffull) << 32;
+    u64 flag = ll_flag(epoch);
     u64 n = (p.count + per - 1) / per;
     u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
     const u32* in = (const u32*)p.inputs[p.rank];
@@ -84,6 +101,7 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
             E::store((void*)p.outputs[p.rank], j * per, acc[0]);
         }
     }
+    ll_clean(p, epoch);
 }
 
 template <int DT> ARX_DEV void symm_zc_1shot(TunedParams p) {
@@ -93,6 +111,7 @@ template <int DT> ARX_DEV void symm_zc_1shot(TunedParams p) {
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     reduce_range<DT>(p.inputs, p.world, (void*)p.outputs[p.rank], r);
     flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
+    ll_clean(p, epoch);
 }
 
 // dst[d][i] = sum over ranks of src[i], for every rank d: one reduction, pushed to all.
@@ -138,6 +157,7 @@ template <int DT> ARX_DEV void symm_zc_2shot(TunedParams p) {
     u64 shard = shard_elems(p.count, p.world, E::VEC);
     reduce_push<DT>(p, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC));
     flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
+    ll_clean(p, epoch);
 }
 
 template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
@@ -152,6 +172,7 @@ template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
     copy_range<DT>((const void*)p.inputs[p.rank], (void*)(p.staging[p.rank] + half), r);
     flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     reduce_range<DT>(views, p.world, (void*)p.outputs[p.rank], r);
+    ll_clean(p, epoch);
 }
 
 // symm_zc_2shot_ll: two-shot with one barrier. Phase 0 (epoch flags): every input is ready. Each rank sums its shard
@@ -165,7 +186,7 @@ template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
     const int per = 4 / E::SIZE;  // elements per packet
     u64 epoch = next_epoch(p.counters);
     flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
-    u64 flag = (epoch & 0xffffffffull) << 32;
+    u64 flag = ll_flag(epoch);
     u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
     u64 shard = shard_elems(p.count, p.world, E::VEC);  // a multiple of `per`
     u64 stride = (u64)gridDim.x * blockDim.x;
@@ -208,6 +229,7 @@ template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
             }
         }
     }
+    ll_clean(p, epoch);
 }
 
 ARX_INSTANTIATE(symm_ll, TunedParams)

@@ -4,7 +4,7 @@
 
 use crate::check;
 use crate::engine::Engine;
-use crate::placement::{Placement, RankDevice};
+use crate::placement::{decode_links, encode_links, Placement, RankDevice};
 use crate::timing::{Timer, TimingOptions};
 use crate::tune::{self, Algorithm, LoadedTable, Mode, TableKey, TableSource, TuneTable};
 use crate::{Error, Scalar};
@@ -88,6 +88,8 @@ pub struct Communicator {
     capacity: usize,
     tune_dir: Option<PathBuf>,
     placement: Placement,
+    /// Why the compare-and-swap handshakes cannot run on these devices, if the drivers say so.
+    no_peer_atomics: Option<String>,
     notes: Vec<String>,
     rdv: Rendezvous,
     gpu: Gpu,
@@ -146,6 +148,7 @@ impl Communicator {
                     last: None,
                     capacity: opts.capacity_bytes,
                     tune_dir: opts.tune_dir.or_else(tune::cache_dir),
+                    no_peer_atomics: placement.missing_peer_atomics(),
                     placement,
                     notes,
                     rdv,
@@ -181,6 +184,10 @@ impl Communicator {
         let reports = rdv.all_gather("placement", &me.encode())?;
         let reports = reports.iter().map(|b| RankDevice::decode(b)).collect::<Result<Vec<_>, _>>();
         let placement = Placement::agree(reports.map_err(Error::Placement)?)?;
+        let row = placement.ranks.iter().map(|d| gpu.peer_link(&d.bus_id)).collect::<Result<Vec<_>, _>>()?;
+        let rows = rdv.all_gather("peer links", &encode_links(&row))?;
+        let rows = rows.iter().map(|b| decode_links(b)).collect::<Result<Vec<_>, _>>().map_err(Error::Placement)?;
+        let placement = placement.with_links(rows)?;
         // The settings that must agree, so a mismatch is named here rather than found at a kernel's deadline.
         let mine = format!(
             "driver={}\ncapacity_bytes={}\ntimeout_ns={}\ntune_table={:?}\n",
@@ -210,7 +217,10 @@ impl Communicator {
                 notes.push(format!("no tune table for this machine: using the {what} (run Communicator::tune)"));
             }
         }
-        let team = Team::new(&gpu, rdv, placement.ranks_per_device).with_kernel_timeout(timeout);
+        let no_atomics = placement.missing_peer_atomics();
+        let team = Team::new(&gpu, rdv, placement.ranks_per_device)
+            .with_kernel_timeout(timeout)
+            .with_missing_peer_atomics(no_atomics.as_deref());
         let engine = Engine::new(team, opts.capacity_bytes, tables)?;
         let rs_opts = car::CarOptions {
             capacity_bytes: opts.capacity_bytes,
@@ -274,6 +284,7 @@ impl Communicator {
     /// The team methods are built from (for comm-bench's registry: [`crate::methods::build`]).
     pub fn team(&self) -> Team<'_> {
         Team::new(&self.gpu, &self.rdv, self.placement.ranks_per_device)
+            .with_missing_peer_atomics(self.no_peer_atomics.as_deref())
     }
 
     /// The registered input: a caller that writes its input here saves the zero-copy designs their copy-in

@@ -47,6 +47,9 @@ pub const SYMM_VARIANTS: &[&str] = &["symm_2shot_fused"];
 pub const IPC_STAGED: &[&str] =
     &["symm_epoch_1shot_ipc", "symm_zc_1shot_ipc", "symm_zc_2shot_ipc", "symm_1shot_tuned_ipc", "symm_2shot_tuned_ipc"];
 
+/// Deliberately broken protocols (host driver only), which the benchmark's checks must fail: never in a group.
+pub const BROKEN: &[&str] = &["car_1shot_broken_samehalf"];
+
 /// The ablation variants: all allreduce, none in the default sweep.
 pub const ABLATIONS: &[&[&str]] = &[CAR_VARIANTS, SYMM_VARIANTS, IPC_STAGED];
 
@@ -100,7 +103,7 @@ pub const GROUPS: &[(&str, &[&[&str]])] = &[
 ];
 
 fn is_ablation(name: &str) -> bool {
-    ABLATIONS.iter().any(|list| list.contains(&name))
+    ABLATIONS.iter().any(|list| list.contains(&name)) || BROKEN.contains(&name)
 }
 
 /// `names` with every group keyword replaced by its methods (first mention kept).
@@ -208,7 +211,7 @@ pub fn build(name: &str, team: Team<'_>, opts: &BuildOptions) -> Result<Box<dyn 
     };
     let symm = |algo| symm_variant(algo, false);
     let tuned_on = |design, staging| -> Result<Box<dyn Collective>, CollectiveError> {
-        Ok(Box::new(SymmTuned::new(team, design, TunedOptions { capacity_bytes, staging, rule })?))
+        Ok(Box::new(SymmTuned::new(team, design, TunedOptions { capacity_bytes, staging, rule, first_epoch: 0 })?))
     };
     let tuned = |design| tuned_on(design, Staging::Vmm);
     if let Some((algo, variant)) = car_ablation(base) {

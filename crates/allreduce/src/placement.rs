@@ -4,6 +4,7 @@
 //! MPS), in which case the launch caps divide each device among the ranks that share it.
 
 use crate::Error;
+use gpu::PeerLink;
 use std::fmt;
 
 /// One rank's device, as it reports it to its peers.
@@ -60,6 +61,34 @@ pub struct Placement {
     pub ranks: Vec<RankDevice>,
     /// The most ranks any one device carries.
     pub ranks_per_device: usize,
+    /// `links[r][s]`: how rank r's device reaches rank s's, as rank r's driver reports it (`None`: the same device,
+    /// or one rank r's process cannot see).
+    pub links: Vec<Vec<Option<PeerLink>>>,
+}
+
+/// One rank's row of the link matrix, as it travels: a letter per rank.
+pub fn encode_links(row: &[Option<PeerLink>]) -> Vec<u8> {
+    row.iter()
+        .map(|l| match l {
+            None => b'-',
+            Some(PeerLink { access: true, native_atomics: true }) => b'A',
+            Some(PeerLink { access: true, native_atomics: false }) => b'P',
+            Some(PeerLink { access: false, .. }) => b'X',
+        })
+        .collect()
+}
+
+pub fn decode_links(bytes: &[u8]) -> Result<Vec<Option<PeerLink>>, String> {
+    bytes
+        .iter()
+        .map(|b| match b {
+            b'-' => Ok(None),
+            b'A' => Ok(Some(PeerLink { access: true, native_atomics: true })),
+            b'P' => Ok(Some(PeerLink { access: true, native_atomics: false })),
+            b'X' => Ok(Some(PeerLink { access: false, native_atomics: false })),
+            other => Err(format!("malformed link {:?}", *other as char)),
+        })
+        .collect()
 }
 
 impl Placement {
@@ -85,19 +114,60 @@ impl Placement {
             }
             ranks_per_device = ranks_per_device.max(sharing.len());
         }
-        Ok(Placement { ranks: reports, ranks_per_device })
+        Ok(Placement { ranks: reports, ranks_per_device, links: Vec::new() })
+    }
+
+    /// Takes every rank's link row (in rank order) and refuses devices that cannot reach each other.
+    pub fn with_links(mut self, links: Vec<Vec<Option<PeerLink>>>) -> Result<Placement, Error> {
+        let n = self.ranks.len();
+        if links.len() != n || links.iter().any(|row| row.len() != n) {
+            return Err(Error::Placement(format!("link rows of the wrong shape for {n} ranks")));
+        }
+        for (r, row) in links.iter().enumerate() {
+            if let Some(s) = row.iter().position(|l| l.is_some_and(|l| !l.access)) {
+                return Err(Error::Placement(format!(
+                    "rank {r}'s device {} cannot access rank {s}'s device {} (no peer access between them)",
+                    self.ranks[r].bus_id, self.ranks[s].bus_id
+                )));
+            }
+        }
+        self.links = links;
+        Ok(self)
+    }
+
+    /// Why the compare-and-swap handshakes cannot run here: a pair of devices whose driver says their atomics on
+    /// each other's memory are not native; `None` where none is known to lack them.
+    pub fn missing_peer_atomics(&self) -> Option<String> {
+        self.links.iter().enumerate().find_map(|(r, row)| {
+            let s = row.iter().position(|l| l.is_some_and(|l| !l.native_atomics))?;
+            Some(format!(
+                "rank {r}'s device {} has no native atomics on rank {s}'s device {}",
+                self.ranks[r].bus_id, self.ranks[s].bus_id
+            ))
+        })
     }
 }
 
 impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# placement: {} rank(s), at most {} per device", self.ranks.len(), self.ranks_per_device)?;
-        for d in &self.ranks {
+        for (r, d) in self.ranks.iter().enumerate() {
+            let row =
+                self.links.get(r).map_or(String::new(), |l| String::from_utf8_lossy(&encode_links(l)).into_owned());
             writeln!(
                 f,
-                "#   rank {} (local {}) on {}: device {} of {}, bus id {}",
-                d.rank, d.local_rank, d.host, d.ordinal, d.visible, d.bus_id
+                "#   rank {} (local {}) on {}: device {} of {}, bus id {}{}",
+                d.rank,
+                d.local_rank,
+                d.host,
+                d.ordinal,
+                d.visible,
+                d.bus_id,
+                if row.is_empty() { String::new() } else { format!(", links {row}") }
             )?;
+        }
+        if !self.links.is_empty() {
+            writeln!(f, "#   (links to rank 0..: A peer access and native atomics, P access only, X none, - same device or not visible)")?;
         }
         Ok(())
     }
@@ -141,5 +211,27 @@ mod tests {
         assert_eq!(Placement::agree(hosts).unwrap().ranks_per_device, 1);
         let swapped = vec![dev(1, 0, "a", 1), dev(0, 0, "a", 1)];
         assert!(Placement::agree(swapped).is_err());
+    }
+
+    #[test]
+    fn links_travel_and_refuse_what_cannot_work() {
+        let p = Placement::agree((0..3).map(|r| dev(r, r, &format!("0000:0{r}:00.0"), 3)).collect()).unwrap();
+        let a = Some(PeerLink { access: true, native_atomics: true });
+        let no_atomics = Some(PeerLink { access: true, native_atomics: false });
+        let row = vec![None, a, no_atomics];
+        assert_eq!(decode_links(&encode_links(&row)).unwrap(), row);
+        assert!(decode_links(b"-Q").is_err());
+        let good = p.clone().with_links(vec![vec![None, a, a], vec![a, None, a], vec![a, a, None]]).unwrap();
+        assert_eq!(good.missing_peer_atomics(), None);
+        assert!(good.to_string().contains("links -AA"), "{good}");
+        let weak = p.clone().with_links(vec![vec![None, a, no_atomics], vec![a, None, a], vec![a, a, None]]).unwrap();
+        assert!(weak
+            .missing_peer_atomics()
+            .unwrap()
+            .contains("rank 0's device 0000:00:00.0 has no native atomics on rank 2"));
+        let none = Some(PeerLink { access: false, native_atomics: false });
+        let e = p.clone().with_links(vec![vec![None, a, a], vec![none, None, a], vec![a, a, None]]).unwrap_err();
+        assert!(e.to_string().contains("rank 1's device 0000:01:00.0 cannot access rank 0's"), "{e}");
+        assert!(p.with_links(vec![vec![None]]).is_err());
     }
 }

@@ -251,3 +251,67 @@ fn explicit_coordinates_and_a_missing_launcher() {
     assert!(x.iter().all(|v| v.to_f32() == 0.5));
     let _ = DevicePtr(0);
 }
+
+/// The packet designs across the packet flags' wrap: the epoch counters start just below it, and calls of every
+/// tuned design (packets of every size up to the area, the epoch and zero-copy designs between them) cross it, each
+/// result exact, three times (near 2^32, 2^33 and 3 * 2^32). The last rank starts each call late, so the others
+/// poll slots it has not written yet: with the old flags (the epoch's low 32 bits, no cleaning), epoch 2^32's flag
+/// was 0, which every never-written slot holds, and they read those as data.
+#[test]
+fn packets_stay_exact_across_the_flag_wrap() {
+    as_job("packets_stay_exact_across_the_flag_wrap", ranks(3), |info| {
+        use allreduce::check::{variant_input, variant_sum};
+        use symm::tuned::{CallBuffers, Design, SymmTuned, TunedOptions};
+        let capacity = 256 << 10;
+        let comm = comm_on(backend(), info, 4096);
+        let (rank, world) = (comm.rank(), comm.world());
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let input = gpu.alloc(capacity, MemKind::Device).unwrap();
+        let output = gpu.alloc(capacity, MemKind::Device).unwrap();
+        let dtype = DType::F32;
+        let full = LL_MAX_BYTES / 4;
+        // Call c runs at epoch m * 2^32 - 7 + c: the first full-area packet call is epoch m * 2^32, whose slots past
+        // the small calls' were never written; the flags' own wrap (a multiple of 2^32 - 1) falls in the same run.
+        let plan = [
+            (Design::Ll, 13),
+            (Design::Ll, 13),
+            (Design::EpochOneShot, 5000),
+            (Design::ZeroCopyOneShot, 300),
+            (Design::Ll, 1000),
+            (Design::ZeroCopyTwoShot, 7000),
+            (Design::Ll, 13),
+            (Design::Ll, full),
+            (Design::Ll, full),
+            (Design::ZeroCopyTwoShotLl, 4096),
+            (Design::Ll, full - 1),
+            (Design::ZeroCopyTwoShotLl, 9000),
+            (Design::Ll, full),
+            (Design::Ll, full),
+        ];
+        for m in 1..=3u64 {
+            let first_epoch = (m << 32) - 8;
+            let opts = TunedOptions { first_epoch, ..TunedOptions::new(capacity) };
+            let mut tuned = SymmTuned::new(comm.team(), Design::Ll, opts).unwrap();
+            for (call, &(design, count)) in plan.iter().enumerate() {
+                let k = call as u64;
+                stream.upload(&input, 0, &variant_input(rank, count, k, dtype)).unwrap();
+                stream.fill(&output, 0xFF).unwrap();
+                let bufs = CallBuffers::local(input.ptr(), output.ptr());
+                if rank + 1 == world {
+                    std::thread::sleep(std::time::Duration::from_millis(60));
+                }
+                // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+                unsafe { tuned.run_design(design, dtype, &bufs, count, &stream).unwrap() };
+                let mut got = vec![0u8; count * 4];
+                stream.download(&output, 0, &mut got).unwrap();
+                let want = variant_sum(world, 0, count, k);
+                let what = format!("{design:?} x {count} at epoch {}", first_epoch + 1 + k);
+                let verdict = agree_verdict(comm.rendezvous(), &got, dtype, &want, 0.0, true, &what);
+                assert_eq!(verdict.unwrap(), None);
+            }
+            stream.sync().unwrap();
+            comm.rendezvous().barrier("wrap round done").unwrap();
+        }
+    });
+}

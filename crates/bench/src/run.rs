@@ -6,10 +6,13 @@
 use crate::config::SweepConfig;
 use crate::report::{Outcome, Row, Status};
 use crate::BenchError;
-use allreduce::check::{agree_verdict, input_values, output_range, reference, tolerance, POISON};
+use allreduce::check::{
+    agree_verdict, input_values, output_range, reference, tolerance, variant_checksum, variant_input, variant_sum,
+    Checksum, POISON,
+};
 use allreduce::methods;
 use allreduce::timing::Timer;
-use allreduce::{Collective, Communicator, DType, Mode, Op, Options};
+use allreduce::{Collective, Communicator, DType, Error, Mode, Op, Options};
 use gpu::{DeviceBuffer, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
@@ -49,10 +52,16 @@ enum Built {
     Failed(String),
 }
 
-/// A rank's benchmark buffers (input and output at full capacity) and its timer.
+/// Input variants the calls after the first check rotate among: consecutive calls always see different data.
+const VARIANTS: usize = 3;
+
+/// A rank's benchmark buffers (input, output and the input variants at full capacity), its timer and its
+/// device-side checksum.
 struct Buffers {
     input: DeviceBuffer,
     output: DeviceBuffer,
+    variants: Vec<DeviceBuffer>,
+    checksum: Checksum,
     timer: Timer,
 }
 
@@ -107,6 +116,8 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
     let bufs = Buffers {
         input: gpu.alloc(capacity, MemKind::Device)?,
         output: gpu.alloc(capacity, MemKind::Device)?,
+        variants: (0..VARIANTS).map(|_| gpu.alloc(capacity, MemKind::Device)).collect::<Result<_, _>>()?,
+        checksum: Checksum::new(&gpu)?,
         timer: Timer::new(&gpu)?,
     };
     let ceilings = crate::ceilings::measure(cfg, comm, &bufs.timer)?;
@@ -204,17 +215,73 @@ fn measure(
     let want = reference(seed, world, count, dtype, lo, hi);
     let tol = tolerance(dtype, world, m.rounds_every_add());
     let verify = |m: &dyn Collective, when| {
-        verify(rdv, stream, pick(m.registered_output(), &b.output, registered), op, dtype, &want, tol, when)
+        verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), op, dtype, &want, tol, when)
     };
     if let Some(failure) = verify(m, "before timing")? {
         return Ok(row(Status::Failed(failure)));
     }
 
-    let t = b.timer.time_calls(&cfg.timing, rdv, |s| {
-        // SAFETY: as the checked call above.
-        unsafe { m.run(op, dtype, input, output, count, s)? };
+    // Consecutive calls: inputs that change from call to call (small integers, so every sum is exact), every
+    // call's output folded into a device-side checksum, eagerly or replayed as the timed calls are. A call that read
+    // a peer's previous call, or a torn packet, folds a different sum.
+    let rank = rdv.rank();
+    for (k, v) in b.variants.iter().enumerate() {
+        stream.upload(v, 0, &variant_input(rank, count, k as u64, dtype))?;
+    }
+    let (bytes, out_count) = (count * dtype.size(), hi - lo);
+    let variant = |c: u64| (c % VARIANTS as u64) as usize;
+    // A registered input is one buffer: each checked call copies its variant in first (after the previous call's
+    // kernel ended, which every design's protocol makes safe).
+    let issue = |m: &mut dyn Collective, s: &Stream, c: u64, copy_in: bool, fold: bool| -> Result<(), Error> {
+        let src = b.variants[variant(c)].ptr();
+        // SAFETY: the benchmark's own buffers or the method's registered ones, each of the sweep's capacity.
+        unsafe {
+            if registered && copy_in {
+                s.copy(input, src, bytes)?;
+            }
+            m.run(op, dtype, if registered { input } else { src }, output, count, s)?;
+            if fold {
+                b.checksum.fold_at(s, output, out_count, dtype)?;
+            }
+        }
         Ok(())
+    };
+    let calls = cfg.timing.warmup.max(2 * VARIANTS as u64);
+    b.checksum.reset(stream)?;
+    let replays = if cfg.timing.graph {
+        stream.begin_capture()?;
+        let captured = (0..calls).try_for_each(|c| issue(m, stream, c, true, true));
+        let graph = stream.end_capture()?;
+        captured?;
+        (0..2).try_for_each(|_| stream.replay(&graph))?;
+        2
+    } else {
+        (0..calls).try_for_each(|c| issue(m, stream, c, true, true))?;
+        1
+    };
+    let per_variant: Vec<u64> = (0..VARIANTS as u64).map(|k| variant_checksum(world, lo, hi, k)).collect();
+    let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
+    let got_total = b.checksum.total(stream)?;
+    let sums = rdv.all_gather("checked calls", &[u8::from(got_total == want_total)])?;
+    if let Some(r) = sums.iter().position(|v| v[..] != [1]) {
+        let n = calls * replays;
+        return Ok(row(Status::Failed(format!(
+            "{n} consecutive checked calls: rank {r}'s device-side checksum of its outputs is wrong (a stale or \
+             torn read of a peer's data)"
+        ))));
+    }
+
+    // Timed calls rotate among the variants too (a registered input keeps the last checked call's).
+    let mut c = calls;
+    let t = b.timer.time_calls(&cfg.timing, rdv, |s| {
+        c += 1;
+        issue(m, s, c, false, false)
     })?;
+    let last = if registered { variant(calls - 1) } else { variant(c) };
+    let want = variant_sum(world, lo, hi, last as u64);
+    let verify = |m: &dyn Collective, when| {
+        verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), op, dtype, &want, 0.0, when)
+    };
     if let Some(failure) = verify(m, "after the timed calls")? {
         return Ok(row(Status::Failed(failure)));
     }
@@ -228,7 +295,7 @@ fn pick<'a>(registered: Option<&'a DeviceBuffer>, own: &'a DeviceBuffer, use_reg
 
 /// Downloads and checks this rank's output; every rank learns every rank's verdict, so all agree.
 #[allow(clippy::too_many_arguments)]
-fn verify(
+fn verify_output(
     rdv: &Rendezvous,
     stream: &Stream,
     output: &DeviceBuffer,

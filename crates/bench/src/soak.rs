@@ -4,6 +4,7 @@
 //! in every dtype and the expected output is known without a reference run.
 
 use crate::BenchError;
+use allreduce::check::variant_value;
 use allreduce::{methods, Collective, Communicator, DType, Mode, Op, Options};
 use clap::Args;
 use gpu::MemKind;
@@ -17,8 +18,9 @@ pub struct SoakArgs {
     /// Calls in all.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub calls: u64,
-    /// Largest element count of a call.
-    #[arg(long = "max_count", alias = "max-count", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 26)))]
+    /// Largest element count of a call (the default reaches the zero-copy designs' sizes, above 640 KiB, in every
+    /// dtype).
+    #[arg(long = "max_count", alias = "max-count", default_value_t = 1 << 19, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 26)))]
     pub max_count: u64,
     /// Calls issued back to back before the results are read.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=256))]
@@ -33,27 +35,20 @@ pub struct SoakArgs {
     /// Comma-separated methods or groups, as comm-bench's [default: every car and symm method, tuned ones included].
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
+    /// Stop issuing calls after this many seconds, and say how many ran.
+    #[arg(long = "max_seconds", alias = "max-seconds", default_value_t = 900.0, value_parser = |s: &str| deadline::parse_seconds(s).map(|d| d.as_secs_f64()))]
+    pub max_seconds: f64,
     #[arg(long = "timeout_s", alias = "timeout-s", value_parser = |s: &str| deadline::parse_seconds(s).map(|d| d.as_secs_f64()))]
     pub timeout_s: Option<f64>,
 }
 
-const DEFAULT: &[&str] = &[
-    "car_1shot",
-    "car_2shot",
-    "car_rs",
-    "symm_1shot",
-    "symm_2shot",
-    "symm_rs",
-    "symm_1shot_tuned",
-    "symm_2shot_tuned",
-    "symm_zc_2shot",
-    "symm_epoch_1shot",
-    "auto",
-];
-
-/// Rank `rank`'s value at element `i` of call `call`: at most 16, so a sum over 8 ranks (<= 128) is exact in bf16.
-fn value(rank: usize, i: usize, call: u64) -> f32 {
-    ((i * 7 + rank * 13 + call as usize * 5) % 17) as f32
+/// The default methods: every car and symm method of the registry, tuned designs, ablation variants and
+/// IPC-staged ones included (NCCL has its own tests; the broken variants are there to fail).
+fn default_methods() -> Vec<String> {
+    let ops = [Op::AllReduce, Op::ReduceScatter];
+    let all =
+        ops.into_iter().flat_map(methods::defaults).chain(methods::ABLATIONS.iter().flat_map(|l| l.iter().copied()));
+    all.filter(|m| !m.starts_with("nccl") && *m != "communicator").map(str::to_string).collect()
 }
 
 struct Call {
@@ -84,7 +79,7 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
     let (rank, world) = (rdv.rank(), rdv.world());
     let names: Vec<String> = match &args.methods {
         Some(m) => methods::expand(m),
-        None => DEFAULT.iter().map(|s| s.to_string()).collect(),
+        None => default_methods(),
     };
     let max = args.max_count as usize;
     let capacity = max * DType::F32.size();
@@ -109,7 +104,18 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
     let stream = gpu.stream()?;
     let start = Instant::now();
     let (mut done, mut per_method) = (0u64, vec![0u64; built.len()]);
+    let budget = Duration::from_secs_f64(args.max_seconds);
+    let mut next_report = Instant::now() + Duration::from_secs(30);
+    // Every rank stops after the same batch: rank 0's clock decides.
     while done < args.calls {
+        let over = start.elapsed() > budget;
+        if rdv.broadcast("soak budget", 0, &[u8::from(over)])? == [1] {
+            break;
+        }
+        if rank == 0 && Instant::now() > next_report {
+            println!("soak: {done} of {} calls checked ({:.0} s)", args.calls, start.elapsed().as_secs_f64());
+            next_report = Instant::now() + Duration::from_secs(30);
+        }
         let n = (args.calls - done).min(batch as u64) as usize;
         let calls: Vec<Call> = (0..n)
             .map(|_| {
@@ -131,7 +137,7 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
             return Err(BenchError::Config(format!("--max_count {max} is below the world size {world}")));
         }
         for (k, c) in calls.iter().enumerate() {
-            let x: Vec<f32> = (0..c.count).map(|i| value(rank, i, done + k as u64)).collect();
+            let x: Vec<f32> = (0..c.count).map(|i| variant_value(rank, i, done + k as u64)).collect();
             stream.upload(&inputs, k * capacity, &c.dtype.encode(&x))?;
             stream.upload(&outputs, k * capacity, &vec![0xFF; c.count * c.dtype.size()])?;
         }
@@ -152,7 +158,7 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
             let got = c.dtype.decode(&out);
             let call = done + k as u64;
             if let Some(i) =
-                (0..shard).find(|&j| got[j] != (0..world).map(|r| value(r, lo + j, call) as f64).sum::<f64>())
+                (0..shard).find(|&j| got[j] != (0..world).map(|r| variant_value(r, lo + j, call) as f64).sum::<f64>())
             {
                 return Err(BenchError::Config(format!(
                     "soak call {call} ({} {} x {}): rank {rank} element {i} is {}, expected {}",
@@ -160,7 +166,7 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
                     c.count,
                     c.dtype,
                     got[i],
-                    (0..world).map(|r| value(r, lo + i, call) as f64).sum::<f64>()
+                    (0..world).map(|r| variant_value(r, lo + i, call) as f64).sum::<f64>()
                 )));
             }
         }
@@ -171,7 +177,8 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
     if rank == 0 {
         let counts: Vec<String> = names.iter().zip(&per_method).map(|(n, c)| format!("{n} {c}")).collect();
         println!(
-            "soak: {done} calls checked exactly on every rank ({world} ranks, {} driver, seed {seed}, up to {max} elements, batches of {batch}): {} in {:.1} s, no wrong result, no hang",
+            "soak: {done} calls checked exactly on every rank{} ({world} ranks, {} driver, seed {seed}, up to {max} elements, batches of {batch}): {} in {:.1} s, no wrong result, no hang",
+            if done < args.calls { format!(" (of {} asked: --max_seconds reached)", args.calls) } else { String::new() },
             gpu.kind(),
             counts.join(", "),
             start.elapsed().as_secs_f64()

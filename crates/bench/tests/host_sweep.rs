@@ -238,3 +238,37 @@ fn bad_flags_get_a_clear_error_and_no_launch() {
         assert!(!text(&o).contains("[rank"), "nothing may be launched for {bad:?}");
     }
 }
+
+/// A protocol that reads a peer's buffer while the peer already writes its next call's input (one buffer half for
+/// every call) passes a single checked call and identical timed calls; the checks of consecutive calls with
+/// changing inputs (device-side checksum) must fail it, at every size, while car's real one-shot passes.
+#[test]
+fn a_protocol_that_reads_a_stale_buffer_fails_the_consecutive_call_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = comm_bench(&[
+        "--num_ranks",
+        "3",
+        "--counts",
+        "8,1000,4099,20000",
+        "--methods",
+        "car_1shot,car_1shot_broken_samehalf",
+        "--num_iters",
+        "5",
+        "--repeats",
+        "1",
+        "--export_csv",
+        "--output_dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("comm_ops_benchmark.json")).unwrap()).unwrap();
+    for r in json["rows"].as_array().unwrap() {
+        if r["method"] == "car_1shot" {
+            assert_eq!(r["status"], "passed", "{r}");
+        } else {
+            assert_eq!(r["status"], "failed", "{r}");
+            assert!(r["reason"].as_str().unwrap().contains("checksum"), "{r}");
+        }
+    }
+}

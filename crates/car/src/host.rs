@@ -29,6 +29,7 @@ kernels! {
     "car_1shot_oneblock" => one_shot_one_block,
     "car_1shot_cas" => one_shot_cas,
     "car_2shot_3bar" => two_shot_exit,
+    "car_1shot_broken_samehalf" => one_shot_same_half,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,8 @@ struct Knobs {
     one_block: bool,
     exit: bool,
     cas: bool,
+    /// The broken variant: one buffer half for every call.
+    same_half: bool,
 }
 
 fn barrier_only(l: &HostLaunch<'_>) -> Result<(), String> {
@@ -76,6 +79,9 @@ fn one_shot_one_block(l: &HostLaunch<'_>) -> Result<(), String> {
 }
 fn one_shot_cas(l: &HostLaunch<'_>) -> Result<(), String> {
     run(l, "car_1shot_cas", Kind::OneShot, Knobs { cas: true, ..Knobs::default() })
+}
+fn one_shot_same_half(l: &HostLaunch<'_>) -> Result<(), String> {
+    run(l, "car_1shot_broken_samehalf", Kind::OneShot, Knobs { same_half: true, ..Knobs::default() })
 }
 fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), String> {
     run(l, "car_2shot_3bar", Kind::TwoShot, Knobs { exit: true, ..Knobs::default() })
@@ -113,7 +119,7 @@ impl Call<'_> {
             // SAFETY: the table holds 3 * MAX_RANKS u64 (views of both parities, then flag arrays).
             (0..self.world).map(|r| unsafe { *(self.p.table as *const u64).add(parity + r) }).collect()
         } else {
-            let off = (epoch & 1) * self.p.half_bytes;
+            let off = if self.knobs.same_half { 0 } else { (epoch & 1) * self.p.half_bytes };
             self.p.bufs[..self.world].iter().map(|&a| a + off).collect()
         }
     }

@@ -75,10 +75,14 @@ pub enum Variant {
     OneBlockBarrier,
     /// Two-shot with a third (exit) barrier, as torch's two-shot has.
     ExitBarrier,
+    /// A deliberately broken one-shot that copies into the same buffer half every call (no parity), so a fast rank
+    /// overwrites its buffer while a slow peer still reads the previous call: what the benchmark's checks of
+    /// consecutive calls must catch. Host driver only.
+    BrokenSameHalf,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 9] = [
         Variant::Base,
         Variant::Vmm,
         Variant::Cas,
@@ -87,6 +91,7 @@ impl Variant {
         Variant::Push,
         Variant::OneBlockBarrier,
         Variant::ExitBarrier,
+        Variant::BrokenSameHalf,
     ];
 
     /// The method name of this variant of `algo`, or `None` where it does not apply.
@@ -100,6 +105,7 @@ impl Variant {
             (Algo::OneShot, Variant::Push) => "car_1shot_push",
             (Algo::OneShot, Variant::OneBlockBarrier) => "car_1shot_oneblock",
             (Algo::TwoShot, Variant::ExitBarrier) => "car_2shot_3bar",
+            (Algo::OneShot, Variant::BrokenSameHalf) => "car_1shot_broken_samehalf",
             _ => return None,
         })
     }
@@ -152,6 +158,14 @@ impl Car {
             CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to {}", algo.method(Family::Car)))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
+        if variant == Variant::BrokenSameHalf && gpu.kind() != DriverKind::Host {
+            return Err(CollectiveError::Unsupported(format!(
+                "{name}: a deliberately broken protocol for testing the checks; host driver only"
+            )));
+        }
+        if variant == Variant::Cas {
+            team.require_peer_atomics(name)?;
+        }
         team.agree_capacity(name, opts.capacity_bytes)?;
         let slot = opts.capacity_bytes.next_multiple_of(256);
         // Push keeps one slot per source in each half.

@@ -22,6 +22,9 @@ pub const MAX_RANKS: usize = 8;
 pub const MAX_BLOCKS: usize = 64;
 /// Bytes of one vector load or store.
 pub const VEC_BYTES: usize = 16;
+/// Shard and block edges fall on multiples of this many bytes, so no two ranks (or blocks) ever write one cache line.
+pub const LINE_BYTES: usize = 128;
+const LINE_VECS: usize = LINE_BYTES / VEC_BYTES;
 
 /// Element type of a collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -263,10 +266,12 @@ pub fn check_world(method: &str, world: usize) -> Result<(), CollectiveError> {
     Ok(())
 }
 
-/// Elements of one shard of a two-shot allreduce: whole vectors, so shards start vector-aligned; the last
-/// shard may be shorter or empty. Reduce-scatter uses exact `count / world` shards instead.
+/// Elements of one shard of a two-shot allreduce: whole 128-byte lines (`vec` elements per 16-byte vector), so
+/// shards start line-aligned; the last shard may be shorter or empty. Reduce-scatter uses exact `count / world`
+/// shards instead.
 pub fn shard_elems(count: usize, world: usize, vec: usize) -> usize {
-    count.div_ceil(vec).div_ceil(world) * vec
+    let line = vec * LINE_VECS;
+    count.div_ceil(line).div_ceil(world) * line
 }
 
 /// Shard `s` of `[0, count)` for shards of `shard` elements.
@@ -275,9 +280,10 @@ pub fn shard_range(count: usize, shard: usize, s: usize) -> (usize, usize) {
     (lo, (lo + shard).min(count))
 }
 
-/// The part of `[lo, hi)` that block `b` of `grid` handles: contiguous chunks of whole vectors.
+/// The part of `[lo, hi)` that block `b` of `grid` handles: contiguous chunks of whole 128-byte lines from `lo`.
 pub fn block_range(lo: usize, hi: usize, b: usize, grid: usize, vec: usize) -> (usize, usize) {
-    let per = (hi - lo).div_ceil(grid).div_ceil(vec) * vec;
+    let line = vec * LINE_VECS;
+    let per = (hi - lo).div_ceil(grid).div_ceil(line) * line;
     let start = (lo + b * per).min(hi);
     (start, (start + per).min(hi))
 }
@@ -296,10 +302,11 @@ mod tests {
                 let mut seen = vec![0u8; count];
                 for s in 0..world {
                     let (lo, hi) = shard_range(count, shard, s);
-                    assert!(lo % vec == 0 || lo == count);
+                    assert!(lo % (vec * LINE_VECS) == 0 || lo == count, "shards start on a 128-byte line");
                     for b in 0..grid {
                         let (a, z) = block_range(lo, hi, b, grid, vec);
                         assert!(lo <= a && a <= z && z <= hi);
+                        assert!(a == hi || (a * dtype.size()) % LINE_BYTES == 0, "blocks start on a line");
                         seen[a..z].iter_mut().for_each(|x| *x += 1);
                     }
                 }

@@ -16,6 +16,9 @@ pub struct Team<'a> {
     pub rdv: &'a Rendezvous,
     pub ranks_per_device: usize,
     pub kernel_timeout: Duration,
+    /// Why atomics on peers' memory are not native here (the drivers' report), which the compare-and-swap
+    /// handshakes need; `None` where no pair is known to lack them.
+    pub missing_peer_atomics: Option<&'a str>,
 }
 
 /// Every rank's copies of a set of buffers, as mapped here: `ptrs[rank][k]` is rank `rank`'s buffer `k`.
@@ -45,7 +48,28 @@ pub enum Sharing {
 
 impl<'a> Team<'a> {
     pub fn new(gpu: &'a Gpu, rdv: &'a Rendezvous, ranks_per_device: usize) -> Team<'a> {
-        Team { gpu, rdv, ranks_per_device: ranks_per_device.max(1), kernel_timeout: rdv.timeout() }
+        Team {
+            gpu,
+            rdv,
+            ranks_per_device: ranks_per_device.max(1),
+            kernel_timeout: rdv.timeout(),
+            missing_peer_atomics: None,
+        }
+    }
+
+    /// The same team, told that atomics on peers' memory are not native (`reason`).
+    pub fn with_missing_peer_atomics(self, reason: Option<&'a str>) -> Team<'a> {
+        Team { missing_peer_atomics: reason, ..self }
+    }
+
+    /// Refuses a method whose barrier is a compare-and-swap on peers' memory where those atomics are not native.
+    pub fn require_peer_atomics(&self, name: &str) -> Result<(), CollectiveError> {
+        match self.missing_peer_atomics {
+            Some(reason) => Err(CollectiveError::Unsupported(format!(
+                "{name}: its handshake is a compare-and-swap on peers' memory, and {reason}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The same team with kernels that wait `timeout` for a peer (set-up's own waits keep the rendezvous's).

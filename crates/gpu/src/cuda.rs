@@ -12,8 +12,8 @@
 
 use crate::{
     c_buf_text, forget, kernel_cache, offset_in, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind,
-    DriverOptions, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result, ShareHandle, SharedRange,
-    PRIVATE_MEMORY, REIMPORTED_MEMORY,
+    DriverOptions, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, PeerLink, RawMem, Result, ShareHandle,
+    SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -35,6 +35,8 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuDeviceGetName",
     "cuDeviceGetAttribute",
     "cuDeviceGetPCIBusId",
+    "cuDeviceGetByPCIBusId",
+    "cuDeviceGetP2PAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
@@ -842,6 +844,32 @@ impl Driver for CudaDriver {
         *lock(&self.live).adopted.entry(raw).or_default() += 1;
         Ok(raw)
     }
+    fn peer_link(&self, bus_id: &str) -> Result<Option<PeerLink>> {
+        if bus_id.eq_ignore_ascii_case(&self.info.bus_id) {
+            return Ok(None);
+        }
+        let Ok(c_bus) = std::ffi::CString::new(bus_id) else {
+            return Err(bad(format!("bus id {bus_id:?} holds a NUL byte")));
+        };
+        let mut peer: cu::CUdevice = 0;
+        // SAFETY: a NUL-terminated bus id; writes one device. A device this process cannot see is not an error.
+        let status = unsafe { cu::cuDeviceGetByPCIBusId(&mut peer, c_bus.as_ptr()) };
+        if status != cu::CUresult::CUDA_SUCCESS {
+            return Ok(None);
+        }
+        let attr = |a: cu::CUdevice_P2PAttribute| -> Result<bool> {
+            let mut v: c_int = 0;
+            // SAFETY: writes one int; both devices are valid ordinals of this process.
+            ck("cuDeviceGetP2PAttribute", unsafe { cu::cuDeviceGetP2PAttribute(&mut v, a, self.device, peer) })?;
+            Ok(v != 0)
+        };
+        use cu::CUdevice_P2PAttribute::*;
+        Ok(Some(PeerLink {
+            access: attr(CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)?,
+            native_atomics: attr(CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)?,
+        }))
+    }
+
     fn stream_forget(&self, stream: Handle) -> Result<()> {
         forget(&mut lock(&self.live).adopted, stream)
     }

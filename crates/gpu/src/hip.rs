@@ -16,8 +16,8 @@ mod sys;
 
 use crate::{
     c_buf_text, forget, kernel_cache, offset_in, pick_ordinal, DeviceInfo, DevicePtr, Driver, DriverKind,
-    DriverOptions, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, RawMem, Result, ShareHandle, SharedRange,
-    PRIVATE_MEMORY, REIMPORTED_MEMORY,
+    DriverOptions, GpuError, Handle, KernelLibrary, LaunchDims, MemKind, PeerLink, RawMem, Result, ShareHandle,
+    SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -827,6 +827,32 @@ impl Driver for HipDriver {
         *lock(&self.live).adopted.entry(raw).or_default() += 1;
         Ok(raw)
     }
+    fn peer_link(&self, bus_id: &str) -> Result<Option<PeerLink>> {
+        if bus_id.eq_ignore_ascii_case(&self.info.bus_id) {
+            return Ok(None);
+        }
+        let Ok(c_bus) = std::ffi::CString::new(bus_id) else {
+            return Err(GpuError::BadArgs(format!("bus id {bus_id:?} holds a NUL byte")));
+        };
+        let api = &self.rt.api;
+        let mut peer: c_int = 0;
+        // SAFETY: a NUL-terminated bus id; writes one device. A device this process cannot see is not an error.
+        if unsafe { (api.hipDeviceGetByPCIBusId)(&mut peer, c_bus.as_ptr()) } != sys::hipSuccess {
+            return Ok(None);
+        }
+        let me = self.info.ordinal as c_int;
+        let attr = |a: c_int| -> Result<bool> {
+            let mut v: c_int = 0;
+            // SAFETY: writes one int; both devices are valid ordinals of this process.
+            self.rt.ck("hipDeviceGetP2PAttribute", unsafe { (api.hipDeviceGetP2PAttribute)(&mut v, a, me, peer) })?;
+            Ok(v != 0)
+        };
+        Ok(Some(PeerLink {
+            access: attr(sys::hipDevP2PAttrAccessSupported)?,
+            native_atomics: attr(sys::hipDevP2PAttrNativeAtomicSupported)?,
+        }))
+    }
+
     fn stream_forget(&self, stream: Handle) -> Result<()> {
         forget(&mut lock(&self.live).adopted, stream)
     }

@@ -4,7 +4,7 @@
 
 use crate::{
     forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind,
-    RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
+    PeerLink, RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use nix::fcntl::OFlag;
 use nix::sys::mman::{self, MapFlags, ProtFlags};
@@ -331,6 +331,11 @@ impl Driver for HostDriver {
         *lock(&self.adopted).entry(raw).or_default() += 1;
         Ok(raw)
     }
+    /// Every host-driver rank shares the one "device".
+    fn peer_link(&self, _bus_id: &str) -> Result<Option<PeerLink>> {
+        Ok(None)
+    }
+
     fn stream_forget(&self, stream: Handle) -> Result<()> {
         forget(&mut lock(&self.adopted), stream)
     }

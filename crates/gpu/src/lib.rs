@@ -144,6 +144,15 @@ pub struct RawMem {
     pub token: u64,
 }
 
+/// How this device reaches a peer device, as the driver reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerLink {
+    /// Kernels here can load from and store to the peer's memory.
+    pub access: bool,
+    /// Atomic operations on the peer's memory are native (the compare-and-swap handshakes rely on them).
+    pub native_atomics: bool,
+}
+
 /// The driver interface. Every call's status is checked and turned into a [`GpuError`] naming the call.
 pub trait Driver: Send + Sync {
     fn info(&self) -> &DeviceInfo;
@@ -167,6 +176,9 @@ pub trait Driver: Send + Sync {
     /// Starts tracking a stream this driver did not create, so every stream-taking method accepts it; returns the
     /// handle to use. Adopting one stream several times needs as many `stream_forget`s.
     fn stream_adopt(&self, raw: Handle) -> Result<Handle>;
+    /// How this device reaches the device with PCI bus id `bus_id`; `None` when that device is this one or is not
+    /// visible to this process (a per-rank `CUDA_VISIBLE_DEVICES`), so the driver cannot say.
+    fn peer_link(&self, bus_id: &str) -> Result<Option<PeerLink>>;
     /// Stops tracking an adopted stream without destroying it.
     fn stream_forget(&self, stream: Handle) -> Result<()>;
     fn stream_sync(&self, stream: Handle) -> Result<()>;
@@ -318,6 +330,11 @@ impl Gpu {
     /// Exports the allocation that holds `bytes` at `ptr` (memory from this driver, or from another allocator of
     /// this device's context, such as a framework's tensors), for a peer to import and offset. Safe: it only
     /// queries the driver and exports, never touching the memory.
+    /// How this device reaches the device with PCI bus id `bus_id` (see [`Driver::peer_link`]).
+    pub fn peer_link(&self, bus_id: &str) -> Result<Option<PeerLink>> {
+        self.0.peer_link(bus_id)
+    }
+
     pub fn share_range(&self, ptr: DevicePtr, bytes: usize) -> Result<SharedRange> {
         if bytes == 0 {
             return Err(GpuError::BadArgs("share_range of zero bytes".into()));

@@ -2,7 +2,7 @@
 //! the epoch-flag barrier. Blocks run one after another in the same order on every rank; block b's packets are the
 //! ones with index j = b (mod grid), as with one thread per block on the device.
 
-use crate::tuned::TunedParams;
+use crate::tuned::{ll_flag, TunedParams};
 use collective::host_sync::{flag_barrier, next_epoch};
 use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
 use deadline::{wait_all, Deadline};
@@ -71,7 +71,7 @@ fn ll(l: &HostLaunch<'_>) -> Result<(), String> {
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        let flag = (epoch & 0xffff_ffff) << 32;
+        let flag = ll_flag(epoch);
         let area = (epoch as usize & 1) * MAX_RANKS * npk;
         for j in (b..n).step_by(c.grid) {
             let len = (count - j * per).min(per) * size;
@@ -110,8 +110,25 @@ fn ll(l: &HostLaunch<'_>) -> Result<(), String> {
                 std::ptr::copy_nonoverlapping(sum.as_ptr(), output.add(j * 4), k * size);
             }
         }
+        ll_clean(p, c.rank, epoch, b, c.grid);
     }
     Ok(())
+}
+
+/// The kernels' `ll_clean`: block b zeroes the slots j = b (mod grid) of this rank's area of `epoch`'s parity, for
+/// every source, when the packet flags wrap before the area's next use.
+fn ll_clean(p: &TunedParams, rank: usize, epoch: u64, b: usize, grid: usize) {
+    if ll_flag(epoch + 2) > ll_flag(epoch) {
+        return;
+    }
+    let npk = p.ll_packets as usize;
+    let area = (epoch as usize & 1) * MAX_RANKS * npk;
+    for j in (b..npk).step_by(grid) {
+        for src in 0..MAX_RANKS {
+            // SAFETY: this rank's packet area, mapped at setup: 2 parities x MAX_RANKS sources x npk slots.
+            unsafe { packet(p.packets[rank], area + src * npk + j).store(0, Ordering::Relaxed) };
+        }
+    }
 }
 
 fn zc(l: &HostLaunch<'_>, two_shot: bool) -> Result<(), String> {
@@ -142,6 +159,7 @@ fn zc(l: &HostLaunch<'_>, two_shot: bool) -> Result<(), String> {
         }
         // SAFETY: as above.
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, &c.deadline, name)? };
+        ll_clean(p, c.rank, epoch, b, c.grid);
     }
     Ok(())
 }
@@ -161,6 +179,7 @@ fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_epoch_1shot")? };
         // SAFETY: as above; the output holds `count` elements.
         unsafe { HostElem::reduce(c.dtype, &views, lo, hi, (p.outputs[c.rank] as *mut u8).add(lo * size)) };
+        ll_clean(p, c.rank, epoch, b, c.grid);
     }
     Ok(())
 }
@@ -191,7 +210,7 @@ fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), String> {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_zc_2shot_ll")? };
-        let flag = (epoch & 0xffff_ffff) << 32;
+        let flag = ll_flag(epoch);
         let area = (epoch as usize & 1) * MAX_RANKS * npk;
         let (lo, hi) = shard_range(count, shard, c.rank);
         for j in (b..(hi - lo).div_ceil(per)).step_by(c.grid) {
@@ -222,6 +241,7 @@ fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), String> {
                 unsafe { std::ptr::copy_nonoverlapping(word.as_ptr(), output.add((lo + j * per) * size), k * size) };
             }
         }
+        ll_clean(p, c.rank, epoch, b, c.grid);
     }
     Ok(())
 }

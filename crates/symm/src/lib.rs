@@ -95,6 +95,7 @@ impl Symm {
             CollectiveError::BadArgs(format!("{}: no variant with the copy-in fused", algo.method(Family::Symm)))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
+        team.require_peer_atomics(name)?;
         team.agree_capacity(name, opts.capacity_bytes)?;
         let data_bytes = opts.capacity_bytes.next_multiple_of(256);
         let total = data_bytes + PAD_BYTES;

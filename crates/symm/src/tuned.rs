@@ -20,7 +20,7 @@
 use crate::host_tuned;
 use collective::host_sync::FLAG_SLOTS;
 use collective::{
-    check_args, Collective, CollectiveError, DType, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
+    check_args, Collective, CollectiveError, DType, LaunchRule, Op, Sharing, Team, LINE_BYTES, MAX_BLOCKS, MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 
@@ -49,6 +49,12 @@ pub const EPOCH_MAX_BYTES: usize = 640 << 10;
 /// Largest message `symm_2shot_tuned` sends through `symm_epoch_1shot`; above it, zero-copy two-shot (measured:
 /// results/h200-mps, graph mode, 8 ranks).
 pub const TWO_SHOT_EPOCH_MAX_BYTES: usize = 256 << 10;
+
+/// The packet flag of an epoch, in a packet's high word: `epoch mod (2^32 - 1) + 1`, never 0, so a zeroed slot never
+/// reads as data; each area is zeroed by the last call that uses it before the flags wrap (the kernels' `ll_clean`).
+pub fn ll_flag(epoch: u64) -> u64 {
+    (epoch % 0xffff_ffff + 1) << 32
+}
 
 /// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -203,6 +209,9 @@ pub struct TunedOptions {
     /// One launch shape at every size instead of the design's rule (`METHOD@BLOCKSxTHREADS`); only for the
     /// designs that run one kernel.
     pub rule: Option<LaunchRule>,
+    /// The epoch counters' starting value (0: the first call is epoch 1); a test starts just below the packet
+    /// flags' wrap to check it.
+    pub first_epoch: u64,
 }
 
 /// The allocation behind the staging buffer and the epoch flags.
@@ -216,7 +225,7 @@ pub enum Staging {
 
 impl TunedOptions {
     pub fn new(capacity_bytes: usize) -> TunedOptions {
-        TunedOptions { capacity_bytes, staging: Staging::Vmm, rule: None }
+        TunedOptions { capacity_bytes, staging: Staging::Vmm, rule: None, first_epoch: 0 }
     }
 }
 
@@ -295,7 +304,7 @@ impl SymmTuned {
             // SAFETY: the flags are the last FLAG_SLOTS words of our own staging allocation, not yet shared.
             unsafe { stream.memset(staging.ptr().offset(flags_at), 0, FLAG_SLOTS * 8)? };
         }
-        stream.fill(&counters, 0)?;
+        stream.upload(&counters, 0, &opts.first_epoch.to_le_bytes().repeat(MAX_BLOCKS))?;
         stream.sync()?;
         let (vmm, ipc_maps) = if ipc {
             let vmm = team.exchange(name, &[&input, &output, &sync], Sharing::Vmm)?;
@@ -387,12 +396,12 @@ impl CallBuffers {
 
 impl SymmTuned {
     /// Largest message `design` takes: the packet designs are bounded by the packet area (`symm_zc_2shot_ll`
-    /// carries one shard, a multiple of 16 bytes, per source).
+    /// carries one shard, a multiple of 128 bytes, per source).
     pub fn capacity_for(&self, design: Design) -> usize {
         match design {
             Design::Ll => self.capacity.min(LL_MAX_BYTES),
             Design::ZeroCopyTwoShotLl => {
-                let per_source = (self.base.ll_packets as usize * 4) / 16 * 16;
+                let per_source = (self.base.ll_packets as usize * 4) / LINE_BYTES * LINE_BYTES;
                 self.capacity.min(per_source * self.base.world as usize)
             }
             _ => self.capacity,
@@ -532,6 +541,19 @@ mod tests {
             assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1, issue), Stem::ZeroCopyTwoShotLl);
             assert_eq!(Design::Ll.kernel(LL_MAX_BYTES, issue), Stem::Ll);
         }
+    }
+
+    #[test]
+    fn packet_flags_are_never_zero_and_wrap_once_per_period() {
+        const P: u64 = 0xffff_ffff;
+        for e in [0, 1, 2, P - 3, P - 2, P - 1, P, P + 1, 1 << 32, (1 << 32) + 1, u64::MAX - 2] {
+            assert_ne!(ll_flag(e), 0, "epoch {e}");
+            assert_eq!(ll_flag(e) & 0xffff_ffff, 0, "the flag lives in the high word");
+        }
+        // The flag the old encoding (the epoch's low 32 bits) gave epoch 2^32: zero, which a fresh slot holds.
+        assert_eq!((1u64 << 32) & 0xffff_ffff, 0);
+        let wraps: Vec<u64> = (P - 5..P + 5).filter(|&e| ll_flag(e + 2) <= ll_flag(e)).collect();
+        assert_eq!(wraps, [P - 2, P - 1], "both areas are cleaned by the last call that uses each before the wrap");
     }
 
     #[test]

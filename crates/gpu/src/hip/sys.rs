@@ -29,6 +29,10 @@ pub type hipGraphExec_t = *mut c_void;
 /// A pointer in HIP (CUDA's is a 64-bit integer).
 pub type hipMemGenericAllocationHandle_t = *mut c_void;
 
+/// `hipDeviceP2PAttr`.
+pub const hipDevP2PAttrAccessSupported: c_int = 1;
+pub const hipDevP2PAttrNativeAtomicSupported: c_int = 2;
+
 /// `hipDeviceAttribute_t`: the same value in ROCm 5.x, 6.x and 7.x.
 pub const hipDeviceAttributeMultiprocessorCount: c_int = 63;
 
@@ -196,6 +200,8 @@ table! {
         hipDeviceGetName: fn(*mut c_char, c_int, hipDevice_t) -> hipError_t;
         hipDeviceGetAttribute: fn(*mut c_int, c_int, c_int) -> hipError_t;
         hipDeviceGetPCIBusId: fn(*mut c_char, c_int, c_int) -> hipError_t;
+        hipDeviceGetByPCIBusId: fn(*mut c_int, *const c_char) -> hipError_t;
+        hipDeviceGetP2PAttribute: fn(*mut c_int, c_int, c_int, c_int) -> hipError_t;
         hipGetDevicePropertiesR0600: fn(*mut hipDeviceProp_tR0600, c_int) -> hipError_t;
         hipMalloc: fn(*mut *mut c_void, usize) -> hipError_t;
         hipExtMallocWithFlags: fn(*mut *mut c_void, usize, c_uint) -> hipError_t;

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The first run on a real GPU node (8 GPUs, or fewer under MPS), from the binaries `cargo xtask bundle` put into
+# dist/ (nothing is built here). Each step is its own process with short per-call timeouts, so a hang (a kernel's
+# trap) in one method group ends that step only and the others still run; everything lands in OUT_DIR and in
+# OUT_DIR.tar.gz, the one file to send back.
+#   [RANKS=8] [BACKEND=cuda|hip] [SKIP="step ..."] [SOAK_CALLS=2000] [SOAK_SECONDS=600] first_node_run.sh OUT_DIR [--with-nvls]
+# --with-nvls also runs NCCL as the node configures it (NVLink multicast allowed); by default multicast stays off,
+# since it can take a shared host's GPUs out of service.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: first_node_run.sh OUT_DIR [--with-nvls]}
+with_nvls=${2:-}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$out/kernel-cache} ALLREDUCE_TUNE_DIR=${ALLREDUCE_TUNE_DIR:-$out/tune-cache}
+ranks=${RANKS:-8}
+if [ -z "${BACKEND:-}" ]; then
+    if command -v rocm-smi >/dev/null 2>&1 || [ -e /dev/kfd ]; then BACKEND=hip; else BACKEND=cuda; fi
+fi
+gpus=$( (nvidia-smi -L 2>/dev/null || rocm-smi --showid 2>/dev/null | grep -E '^GPU\[') | grep -c 'GPU' || true)
+mps_started=0
+stop_mps() { if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi; }
+trap stop_mps EXIT
+if [ "$BACKEND" = cuda ] && [ "${gpus:-0}" -lt "$ranks" ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/arx-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/arx-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && mps_started=1
+fi
+bench=("$here/comm-bench" --backend "$BACKEND" --num_ranks "$ranks" --timeout_s 5 --setup_timeout_s 300)
+failed=()
+step() {
+    local name=$1
+    shift
+    if [[ " ${SKIP:-} " == *" $name "* ]]; then echo "## $name: skipped (SKIP)"; return; fi
+    echo "## $name: $*" | tee "$out/$name.txt"
+    if "$@" >>"$out/$name.txt" 2>&1; then echo "## $name: ok" | tee -a "$out/$name.txt"; else
+        echo "## $name: FAILED (exit $?)" | tee -a "$out/$name.txt"
+        failed+=("$name")
+    fi
+}
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "backend: $BACKEND, ranks: $ranks, gpus: $gpus, mps: $mps_started"
+    nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+    nvidia-smi topo -m 2>/dev/null || true
+    rocm-smi --showproductname --showbus --showdriverversion 2>/dev/null || true
+    rocm-smi --showtopo 2>/dev/null || true
+} >"$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+# The device checks and one rank compiling every kernel library into the cache, so 8 cold compiles do not race
+# the set-up deadline.
+[ "$BACKEND" = cuda ] && step smoke "$here/gpu_smoke" --backend cuda
+step warm_cache "$here/comm-bench" --backend "$BACKEND" --num_ranks 1 --counts 1024 --num_iters 2 --repeats 1 \
+    --methods car_1shot,car_1shot_vmm,symm_1shot,symm_2shot,symm_1shot_tuned,symm_zc_2shot_ll
+# Placement (rank, device, bus id) and the peer link matrix are in every comm-bench header; one method group per
+# process.
+for group in "car_1shot,car_2shot,symm_1shot,symm_2shot" "auto,communicator,symm_1shot_tuned,symm_2shot_tuned" \
+    "ablation" "staging" "shapes"; do
+    name=group_$(echo "$group" | tr ',' '_' | cut -c1-40)
+    step "$name" "${bench[@]}" --methods "$group" --export_csv --output_dir "$out/$name"
+done
+step group_graph "${bench[@]}" --graph --methods "car_1shot,car_2shot,auto,symm_1shot_tuned,symm_2shot_tuned" \
+    --export_csv --output_dir "$out/group_graph"
+step rs "${bench[@]}" --op reduce_scatter --export_csv --output_dir "$out/rs"
+# Every method at large counts, back to back, every result checked.
+step soak "$here/comm-bench" soak --backend "$BACKEND" --num_ranks "$ranks" --max_count 8388608 \
+    --calls "${SOAK_CALLS:-2000}" --max_seconds "${SOAK_SECONDS:-600}" --timeout_s 10
+# This node's tune tables (graph and eager), stored in the cache the library reads.
+step tune_graph "${bench[@]}" --graph --tune "$out/tune-graph.json"
+step tune_eager "${bench[@]}" --tune "$out/tune-eager.json"
+# NCCL / RCCL: multicast off (labelled), and as the node configures it only when asked.
+step nccl_no_nvls "${bench[@]}" --methods nccl,nccl_symm --export_csv --output_dir "$out/nccl_no_nvls"
+if [ "$with_nvls" = --with-nvls ]; then
+    step nccl_node_default env -u NCCL_NVLS_ENABLE "${bench[@]}" --methods nccl,nccl_symm --export_csv \
+        --output_dir "$out/nccl_node_default"
+fi
+echo "failed steps: ${failed[*]:-none}" | tee "$out/summary.txt"
+tar -C "$(dirname "$out")" --exclude kernel-cache -czf "$out.tar.gz" "$(basename "$out")"
+echo "send back: $out.tar.gz"
+[ ${#failed[@]} -eq 0 ]
