@@ -62,6 +62,13 @@ fn inject(signal: nix::sys::signal::Signal) {
         ranks = children(job.id());
     }
     assert_eq!(ranks.len(), world, "the launcher did not start {world} ranks");
+    // Only this job's segments count: other test runs on the machine may hold segments of their own meanwhile.
+    let environ = std::fs::read(format!("/proc/{}/environ", ranks[0])).unwrap_or_default();
+    let job_id = environ
+        .split(|&b| b == 0)
+        .find_map(|v| v.strip_prefix(b"ALLREDUCE_JOB_ID="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .expect("a rank's environment names its job");
     // Somewhere in setup, the ceilings or the sweep.
     std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(100..1500)));
     let victim = ranks[rand::thread_rng().gen_range(0..world)];
@@ -81,8 +88,9 @@ fn inject(signal: nix::sys::signal::Signal) {
     for pid in ranks {
         assert!(!alive(pid), "rank process {pid} outlived the job");
     }
-    let left: Vec<String> = shm_segments().difference(&before).cloned().collect();
-    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+    let ours = format!("arx-{job_id}-");
+    let left: Vec<String> = shm_segments().difference(&before).filter(|n| n.starts_with(&ours)).cloned().collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}\n{text}");
 }
 
 #[test]
