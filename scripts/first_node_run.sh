@@ -3,7 +3,9 @@
 # dist/ (nothing is built here). Each step is its own process with short per-call timeouts, so a hang (a kernel's
 # trap) in one method group ends that step only and the others still run; everything lands in OUT_DIR and in
 # OUT_DIR.tar.gz, the one file to send back.
-#   [RANKS=8] [BACKEND=cuda|hip] [SKIP="step ..."] [SOAK_CALLS=2000] [SOAK_SECONDS=600] first_node_run.sh OUT_DIR [--with-nvls]
+#   [RANKS=8] [BACKEND=cuda|hip] [SKIP="step ..."] [SOAK_CALLS=2000] [SOAK_SECONDS=600] [BENCH_ARGS="--counts ..."]
+#   first_node_run.sh OUT_DIR [--with-nvls]
+# (SKIP, the soak's bounds and BENCH_ARGS, extra comm-bench flags for every sweep, trim it to a time limit.)
 # --with-nvls also runs NCCL as the node configures it (NVLink multicast allowed); by default multicast stays off,
 # since it can take a shared host's GPUs out of service.
 set -uo pipefail
@@ -26,7 +28,8 @@ if [ "$BACKEND" = cuda ] && [ "${gpus:-0}" -lt "$ranks" ]; then
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     nvidia-cuda-mps-control -d && mps_started=1
 fi
-bench=("$here/comm-bench" --backend "$BACKEND" --num_ranks "$ranks" --timeout_s 5 --setup_timeout_s 300)
+read -r -a extra <<<"${BENCH_ARGS:-}"
+bench=("$here/comm-bench" --backend "$BACKEND" --num_ranks "$ranks" --timeout_s 5 --setup_timeout_s 300 "${extra[@]}")
 failed=()
 step() {
     local name=$1
