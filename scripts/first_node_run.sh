@@ -13,20 +13,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: first_node_run.sh OUT_DIR [--with-nvls]}
 with_nvls=${2:-}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$out/kernel-cache} ALLREDUCE_TUNE_DIR=${ALLREDUCE_TUNE_DIR:-$out/tune-cache}
-ranks=${RANKS:-8}
+export ALLREDUCE_TUNE_DIR=${ALLREDUCE_TUNE_DIR:-$out/tune-cache}
+source "$here/gpu_env.sh" "$out"
 if [ -z "${BACKEND:-}" ]; then
-    if command -v rocm-smi >/dev/null 2>&1 || [ -e /dev/kfd ]; then BACKEND=hip; else BACKEND=cuda; fi
-fi
-gpus=$( (nvidia-smi -L 2>/dev/null || rocm-smi --showid 2>/dev/null | grep -E '^GPU\[') | grep -c 'GPU' || true)
-mps_started=0
-stop_mps() { if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi; }
-trap stop_mps EXIT
-if [ "$BACKEND" = cuda ] && [ "${gpus:-0}" -lt "$ranks" ]; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/arx-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/arx-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d && mps_started=1
+    if [ -e /dev/kfd ]; then BACKEND=hip; else BACKEND=cuda; fi
 fi
 read -r -a extra <<<"${BENCH_ARGS:-}"
 bench=("$here/comm-bench" --backend "$BACKEND" --num_ranks "$ranks" --timeout_s 5 --setup_timeout_s 300 "${extra[@]}")

@@ -9,22 +9,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: gpu_library.sh OUT_DIR}
 mkdir -p "$out"
-# Never NVLink multicast: it can take a shared host's GPUs out of service.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$out/kernel-cache} ALLREDUCE_TUNE_DIR=$out/tune-cache
-ranks=${RANKS:-8}
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
-mps_started=0
-stop_mps() {
-    if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
-}
-trap stop_mps EXIT
-if [ "$gpus" -lt "$ranks" ] && [ "${NO_MPS:-0}" != 1 ]; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/arx-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/arx-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d
-    mps_started=1
-fi
+export ALLREDUCE_TUNE_DIR=$out/tune-cache
+source "$here/gpu_env.sh" "$out"
 {
     echo "date: $(date -u +%FT%TZ)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

@@ -75,7 +75,7 @@ fn bundle() -> Result<(), String> {
         std::fs::copy(from, dist.join(to)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
     strip(&dist, &built.map(|b| b.1))?;
-    for script in ["gpu_node.sh", "gpu_verify.sh", "gpu_library.sh", "first_node_run.sh"] {
+    for script in ["gpu_env.sh", "gpu_node.sh", "gpu_verify.sh", "gpu_library.sh", "first_node_run.sh"] {
         let from = root().join("scripts").join(script);
         std::fs::copy(&from, dist.join(script)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }

@@ -648,8 +648,7 @@ impl Calls<'_> {
         Some(peers)
     }
 
-    /// [`Communicator::all_reduce`] with the algorithm chosen by the caller (`None`: by the tune table), as
-    /// NCCL_ALGO does for NCCL; every rank must choose alike.
+    /// [`Communicator::all_reduce_with`]'s work.
     ///
     /// # Safety
     /// As [`Communicator::all_reduce`].
@@ -685,11 +684,10 @@ impl Calls<'_> {
         Ok(algo)
     }
 
-    /// Enqueues a reduce-scatter: rank r receives elements `[r * count / W, (r + 1) * count / W)` of the sum in
-    /// `output` (`count / W` elements). `count` must divide by the world size; input and output may not overlap.
+    /// [`Communicator::reduce_scatter`]'s work.
     ///
     /// # Safety
-    /// As [`Communicator::all_reduce`], with `output` holding `count / W` elements.
+    /// As [`Communicator::reduce_scatter`].
     pub(crate) unsafe fn reduce_scatter(
         &mut self,
         input: DevicePtr,

@@ -1,0 +1,20 @@
+# Sourced by the GPU-node scripts: the environment every run shares, and MPS when ranks share GPUs.
+#   source gpu_env.sh OUT_DIR   (sets ranks, gpus, mps_started; stops MPS on exit)
+# Never NVLink multicast: it can take a shared host's GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$1/kernel-cache}
+ranks=${RANKS:-8}
+gpus=$( (nvidia-smi -L 2>/dev/null; rocm-smi --showid 2>/dev/null | grep 'Device ID') | grep -c '^GPU' || true)
+mps_started=0
+stop_mps() {
+    if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
+}
+trap stop_mps EXIT
+# 8 ranks on fewer NVIDIA GPUs run under MPS, so their kernels run at once (without it they time-slice and every
+# cross-rank barrier takes milliseconds); NO_MPS=1 keeps it off, as compute-sanitizer needs.
+if command -v nvidia-cuda-mps-control >/dev/null && [ "$gpus" -lt "$ranks" ] && [ "${NO_MPS:-0}" != 1 ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/arx-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/arx-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && mps_started=1
+    echo "# $ranks ranks on $gpus GPU(s): MPS started"
+fi
