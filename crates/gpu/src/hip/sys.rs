@@ -29,8 +29,9 @@ pub type hipGraphExec_t = *mut c_void;
 /// A pointer in HIP (CUDA's is a 64-bit integer).
 pub type hipMemGenericAllocationHandle_t = *mut c_void;
 
-/// `hipDeviceAttribute_t`: the same value in ROCm 5.x, 6.x and 7.x.
+/// `hipDeviceAttribute_t`: the same values in ROCm 5.x, 6.x and 7.x.
 pub const hipDeviceAttributeMultiprocessorCount: c_int = 63;
+pub const hipDeviceAttributeVirtualMemoryManagementSupported: c_int = 89;
 
 pub const HIP_IPC_HANDLE_SIZE: usize = 64;
 #[repr(C)]
