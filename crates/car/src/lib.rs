@@ -1,9 +1,9 @@
 //! car: fbgemm-style custom allreduce. Each rank registers one data buffer and one flag array, both mapped by
 //! every peer through classic IPC handles; the flags live in memory a running kernel may poll ([`Team::polled`]).
 //! An epoch counter in device memory grows by one per call (so graph replays work and flags never need resetting);
-//! a barrier is one remote release store of the epoch per peer and a local acquire load per peer. Data buffers have
-//! two halves chosen by epoch parity, which (with the entry barrier of every call) means no call overwrites a half
-//! that a peer may still read.
+//! a barrier is one remote release store of the epoch per peer, then relaxed local polls per peer and one acquire
+//! fence. Data buffers have two halves chosen by epoch parity, which (with the entry barrier of every call) means no
+//! call overwrites a half that a peer may still read.
 //!
 //! The device kernels are `kernels/car.cu`; [`host`] holds their Rust twins for the host driver.
 
