@@ -1,5 +1,5 @@
 // car: fbgemm-style custom allreduce over IPC-mapped buffers, with epoch flags (remote release store, local
-// acquire load, never reset). Fixed against upstream's defects: every block signals for the slice it copied,
+// wait_epoch, never reset). Fixed against upstream's defects: every block signals for the slice it copied,
 // buffers alternate by epoch parity (so the next call never overwrites what a peer still reads), and the sum
 // order is the same on every rank.
 //
@@ -61,17 +61,13 @@ template <int K> ARX_DEV void one_block_barrier(const CarParams& p, u64 epoch) {
     u64* release = arrived + ARX_MAX_BLOCKS;
     __syncthreads();
     if (blockIdx.x == 0) {
-        for (u32 b = threadIdx.x + 1; b < gridDim.x; b += blockDim.x) {
-            Spin s = spin_start(p.timeout_ns);
-            while (ld_acquire_sys(arrived + b) < epoch) s.check();
-        }
+        for (u32 b = threadIdx.x + 1; b < gridDim.x; b += blockDim.x) wait_epoch(arrived + b, epoch, p.timeout_ns);
         car_barrier<K>(p, 0, epoch);
         if (threadIdx.x == 0) st_release_sys(release, epoch);
     } else {
         if (threadIdx.x == 0) {
             st_release_sys(arrived + blockIdx.x, epoch);
-            Spin s = spin_start(p.timeout_ns);
-            while (ld_acquire_sys(release) < epoch) s.check();
+            wait_epoch(release, epoch, p.timeout_ns);
         }
         __syncthreads();
     }
@@ -89,7 +85,7 @@ template <int DT> ARX_DEV void copy_to_all(const void* src, const u64* dsts, u32
         vec16 x = s[v];
 #pragma unroll
         for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
-            if (d < world) ((vec16*)((char*)dsts[d] + h * E::SIZE))[v] = x;
+            if (d < world) st_stage((vec16*)((char*)dsts[d] + h * E::SIZE) + v, x);
     }
     for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x)
         for (u32 d = 0; d < world; ++d) E::store((void*)dsts[d], i, E::load(src, i));
@@ -111,7 +107,7 @@ template <int DT, int K> ARX_DEV void car_1shot_k(CarParams p) {
         reduce_range<DT, round>(mine, p.world, (void*)p.output, r);
         return;
     }
-    copy_range<DT>((const void*)p.input, (void*)views[p.rank], r);
+    copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], r);
     if (K & CAR_ONEBLOCK)
         one_block_barrier<K>(p, epoch);
     else
@@ -126,8 +122,8 @@ template <int DT, int K> ARX_DEV void car_2shot_k(CarParams p) {
     car_views<K>(p, epoch, views);
     u64 shard = shard_elems(p.count, p.world, E::VEC);
     for (u32 s = 0; s < p.world; ++s)
-        copy_range<DT>((const void*)p.input, (void*)views[p.rank],
-                       block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
+        copy_range<DT, true>((const void*)p.input, (void*)views[p.rank],
+                             block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     car_barrier<K>(p, 0, epoch);
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     reduce_range<DT>(views, p.world, (void*)views[p.rank], mine);
@@ -146,8 +142,8 @@ template <int DT> ARX_DEV void car_rs(CarParams p) {
     car_views<0>(p, epoch, views);
     u64 shard = p.count / p.world;
     for (u32 s = 0; s < p.world; ++s)
-        copy_range<DT>((const void*)p.input, (void*)views[p.rank],
-                       block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
+        copy_range<DT, true>((const void*)p.input, (void*)views[p.rank],
+                             block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     car_barrier<0>(p, 0, epoch);
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     // Shifted so that element i of the sum lands at output[i - shard start].

@@ -10,6 +10,8 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
+struct alignas(16) vec16 { u32 w[4]; };
+
 #define ARX_MAX_RANKS 8
 #define ARX_MAX_BLOCKS 64
 #define ARX_PHASES 3  // barriers per call that the epoch flags can tell apart (== collective::host_sync::PHASES)
@@ -22,8 +24,9 @@ typedef unsigned short u16;
 // signalling threads (`t < world`, at most 8) all sit in a block's first wave. hipRTC provides threadIdx, blockIdx,
 // blockDim, gridDim and __syncthreads; kernels/check/clang_hip_prelude.h stands in for them in the clang check.
 #define ARX_IS_HIP 1
-ARX_DEV u64 ld_acquire_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM); }
 ARX_DEV void st_release_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM); }
+// The empty scope name is the system scope.
+ARX_DEV void fence_acquire_sys() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, ""); }
 // Returns the value seen; the exchange happened when it equals `expected`.
 ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
     __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE,
@@ -32,6 +35,13 @@ ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
 }
 ARX_DEV u64 ld_relaxed_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
 ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
+// A 16-byte store into staging that peers read: non-temporal, so the copy does not fill this GPU's caches with lines
+// only the peers want.
+ARX_DEV void st_stage(vec16* p, vec16 v) {
+    typedef u32 u32x4 __attribute__((ext_vector_type(4)));
+    u32x4 x = {v.w[0], v.w[1], v.w[2], v.w[3]};
+    __builtin_nontemporal_store(x, (u32x4*)p);
+}
 // s_memrealtime: the 100 MHz constant clock of gfx9 (CDNA: MI200, MI300); RDNA 3 (gfx11) has no such instruction.
 ARX_DEV u64 timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
 ARX_DEV void arx_trap() { __builtin_trap(); }
@@ -41,15 +51,12 @@ ARX_DEV float f16_to_f32(u16 x) { return (float)__builtin_bit_cast(_Float16, x);
 ARX_DEV u16 f32_to_f16(float x) { return __builtin_bit_cast(u16, (_Float16)x); }
 #else
 // ---------------------------------------------------------------- NVIDIA (NVRTC / nvcc)
-ARX_DEV u64 ld_acquire_sys(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 ARX_DEV void st_release_sys(u64* p, u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-// Single-copy-atomic 8-byte moves with no ordering: what flag-and-data packets need.
+// PTX has no acquire-only fence: a strong load followed by fence.acq_rel is its acquire pattern.
+ARX_DEV void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+// Single-copy-atomic 8-byte moves with no ordering: what flag-and-data packets and polls need.
 ARX_DEV u64 ld_relaxed_sys(const u64* p) {
     u64 v;
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -64,6 +71,7 @@ ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
                  : "=r"(old) : "l"(p), "r"(expected), "r"(desired) : "memory");
     return old;
 }
+ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }
 ARX_DEV u64 timer_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -92,8 +100,6 @@ ARX_DEV u16 f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
     u += 0x7fffu + ((u >> 16) & 1u);
     return (u16)(u >> 16);
 }
-
-struct alignas(16) vec16 { u32 w[4]; };
 
 // DT: 0 bf16, 1 fp16, 2 fp32 (collective::DType::code).
 template <int DT> struct Elem;
@@ -165,14 +171,20 @@ template <int DT> ARX_DEV void split(const void* p, Range r, u64& head_end, u64&
     body_end = head_end + (r.hi - head_end) / E::VEC * E::VEC;
 }
 
-template <int DT> ARX_DEV void copy_range(const void* src, void* dst, Range r) {
+// STAGE: `dst` is staging that peers read, written with st_stage.
+template <int DT, bool STAGE = false> ARX_DEV void copy_range(const void* src, void* dst, Range r) {
     typedef Elem<DT> E;
     u64 h, z;
     split<DT>(src, r, h, z);
     for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) E::store(dst, i, E::load(src, i));
     const vec16* s = (const vec16*)((const char*)src + h * E::SIZE);
     vec16* d = (vec16*)((char*)dst + h * E::SIZE);
-    for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) d[v] = s[v];
+    for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
+        if (STAGE)
+            st_stage(d + v, s[v]);
+        else
+            d[v] = s[v];
+    }
     for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) E::store(dst, i, E::load(src, i));
 }
 
@@ -249,18 +261,25 @@ struct Spin {
 };
 ARX_DEV Spin spin_start(u64 timeout_ns) { return Spin{timer_ns(), timeout_ns, 0}; }
 
+// Waits until the epoch word *p reaches `epoch`, then acquires what its writer released. The polls are relaxed and
+// one acquire fence follows: an acquire per poll would invalidate this CU's caches (on AMD, the L1 and the L2's lines
+// of peer memory) on every spin, evicting the data that the blocks past their barriers are reading.
+ARX_DEV void wait_epoch(const u64* p, u64 epoch, u64 timeout_ns) {
+    Spin s = spin_start(timeout_ns);
+    while (ld_relaxed_sys(p) < epoch) s.check();
+    fence_acquire_sys();
+}
+
 // Block-level barrier of phase `ph` over epoch flags u64 [ARX_MAX_BLOCKS][ARX_PHASES][ARX_MAX_RANKS] per rank: thread t
 // tells rank t that this block reached `epoch` (remote release store), then waits until rank t's block said the
-// same (local acquire load). Block b's work depends only on block b of the peers.
+// same (wait_epoch on the local slot). Block b's work depends only on block b of the peers.
 ARX_DEV void flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epoch, u64 timeout_ns) {
     __syncthreads();
     u32 t = threadIdx.x;
     if (t < world) {
         u64 slot = ((u64)blockIdx.x * ARX_PHASES + ph) * ARX_MAX_RANKS;
         st_release_sys((u64*)flags[t] + slot + rank, epoch);
-        const u64* mine = (const u64*)flags[rank] + slot + t;
-        Spin s = spin_start(timeout_ns);
-        while (ld_acquire_sys(mine) < epoch) s.check();
+        wait_epoch((const u64*)flags[rank] + slot + t, epoch, timeout_ns);
     }
     __syncthreads();
 }

@@ -169,7 +169,7 @@ template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
 #pragma unroll
     for (u32 q = 0; q < ARX_MAX_RANKS; ++q) views[q] = q < p.world ? p.staging[q] + half : 0;
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
-    copy_range<DT>((const void*)p.inputs[p.rank], (void*)(p.staging[p.rank] + half), r);
+    copy_range<DT, true>((const void*)p.inputs[p.rank], (void*)(p.staging[p.rank] + half), r);
     flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     reduce_range<DT>(views, p.world, (void*)p.outputs[p.rank], r);
     ll_clean(p, epoch);

@@ -106,8 +106,8 @@ pub struct BenchArgs {
     /// Timed measurements per method and size; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub repeats: u64,
-    /// car's memory: uncached (fine-grained: flag stores reach a running peer kernel without cache flushes; ROCm's
-    /// hipDeviceMallocUncached, as upstream) or coarse (plain device memory). CUDA has one type for both.
+    /// car's data buffers: uncached (fine-grained; ROCm's hipDeviceMallocUncached, as upstream) or coarse (plain
+    /// device memory). Its flags are uncached either way, and CUDA has one type for both.
     #[arg(long = "car_memory", alias = "car-memory", value_enum, default_value_t = CarMemory::Uncached)]
     pub car_memory: CarMemory,
     /// Measure auto's candidates and write the fastest per size to this file (a tune table).

@@ -1,8 +1,9 @@
 //! car: fbgemm-style custom allreduce. Each rank registers one data buffer and one flag array, both mapped by
-//! every peer through classic IPC handles. An epoch counter in device memory grows by one per call (so graph
-//! replays work and flags never need resetting); a barrier is one remote release store of the epoch per peer and
-//! a local acquire load per peer. Data buffers have two halves chosen by epoch parity, which (with the entry
-//! barrier of every call) means no call overwrites a half that a peer may still read.
+//! every peer through classic IPC handles; the flags live in memory a running kernel may poll ([`Team::polled`]).
+//! An epoch counter in device memory grows by one per call (so graph replays work and flags never need resetting);
+//! a barrier is one remote release store of the epoch per peer, then relaxed local polls per peer and one acquire
+//! fence. Data buffers have two halves chosen by epoch parity, which (with the entry barrier of every call) means no
+//! call overwrites a half that a peer may still read.
 //!
 //! The device kernels are `kernels/car.cu`; [`host`] holds their Rust twins for the host driver.
 
@@ -48,7 +49,8 @@ pub struct CarParams {
 pub struct CarOptions {
     /// Largest input in bytes.
     pub capacity_bytes: usize,
-    /// Ask for uncached (fine-grained) memory where the driver has it (ROCm).
+    /// Ask for uncached (fine-grained) data buffers where the driver has them (ROCm); the flags are always in
+    /// memory a running kernel may poll.
     pub uncached: bool,
     /// Launch shape rule; `None` takes the driver's default.
     pub rule: Option<LaunchRule>,
@@ -61,7 +63,8 @@ pub struct CarOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
     Base,
-    /// Buffers and flags in VMM allocations exported as POSIX fds (torch's mapping), not classic IPC memory.
+    /// Buffers in VMM allocations exported as POSIX fds (torch's mapping), not classic IPC memory; the flags too
+    /// where the driver may poll VMM memory (not on HIP).
     Vmm,
     /// Torch's compare-and-swap handshake on signal pads instead of the epoch-flag barrier.
     Cas,
@@ -171,19 +174,18 @@ impl Car {
         // Push keeps one slot per source in each half.
         let half = if variant == Variant::Push { world * slot } else { slot };
         let counters = gpu.alloc(COUNTER_WORDS * 8, MemKind::Device)?;
-        let (data, flags) = if variant == Variant::Vmm {
-            (gpu.vmm_create(2 * half)?, gpu.vmm_create(FLAG_SLOTS * 8)?)
+        // Only the data follows the variant and `uncached`: the flags are polled memory whatever they say.
+        let (data, sharing) = if variant == Variant::Vmm {
+            (gpu.vmm_create(2 * half)?, Sharing::Vmm)
         } else {
-            let kind = MemKind::Ipc { uncached: opts.uncached };
-            (gpu.alloc(2 * half, kind)?, gpu.alloc(FLAG_SLOTS * 8, kind)?)
+            (gpu.alloc(2 * half, MemKind::Ipc { uncached: opts.uncached })?, Sharing::Ipc)
         };
+        // Zeroed before its handle travels, so no peer can signal into an uninitialised array.
+        let (flags, flag_sharing) = team.polled(FLAG_SLOTS * 8, sharing)?;
         let stream = gpu.stream()?;
         stream.fill(&counters, 0)?;
-        stream.fill(&flags, 0)?;
         stream.sync()?;
-        // Handles travel only after the flags are zero, so no peer can signal into an uninitialised array.
-        let sharing = if variant == Variant::Vmm { Sharing::Vmm } else { Sharing::Ipc };
-        let peers = team.exchange(name, &[&data, &flags], sharing)?;
+        let peers = team.exchange(name, &[(&data, sharing), (&flags, flag_sharing)])?;
         let mut base = CarParams::zeroed_with(rank, world, half, team.timeout_ns());
         base.bufs = peers.column(0);
         base.flags = peers.column(1);

@@ -10,9 +10,9 @@
 use crate::{MAX_BLOCKS, MAX_RANKS};
 use deadline::Deadline;
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// Barriers per call that the epoch flags tell apart (`ARX_PHASES` in `kernels/common.h`).
 pub const PHASES: usize = 3;
@@ -87,7 +87,8 @@ unsafe fn flag<'a>(base: u64, block: usize, phase: usize, src: usize) -> &'a Ato
 }
 
 /// Tells every rank that `block` of `rank` reached `epoch` in `phase` (release store into their slot for us), then
-/// waits until every rank's `block` said the same (acquire loads of our slots). The error names who did not come.
+/// waits until every rank's `block` said the same: relaxed loads of our slots, then one acquire fence, as the kernels'
+/// `wait_epoch` waits. The error names who did not come.
 ///
 /// # Safety
 /// `flags[r]` for r < `flags.len()` are live flag arrays of [`FLAG_SLOTS`] u64 (rank r's, mapped here).
@@ -106,8 +107,10 @@ pub unsafe fn flag_barrier(
             flag(peer, block, phase, rank).store(epoch, Ordering::Release);
         }
         let what = format!("{what} rank {rank} block {block} barrier {phase}");
-        wait(&what, 0..flags.len(), deadline, |t| flag(flags[rank], block, phase, t).load(Ordering::Acquire) >= epoch)
+        wait(&what, 0..flags.len(), deadline, |t| flag(flags[rank], block, phase, t).load(Ordering::Relaxed) >= epoch)?;
     }
+    fence(Ordering::Acquire);
+    Ok(())
 }
 
 /// # Safety

@@ -2,7 +2,7 @@
 //! caps that every rank computes alike.
 
 use crate::{check_world, CollectiveError};
-use gpu::{DeviceBuffer, DevicePtr, Gpu, Kernel};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, MemKind};
 use ipc::Rendezvous;
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -124,57 +124,69 @@ impl<'a> Team<'a> {
         }
     }
 
-    /// Hands `bufs` to every peer and maps theirs. Collective: every rank passes the same number of buffers of the
-    /// same sizes, the way `sharing` says.
-    pub fn exchange(&self, name: &str, bufs: &[&DeviceBuffer], sharing: Sharing) -> Result<PeerMaps, CollectiveError> {
-        let (rank, gpu) = (self.rank(), self.gpu);
-        let mut maps = PeerMaps { ptrs: Vec::new(), mapped: Vec::new() };
-        let mine: Vec<DevicePtr> = bufs.iter().map(|b| b.ptr()).collect();
-        let theirs: Vec<Vec<DeviceBuffer>> = match sharing {
-            Sharing::Vmm => {
-                let fds = bufs.iter().map(|b| gpu.vmm_export_fd(b)).collect::<Result<Vec<_>, _>>()?;
-                let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-                let all = self.rdv.all_gather_fds(&format!("{name} buffers"), &borrowed)?;
-                let mut out = Vec::new();
-                for (r, fds) in all.into_iter().enumerate() {
-                    if r == rank {
-                        out.push(Vec::new());
-                        continue;
-                    }
-                    if fds.len() != bufs.len() {
-                        return Err(CollectiveError::Mismatch(format!(
-                            "{name}: rank {r} sent {} buffer handles, not {}",
-                            fds.len(),
-                            bufs.len()
-                        )));
-                    }
-                    let m = fds.into_iter().zip(bufs).map(|(fd, b)| gpu.vmm_import_fd(fd, b.bytes()));
-                    out.push(m.collect::<Result<Vec<_>, _>>()?);
-                }
-                out
-            }
-            Sharing::Ipc => {
-                let mut handles = Vec::new();
-                for (k, b) in bufs.iter().enumerate() {
-                    handles.push(self.rdv.all_gather(&format!("{name} handle {k}"), &gpu.ipc_export(b)?)?);
-                }
-                let import = |r: usize| -> Result<Vec<DeviceBuffer>, gpu::GpuError> {
-                    if r == rank {
-                        return Ok(Vec::new());
-                    }
-                    bufs.iter().zip(&handles).map(|(b, h)| gpu.ipc_import(&h[r], b.bytes())).collect()
-                };
-                (0..self.world()).map(import).collect::<Result<Vec<_>, _>>()?
-            }
+    /// How memory that a peer's running kernel polls (flags, packets) travels, where other memory would travel as
+    /// `usual`: on HIP it is fine-grained uncached IPC memory, because a peer's store into coarse-grained memory
+    /// (`hipMalloc`, `hipMemCreate`) need not reach a kernel that is already polling it; elsewhere `usual`.
+    pub fn polled_sharing(&self, usual: Sharing) -> Sharing {
+        match self.gpu.kind() {
+            DriverKind::Hip => Sharing::Ipc,
+            DriverKind::Cuda | DriverKind::Host => usual,
+        }
+    }
+
+    /// `bytes` of zeroed memory that a peer's running kernel polls, and how it travels ([`Team::polled_sharing`]).
+    pub fn polled(&self, bytes: usize, usual: Sharing) -> Result<(DeviceBuffer, Sharing), CollectiveError> {
+        let sharing = self.polled_sharing(usual);
+        let buf = match sharing {
+            Sharing::Ipc => self.gpu.alloc(bytes, MemKind::Ipc { uncached: true })?,
+            Sharing::Vmm => self.gpu.vmm_create(bytes)?,
         };
-        for (r, mapped) in theirs.into_iter().enumerate() {
-            if r == rank {
-                maps.ptrs.push(mine.clone());
-            } else {
-                maps.ptrs.push(mapped.iter().map(|b| b.ptr()).collect());
-                maps.mapped.extend(mapped);
+        let stream = self.gpu.stream()?;
+        stream.fill(&buf, 0)?;
+        stream.sync()?;
+        Ok((buf, sharing))
+    }
+
+    /// Hands `bufs` to every peer, each the way its [`Sharing`] says, and maps theirs. Collective: every rank passes
+    /// the same number of buffers of the same sizes and sharings.
+    pub fn exchange(&self, name: &str, bufs: &[(&DeviceBuffer, Sharing)]) -> Result<PeerMaps, CollectiveError> {
+        let (rank, gpu) = (self.rank(), self.gpu);
+        // Every peer's mapping of buffer k: (rank, k, mapping).
+        let mut theirs: Vec<(usize, usize, DeviceBuffer)> = Vec::new();
+        let vmm: Vec<usize> = (0..bufs.len()).filter(|&k| bufs[k].1 == Sharing::Vmm).collect();
+        if !vmm.is_empty() {
+            let fds = vmm.iter().map(|&k| gpu.vmm_export_fd(bufs[k].0)).collect::<Result<Vec<_>, _>>()?;
+            let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+            let all = self.rdv.all_gather_fds(&format!("{name} buffers"), &borrowed)?;
+            for (r, fds) in all.into_iter().enumerate().filter(|(r, _)| *r != rank) {
+                if fds.len() != vmm.len() {
+                    return Err(CollectiveError::Mismatch(format!(
+                        "{name}: rank {r} sent {} buffer handles, not {}",
+                        fds.len(),
+                        vmm.len()
+                    )));
+                }
+                for (fd, &k) in fds.into_iter().zip(&vmm) {
+                    theirs.push((r, k, gpu.vmm_import_fd(fd, bufs[k].0.bytes())?));
+                }
             }
         }
-        Ok(maps)
+        for (k, &(b, _)) in bufs.iter().enumerate().filter(|(_, (_, s))| *s == Sharing::Ipc) {
+            let handles = self.rdv.all_gather(&format!("{name} handle {k}"), &gpu.ipc_export(b)?)?;
+            for (r, h) in handles.iter().enumerate().filter(|(r, _)| *r != rank) {
+                theirs.push((r, k, gpu.ipc_import(h, b.bytes())?));
+            }
+        }
+        theirs.sort_by_key(|&(r, k, _)| (r, k));
+        let ptrs = (0..self.world())
+            .map(|r| {
+                if r == rank {
+                    bufs.iter().map(|(b, _)| b.ptr()).collect()
+                } else {
+                    theirs.iter().filter(|t| t.0 == r).map(|t| t.2.ptr()).collect()
+                }
+            })
+            .collect();
+        Ok(PeerMaps { ptrs, mapped: theirs.into_iter().map(|t| t.2).collect() })
     }
 }

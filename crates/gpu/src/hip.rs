@@ -10,7 +10,9 @@
 //!
 //! Memory kinds: [`MemKind::Ipc`] with `uncached` takes `hipExtMallocWithFlags(hipDeviceMallocUncached)`
 //! (fine-grained, uncached: what upstream car allocates), without it plain `hipMalloc` (coarse-grained);
-//! [`MemKind::Device`] is `hipMalloc`. Nothing here multicasts.
+//! [`MemKind::Device`] is `hipMalloc`. VMM allocations are `hipMemCreate` of the pinned type, coarse-grained too.
+//! IPC and VMM allocations are whole multiples of [`SHARE_UNIT`] (or of a larger runtime granularity), as on CUDA,
+//! and VMM methods are refused on a device that reports no VMM support. Nothing here multicasts.
 
 mod sys;
 
@@ -96,6 +98,36 @@ fn processor(target_id: &str) -> Option<&str> {
 fn round_up(bytes: usize, granularity: usize) -> Option<usize> {
     let g = granularity.max(1);
     bytes.max(1).div_ceil(g).checked_mul(g)
+}
+
+/// The least size unit of memory peers map (IPC and VMM allocations), as on CUDA, where peers read other sizes slowly;
+/// ROCm's recommended VMM granularity alone can be as small as a page (docs/rocm.md).
+const SHARE_UNIT: usize = 2 << 20;
+
+/// What shared allocations are rounded to and VMM reservations aligned to: [`SHARE_UNIT`], or the runtime's VMM
+/// granularity where that is larger (granularities are powers of two, so either is a multiple of the other).
+fn share_unit(granularity: usize) -> usize {
+    SHARE_UNIT.max(granularity)
+}
+
+/// Why VMM allocations are refused on a device without VMM support.
+const NO_VMM: &str = "this device reports no virtual memory management support \
+                      (hipDeviceAttributeVirtualMemoryManagementSupported is 0), so it can neither create nor map VMM \
+                      allocations (hipMemCreate); only classic IPC memory can be shared here";
+
+fn device_location(ordinal: c_int) -> sys::hipMemLocation {
+    sys::hipMemLocation { type_: sys::hipMemLocationTypeDevice, id: ordinal }
+}
+
+/// Pinned device memory on device `ordinal`, shareable as a POSIX file descriptor.
+fn vmm_prop(ordinal: c_int) -> sys::hipMemAllocationProp {
+    sys::hipMemAllocationProp {
+        type_: sys::hipMemAllocationTypePinned,
+        requestedHandleType: sys::hipMemHandleTypePosixFileDescriptor,
+        location: device_location(ordinal),
+        win32HandleMetaData: null_mut(),
+        allocFlags: sys::hipMemAllocFlags::default(),
+    }
 }
 
 /// The `kernelParams` array of a launch. The kernels take one by-value struct, so it has one entry, pointing at
@@ -321,6 +353,10 @@ pub(crate) struct HipDriver {
     device: sys::hipDevice_t,
     /// The device's full target ID (`gfx942:sramecc+:xnack-`), what hipRTC compiles for.
     target_id: String,
+    /// Whether the device supports VMM (`hipMemCreate` and the mapping calls).
+    vmm: bool,
+    /// The size unit of shared allocations and the alignment of VMM reservations ([`share_unit`]).
+    share_unit: usize,
     rt: Runtime,
     /// hipRTC, or why it is not here (only module_load needs it).
     rtc: std::result::Result<Hiprtc, String>,
@@ -376,6 +412,14 @@ impl HipDriver {
         rt.ck("hipDeviceGetAttribute", unsafe {
             (api.hipDeviceGetAttribute)(&mut cus, sys::hipDeviceAttributeMultiprocessorCount, dev_ord)
         })?;
+        let mut vmm: c_int = 0;
+        // SAFETY: writes one int.
+        rt.ck("hipDeviceGetAttribute", unsafe {
+            (api.hipDeviceGetAttribute)(&mut vmm, sys::hipDeviceAttributeVirtualMemoryManagementSupported, dev_ord)
+        })?;
+        let vmm = vmm != 0;
+        // Without VMM the granularity query may fail, and only IPC allocations (rounded to SHARE_UNIT) are made.
+        let granularity = if vmm { Self::vmm_granularity(&rt, dev_ord)? } else { 0 };
         let target_id = Self::target_id(&rt, dev_ord)?;
         let arch = processor(&target_id)
             .ok_or_else(|| GpuError::Driver {
@@ -399,6 +443,8 @@ impl HipDriver {
             ordinal: dev_ord,
             device,
             target_id,
+            vmm,
+            share_unit: share_unit(granularity),
             rt,
             rtc,
             next: AtomicU64::new(1),
@@ -474,37 +520,44 @@ impl HipDriver {
     }
 
     fn location(&self) -> sys::hipMemLocation {
-        sys::hipMemLocation { type_: sys::hipMemLocationTypeDevice, id: self.ordinal }
+        device_location(self.ordinal)
     }
 
-    /// Pinned device memory on this device, shareable as a POSIX file descriptor.
-    fn vmm_prop(&self) -> sys::hipMemAllocationProp {
-        sys::hipMemAllocationProp {
-            type_: sys::hipMemAllocationTypePinned,
-            requestedHandleType: sys::hipMemHandleTypePosixFileDescriptor,
-            location: self.location(),
-            win32HandleMetaData: null_mut(),
-            allocFlags: sys::hipMemAllocFlags::default(),
-        }
-    }
-
-    /// `bytes` rounded up to the recommended VMM granularity.
-    fn vmm_size(&self, bytes: usize) -> Result<usize> {
-        let prop = self.vmm_prop();
+    /// The recommended VMM granularity of device `ordinal`.
+    fn vmm_granularity(rt: &Runtime, ordinal: c_int) -> Result<usize> {
+        let prop = vmm_prop(ordinal);
         let mut gran = 0usize;
         // SAFETY: `prop` is a complete allocation description; writes one size.
-        self.ck("hipMemGetAllocationGranularity", unsafe {
-            (self.api().hipMemGetAllocationGranularity)(&mut gran, &prop, sys::hipMemAllocationGranularityRecommended)
+        rt.ck("hipMemGetAllocationGranularity", unsafe {
+            (rt.api.hipMemGetAllocationGranularity)(&mut gran, &prop, sys::hipMemAllocationGranularityRecommended)
         })?;
-        round_up(bytes, gran).ok_or_else(|| bad(format!("VMM size {bytes} overflows")))
+        Ok(gran)
+    }
+
+    /// `bytes` rounded up to the size unit of shared allocations; a peer that imports an allocation rounds its
+    /// size the same way, so it maps all of it.
+    fn shared_size(&self, bytes: usize) -> Result<usize> {
+        round_up(bytes, self.share_unit).ok_or_else(|| bad(format!("shared allocation of {bytes} bytes overflows")))
+    }
+
+    /// Refuses VMM work on a device without VMM support.
+    fn check_vmm(&self) -> Result<()> {
+        if self.vmm {
+            Ok(())
+        } else {
+            Err(unsupported(NO_VMM))
+        }
     }
 
     /// Reserves an address range for `size` bytes of `handle`, maps it and opens it read-write to this device.
     fn vmm_map(&self, handle: sys::hipMemGenericAllocationHandle_t, size: usize) -> Result<*mut c_void> {
         let api = self.api();
         let mut ptr: *mut c_void = null_mut();
-        // SAFETY: writes one address; default alignment, no fixed address.
-        self.ck("hipMemAddressReserve", unsafe { (api.hipMemAddressReserve)(&mut ptr, size, 0, null_mut(), 0) })?;
+        // SAFETY: writes one address; no fixed address. Aligned as CUDA's reservations are (runtimes that predate
+        // aligned reservations ignore the alignment).
+        self.ck("hipMemAddressReserve", unsafe {
+            (api.hipMemAddressReserve)(&mut ptr, size, self.share_unit, null_mut(), 0)
+        })?;
         // SAFETY: the range was just reserved with this size.
         if let Err(e) = self.ck("hipMemMap", unsafe { (api.hipMemMap)(ptr, size, 0, handle, 0) }) {
             // SAFETY: as above; nothing is mapped in it.
@@ -649,7 +702,10 @@ impl Driver for HipDriver {
         self.current()?;
         let api = self.api();
         let mut ptr: *mut c_void = null_mut();
-        let size = bytes.max(1);
+        let size = match kind {
+            MemKind::Ipc { .. } => self.shared_size(bytes)?,
+            MemKind::Device => bytes.max(1),
+        };
         // Never the async pool: pool memory cannot be IPC-exported.
         match kind {
             // SAFETY: writes one device pointer.
@@ -704,9 +760,10 @@ impl Driver for HipDriver {
     }
 
     fn vmm_create(&self, bytes: usize) -> Result<RawMem> {
+        self.check_vmm()?;
         self.current()?;
-        let size = self.vmm_size(bytes)?;
-        let prop = self.vmm_prop();
+        let size = self.shared_size(bytes)?;
+        let prop = vmm_prop(self.ordinal);
         let mut handle: sys::hipMemGenericAllocationHandle_t = null_mut();
         // SAFETY: `prop` is complete and `size` a multiple of its granularity; writes one handle.
         self.ck("hipMemCreate", unsafe { (self.api().hipMemCreate)(&mut handle, size, &prop, 0) })?;
@@ -730,8 +787,9 @@ impl Driver for HipDriver {
     }
 
     fn vmm_import_fd(&self, fd: OwnedFd, bytes: usize) -> Result<RawMem> {
+        self.check_vmm()?;
         self.current()?;
-        let size = self.vmm_size(bytes)?;
+        let size = self.shared_size(bytes)?;
         let mut handle: sys::hipMemGenericAllocationHandle_t = null_mut();
         let raw: c_int = fd.as_raw_fd();
         let os_handle = if fd_passed_by_value(self.rt.version) {
@@ -1174,6 +1232,15 @@ mod tests {
         assert_eq!(processor("gfx"), None);
         assert_eq!(processor("sm_90"), None);
         assert_eq!(processor("gfx94-2:xnack+"), None);
+    }
+
+    #[test]
+    fn shared_allocations_come_in_whole_units_of_at_least_2_mib() {
+        assert_eq!(share_unit(4096), 2 << 20, "a page-sized granularity");
+        assert_eq!(share_unit(0), 2 << 20, "no VMM, no granularity");
+        assert_eq!(share_unit(2 << 20), 2 << 20);
+        assert_eq!(share_unit(8 << 20), 8 << 20, "a larger granularity wins");
+        assert_eq!(round_up(12 << 10, share_unit(4096)), Some(2 << 20), "a flag array takes a whole unit");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! symm: symmetric-memory allreduce as PyTorch's `symm_mem` does it. Each rank makes one VMM allocation (data,
 //! then a signal pad at its end), exports it as a file descriptor, passes it to every peer over the rendezvous'
-//! Unix socket, and maps every peer's. Barriers are torch's compare-and-swap handshake on the signal pad, signalled
+//! Unix socket, and maps every peer's. On HIP, where a running kernel may not see a peer's store into VMM memory, the
+//! signal pad is an allocation of its own that a kernel may poll ([`Team::polled`]). Barriers are torch's compare-and-swap handshake on the signal pad, signalled
 //! by every block. As comm_bench.py runs them, one-shot copies the input into the symmetric buffer inside its
 //! kernel (`one_shot_all_reduce_copy_out`) and two-shot and reduce-scatter take a separate, timed memcpy;
 //! `symm_2shot_fused` (the copy-in ablation) is two-shot with that copy inside the kernel.
@@ -86,6 +87,8 @@ pub struct Symm {
     _module: Module,
     _peers: Vec<DeviceBuffer>,
     _buffer: DeviceBuffer,
+    /// The signal pad, where it is not at the end of the buffer.
+    _pad: Option<DeviceBuffer>,
 }
 
 impl Symm {
@@ -98,13 +101,20 @@ impl Symm {
         team.require_peer_atomics(name)?;
         team.agree_capacity(name, opts.capacity_bytes)?;
         let data_bytes = opts.capacity_bytes.next_multiple_of(256);
-        let total = data_bytes + PAD_BYTES;
-        let buffer = gpu.vmm_create(total)?;
-        let stream = gpu.stream()?;
-        // SAFETY: the pad is the last PAD_BYTES of our own allocation, which no peer has mapped yet.
-        unsafe { stream.memset(buffer.ptr().offset(data_bytes), 0, PAD_BYTES)? };
-        stream.sync()?;
-        let peers = team.exchange(name, &[&buffer], Sharing::Vmm)?;
+        // Torch's layout (the pad at the end of the buffer) where VMM memory may be polled, else a pad of its own.
+        let inline = team.polled_sharing(Sharing::Vmm) == Sharing::Vmm;
+        let buffer = gpu.vmm_create(data_bytes + if inline { PAD_BYTES } else { 0 })?;
+        let (pad, peers) = if inline {
+            let stream = gpu.stream()?;
+            // SAFETY: the pad is the last PAD_BYTES of our own allocation, which no peer has mapped yet.
+            unsafe { stream.memset(buffer.ptr().offset(data_bytes), 0, PAD_BYTES)? };
+            stream.sync()?;
+            (None, team.exchange(name, &[(&buffer, Sharing::Vmm)])?)
+        } else {
+            let (pad, sharing) = team.polled(PAD_BYTES, Sharing::Vmm)?;
+            let peers = team.exchange(name, &[(&buffer, Sharing::Vmm), (&pad, sharing)])?;
+            (Some(pad), peers)
+        };
         let mut base = SymmParams {
             timeout_ns: team.timeout_ns(),
             rank: rank as u32,
@@ -113,7 +123,7 @@ impl Symm {
         };
         for (r, ptrs) in peers.ptrs.iter().enumerate() {
             base.bufs[r] = ptrs[0].0;
-            base.pads[r] = ptrs[0].offset(data_bytes).0;
+            base.pads[r] = if inline { ptrs[0].offset(data_bytes).0 } else { ptrs[1].0 };
         }
 
         let module = gpu.load(&LIBRARY)?;
@@ -141,6 +151,7 @@ impl Symm {
             _module: module,
             _peers: peers.mapped,
             _buffer: buffer,
+            _pad: pad,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! Tuned symmetric memory: the designs that close the gap to car and pass it (kernels in `kernels/symm_tuned.cu`).
-//! Each rank registers four VMM buffers, mapped by every peer: its input, its output, a sync area (flag-and-data
-//! packets, then epoch flags) and a staging buffer of two halves. The methods:
+//! Each rank registers four buffers, mapped by every peer: its input, its output (VMM allocations), a sync area
+//! (flag-and-data packets, then epoch flags) in memory a running kernel may poll ([`Team::polled`]: VMM too, except
+//! on HIP) and a staging buffer of two halves (VMM). The methods:
 //! - `symm_ll`: barrier-free one-shot for small messages: data carries its own arrival flag.
 //! - `symm_zc_1shot`, `symm_zc_2shot`: no copy-in; ranks read each other's registered inputs, and two-shot pushes
 //!   every reduced shard straight into every peer's registered output. Epoch flags instead of the CAS handshake.
@@ -291,36 +292,29 @@ impl SymmTuned {
         let flags_at = if ipc { 2 * data } else { packet_bytes(ll_packets) };
         let sync_bytes = packet_bytes(ll_packets) + if ipc { 0 } else { FLAG_SLOTS * 8 };
         let staging_bytes = 2 * data + if ipc { FLAG_SLOTS * 8 } else { 0 };
-        let (input, output, sync) = (gpu.vmm_create(data)?, gpu.vmm_create(data)?, gpu.vmm_create(sync_bytes)?);
-        let staging = if ipc {
-            gpu.alloc(staging_bytes, MemKind::Ipc { uncached: true })?
+        let (input, output) = (gpu.vmm_create(data)?, gpu.vmm_create(data)?);
+        let (sync, sync_sharing) = team.polled(sync_bytes, Sharing::Vmm)?;
+        let (staging, staging_sharing) = if ipc {
+            (gpu.alloc(staging_bytes, MemKind::Ipc { uncached: true })?, Sharing::Ipc)
         } else {
-            gpu.vmm_create(staging_bytes)?
+            (gpu.vmm_create(staging_bytes)?, Sharing::Vmm)
         };
         let counters = gpu.alloc(MAX_BLOCKS * 8, MemKind::Device)?;
         let stream = gpu.stream()?;
-        stream.fill(&sync, 0)?;
         if ipc {
             // SAFETY: the flags are the last FLAG_SLOTS words of our own staging allocation, not yet shared.
             unsafe { stream.memset(staging.ptr().offset(flags_at), 0, FLAG_SLOTS * 8)? };
         }
         stream.upload(&counters, 0, &opts.first_epoch.to_le_bytes().repeat(MAX_BLOCKS))?;
         stream.sync()?;
-        let (vmm, ipc_maps) = if ipc {
-            let vmm = team.exchange(name, &[&input, &output, &sync], Sharing::Vmm)?;
-            (vmm, Some(team.exchange(&format!("{name} staging"), &[&staging], Sharing::Ipc)?))
-        } else {
-            (team.exchange(name, &[&input, &output, &sync, &staging], Sharing::Vmm)?, None)
-        };
-        let staging_ptrs = match &ipc_maps {
-            Some(m) => m.column::<MAX_RANKS>(0),
-            None => vmm.column::<MAX_RANKS>(3),
-        };
+        let bufs =
+            [(&input, Sharing::Vmm), (&output, Sharing::Vmm), (&sync, sync_sharing), (&staging, staging_sharing)];
+        let peers = team.exchange(name, &bufs)?;
         let mut base = TunedParams {
-            inputs: vmm.column(0),
-            outputs: vmm.column(1),
-            packets: vmm.column(2),
-            staging: staging_ptrs,
+            inputs: peers.column(0),
+            outputs: peers.column(1),
+            packets: peers.column(2),
+            staging: peers.column(3),
             counters: counters.ptr().0,
             ll_packets: ll_packets as u64,
             half_bytes: data as u64,
@@ -332,8 +326,6 @@ impl SymmTuned {
         for r in 0..world {
             base.flags[r] = if ipc { base.staging[r] } else { base.packets[r] } + flags_at as u64;
         }
-        let mut peers = vmm.mapped;
-        peers.extend(ipc_maps.map(|m| m.mapped).unwrap_or_default());
         let module = gpu.load(&LIBRARY)?;
         let mut kernels = Vec::new();
         let mut caps = Vec::new();
@@ -366,7 +358,7 @@ impl SymmTuned {
             base,
             kernels,
             _module: module,
-            _peers: peers,
+            _peers: peers.mapped,
             input,
             output,
             _sync: sync,

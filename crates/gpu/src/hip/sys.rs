@@ -33,8 +33,9 @@ pub type hipMemGenericAllocationHandle_t = *mut c_void;
 pub const hipDevP2PAttrAccessSupported: c_int = 1;
 pub const hipDevP2PAttrNativeAtomicSupported: c_int = 2;
 
-/// `hipDeviceAttribute_t`: the same value in ROCm 5.x, 6.x and 7.x.
+/// `hipDeviceAttribute_t`: the same values in ROCm 5.x, 6.x and 7.x.
 pub const hipDeviceAttributeMultiprocessorCount: c_int = 63;
+pub const hipDeviceAttributeVirtualMemoryManagementSupported: c_int = 89;
 
 pub const HIP_IPC_HANDLE_SIZE: usize = 64;
 #[repr(C)]
