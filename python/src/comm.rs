@@ -304,7 +304,9 @@ impl PyCommunicator {
     /// the same world_size, job_id (16 to 64 lowercase hex digits; see new_job_id()) and options.
     #[new]
     #[pyo3(signature = (rank, world_size, local_rank, job_id, *, capacity_bytes = DEFAULT_CAPACITY, backend = "auto",
-                        timeout_s = None, setup_timeout_s = None, tune_dir = None, tune_table = None))]
+                        timeout_s = None, setup_timeout_s = None, tune_dir = None, tune_table = None),
+                  text_signature = "(rank, world_size, local_rank, job_id, *, capacity_bytes=33554432, backend='auto', \
+                                    timeout_s=None, setup_timeout_s=None, tune_dir=None, tune_table=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -329,7 +331,9 @@ impl PyCommunicator {
     /// comm-bench launch, torchrun, OpenMPI's mpirun, srun, MPICH / Intel MPI with ALLREDUCE_JOB_ID). Collective.
     #[staticmethod]
     #[pyo3(signature = (capacity_bytes = DEFAULT_CAPACITY, backend = "auto", timeout_s = None, setup_timeout_s = None,
-                        tune_dir = None, tune_table = None))]
+                        tune_dir = None, tune_table = None),
+                  text_signature = "(capacity_bytes=33554432, backend='auto', timeout_s=None, setup_timeout_s=None, \
+                                    tune_dir=None, tune_table=None)")]
     fn from_env(
         py: Python<'_>,
         capacity_bytes: usize,

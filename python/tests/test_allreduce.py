@@ -109,3 +109,31 @@ def test_bench_prints_its_table():
     assert p.returncode == 0, p.stdout + p.stderr
     for n in ["1024", "4096", "16384"]:
         assert n in p.stdout, p.stdout
+
+
+def test_the_stub_matches_the_module():
+    """Every class, method and function of _native.pyi exists at run time with the same parameter names."""
+    import ast
+    import inspect
+
+    from allreduce_rs import _native
+
+    stub = Path(_native.__file__).with_name("_native.pyi")
+    assert stub.with_name("py.typed").exists()
+    tree = ast.parse(stub.read_text())
+
+    def check(node, owner, where):
+        for item in node.body:
+            if isinstance(item, ast.ClassDef):
+                check(item, getattr(owner, item.name), f"{where}{item.name}.")
+            elif isinstance(item, ast.FunctionDef):
+                runtime = getattr(owner, item.name)
+                assert runtime is not None, f"{where}{item.name} missing"
+                if isinstance(runtime, property) or item.name.startswith("__") or not callable(runtime):
+                    continue
+                a = item.args
+                want = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg != "self"]
+                got = [p for p in inspect.signature(runtime).parameters if p != "self"]
+                assert got == want, f"{where}{item.name}: stub {want}, module {got}"
+
+    check(tree, _native, "")
