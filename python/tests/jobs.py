@@ -225,12 +225,33 @@ def registered():
     buf = comm.registered_input("fp32")
     assert buf.count == CAPACITY // 4 and buf.nbytes == CAPACITY and buf.dtype == "fp32"
     assert buf.__dlpack_device__() == (1, 0)
+    # A consumer of DLPack before 1.0 gets the unversioned capsule (numpy makes that view read-only); both kinds
+    # view the same memory.
+    legacy = np.from_dlpack(Unversioned(buf))
+    np.from_dlpack(buf)[:3] = [1.0, 2.0, 3.0]
+    assert list(legacy[:3]) == [1.0, 2.0, 3.0]
+    assert type(buf.__dlpack__()).__name__ == "PyCapsule"
+    expect(ar.AllreduceError, comm.close, "still alive")
+    del legacy
     view = np.from_dlpack(buf)
     expect(ar.AllreduceError, comm.close, "still alive")
     del view
     comm.close()
     expect(ar.AllreduceError, lambda: np.from_dlpack(buf), "closed")
     return rank
+
+
+class Unversioned:
+    """Asks for the capsule as DLPack consumers before 1.0 do (no max_version)."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    def __dlpack__(self, **_):
+        return self.buf.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.buf.__dlpack_device__()
 
 
 def fake_torch_tensors():
