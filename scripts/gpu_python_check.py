@@ -42,6 +42,9 @@ class Check:
             torch.cuda.set_device(self.comm.device)
         self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
         self.sizes = comm_bench_sizes(512 if self.comm.backend == "hip" else 256)
+        if self.host:
+            # CI runs the host driver at every size; here it checks real torch CPU tensors, which small sizes show.
+            self.sizes = [n for n in self.sizes if n <= 1 << 20]
         self.failures = []
         self.checked = 0
         self.seed = 0
