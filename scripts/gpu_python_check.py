@@ -100,8 +100,10 @@ class Check:
                 self.verify(y, want, dtype, f"eager {dtype} x {n} ({self.comm.last_algorithm})")
                 z = x.clone()
                 self.comm.all_reduce(z)
-                if not torch.equal(z.view(torch.int16 if z.element_size() == 2 else torch.int32),
-                                   y.view(torch.int16 if y.element_size() == 2 else torch.int32)):
+                if not torch.equal(
+                    z.view(torch.int16 if z.element_size() == 2 else torch.int32),
+                    y.view(torch.int16 if y.element_size() == 2 else torch.int32),
+                ):
                     self.fail(f"eager {dtype} x {n}: in place differs from out of place")
 
     def graph(self):
@@ -120,7 +122,9 @@ class Check:
                     x.copy_(self.inputs(seed, self.rank, n, dtype))
                     y.fill_(float("nan"))
                     g.replay()
-                    self.verify(y, self.reference(seed, n, dtype), dtype, f"graph {dtype} x {n} replay {replay} ({algorithm})")
+                    self.verify(
+                        y, self.reference(seed, n, dtype), dtype, f"graph {dtype} x {n} replay {replay} ({algorithm})"
+                    )
                 del g
 
     def reduce_scatter(self):
@@ -132,8 +136,13 @@ class Check:
                 shard = torch.full((n // self.world,), float("nan"), dtype=self.dtypes[dtype], device=self.device)
                 self.comm.reduce_scatter(x, shard)
                 lo = self.rank * (n // self.world)
-                self.verify(shard, self.reference(seed, n, dtype)[lo : lo + n // self.world], dtype, f"reduce_scatter {dtype} x {n}",
-                            same_everywhere=False)
+                self.verify(
+                    shard,
+                    self.reference(seed, n, dtype)[lo : lo + n // self.world],
+                    dtype,
+                    f"reduce_scatter {dtype} x {n}",
+                    same_everywhere=False,
+                )
 
     def registered(self):
         """The registered buffers through DLPack: input written there, zero-copy algorithms reading it in place."""
@@ -168,17 +177,40 @@ class Check:
     def refusals(self):
         torch, ar = self.torch, self.ar
         cases = [
-            ("float64", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(64, dtype=torch.float64, device=self.device))),
-            ("non-contiguous", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(16, 16, device=self.device).t())),
-            ("capacity", ar.CapacityError, lambda: self.comm.all_reduce(torch.zeros((1 << 24) + 1, device=self.device))),
-            ("int32", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(64, dtype=torch.int32, device=self.device))),
+            (
+                "float64",
+                ar.ArgumentError,
+                lambda: self.comm.all_reduce(torch.zeros(64, dtype=torch.float64, device=self.device)),
+            ),
+            (
+                "non-contiguous",
+                ar.ArgumentError,
+                lambda: self.comm.all_reduce(torch.zeros(16, 16, device=self.device).t()),
+            ),
+            (
+                "capacity",
+                ar.CapacityError,
+                lambda: self.comm.all_reduce(torch.zeros((1 << 24) + 1, device=self.device)),
+            ),
+            (
+                "int32",
+                ar.ArgumentError,
+                lambda: self.comm.all_reduce(torch.zeros(64, dtype=torch.int32, device=self.device)),
+            ),
         ]
         if self.host:
-            cases.append(("meta device", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(64, device="meta"))))
+            cases.append(
+                ("meta device", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(64, device="meta")))
+            )
         else:
             cases.append(("cpu tensor", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(64))))
-            cases.append(("misaligned", ar.ArgumentError,
-                          lambda: self.comm.all_reduce(torch.zeros(65, dtype=torch.bfloat16, device=self.device)[1:])))
+            cases.append(
+                (
+                    "misaligned",
+                    ar.ArgumentError,
+                    lambda: self.comm.all_reduce(torch.zeros(65, dtype=torch.bfloat16, device=self.device)[1:]),
+                )
+            )
         for what, error, call in cases:
             try:
                 call()
@@ -206,8 +238,11 @@ class Check:
             print(f"{s}: {'ok' if len(self.failures) == before else 'FAILED'}", flush=True)
         counts = [struct.unpack("q", c)[0] for c in self.comm.all_gather_bytes(struct.pack("q", len(self.failures)))]
         if self.rank == 0:
-            print(f"checked {self.checked} results on each of {self.world} ranks ({self.comm.backend}, "
-                  f"{self.comm.device_name}); failures by rank: {counts}", flush=True)
+            print(
+                f"checked {self.checked} results on each of {self.world} ranks ({self.comm.backend}, "
+                f"{self.comm.device_name}); failures by rank: {counts}",
+                flush=True,
+            )
         self.comm.close()
         return 1 if any(counts) else 0
 
@@ -217,13 +252,21 @@ def overhead(out):
     rows, lines = [], []
     lines.append("# Python path (allreduce_rs.bench) over comm-bench's `communicator`, 1024 elements, bf16")
     lines.append("# time: slowest rank's time per call (events); issue: host time per call spent issuing the calls")
-    lines.append(f"{'mode':<6} {'method':<12} {'time us':>9} {'issue us':>9} {'cb time us':>10} {'cb issue us':>11} "
-                 f"{'+time us':>9} {'+issue us':>9}")
+    lines.append(
+        f"{'mode':<6} {'method':<12} {'time us':>9} {'issue us':>9} {'cb time us':>10} {'cb issue us':>11} "
+        f"{'+time us':>9} {'+issue us':>9}"
+    )
     for mode in ["eager", "graph"]:
-        cb = {r["method"]: r for r in json.load(open(f"{out}/cb_{mode}/comm_ops_benchmark.json"))["rows"]
-              if r["count"] == 1024 and r["status"] == "passed"}
-        py = {r["method"]: r for r in json.load(open(f"{out}/py_{mode}.json"))["rows"]
-              if r["count"] == 1024 and r["status"] == "passed"}
+        cb = {
+            r["method"]: r
+            for r in json.load(open(f"{out}/cb_{mode}/comm_ops_benchmark.json"))["rows"]
+            if r["count"] == 1024 and r["status"] == "passed"
+        }
+        py = {
+            r["method"]: r
+            for r in json.load(open(f"{out}/py_{mode}.json"))["rows"]
+            if r["count"] == 1024 and r["status"] == "passed"
+        }
         base = cb.get("communicator")
         if base is None:
             lines.append(f"{mode}: comm-bench's communicator row is missing or failed")
@@ -240,17 +283,23 @@ def overhead(out):
             row["extra_time_us"] = row["time_us"] - row["cb_time_us"]
             row["extra_issue_us"] = row["issue_us"] - row["cb_issue_us"]
             rows.append(row)
-            lines.append(f"{mode:<6} {method:<12} {row['time_us']:>9.2f} {row['issue_us']:>9.2f} {row['cb_time_us']:>10.2f} "
-                         f"{row['cb_issue_us']:>11.2f} {row['extra_time_us']:>+9.2f} {row['extra_issue_us']:>+9.2f}")
+            lines.append(
+                f"{mode:<6} {method:<12} {row['time_us']:>9.2f} {row['issue_us']:>9.2f} {row['cb_time_us']:>10.2f} "
+                f"{row['cb_issue_us']:>11.2f} {row['extra_time_us']:>+9.2f} {row['extra_issue_us']:>+9.2f}"
+            )
     eager = [r for r in rows if r["mode"] == "eager" and r["method"] == "py"]
     if eager:
         e = eager[0]["extra_issue_us"]
-        lines.append(f"goal: the Python path adds <= 1 us of issue time per eager call: {e:+.2f} us "
-                     f"({'met' if e <= 1.0 else 'NOT met'})")
+        lines.append(
+            f"goal: the Python path adds <= 1 us of issue time per eager call: {e:+.2f} us "
+            f"({'met' if e <= 1.0 else 'NOT met'})"
+        )
     graph = [r for r in rows if r["mode"] == "graph" and r["method"] == "py"]
     if graph:
-        lines.append(f"graph replay: {graph[0]['extra_time_us']:+.2f} us per call over comm-bench's replay "
-                     f"(the Python path is not in a replay; only noise should remain)")
+        lines.append(
+            f"graph replay: {graph[0]['extra_time_us']:+.2f} us per call over comm-bench's replay "
+            f"(the Python path is not in a replay; only noise should remain)"
+        )
     text = "\n".join(lines) + "\n"
     print(text, end="")
     open(f"{out}/overhead.txt", "w").write(text)

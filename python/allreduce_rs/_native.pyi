@@ -75,6 +75,7 @@ class Communicator:
             MismatchError: ranks gave different options (the rank that differs from rank 0).
             PeerError: a peer never arrived or gave up during set-up (``ranks`` names it).
         """
+
     @staticmethod
     def from_env(
         capacity_bytes: int = ...,
@@ -92,6 +93,7 @@ class Communicator:
             LauncherError: no launcher environment found.
             and as the constructor.
         """
+
     def all_reduce(
         self,
         tensor: T,
@@ -121,10 +123,12 @@ class Communicator:
             PeerError: a peer did not arrive within the timeout (host driver; on a GPU a kernel's deadline traps,
                 which torch reports at its next synchronisation).
         """
+
     def reduce_scatter(self, input: TensorLike, out: T, *, stream: Optional[StreamLike] = None) -> T:
         """Rank r receives elements ``[r * n / W, (r + 1) * n / W)`` of the sum of every rank's ``input`` (``n``
         elements, divisible by the world size ``W``) in ``out`` (``n / W`` elements, disjoint from ``input``).
         Returns ``out``. Devices, streams and errors as :meth:`all_reduce`."""
+
     def register(self, tensor: TensorLike) -> int:
         """Shares the memory of ``tensor`` (a CUDA / ROCm tensor of this device) with every peer, so calls whose
         input or output lies inside it read and write it in place on every rank (as vLLM registers its
@@ -137,65 +141,84 @@ class Communicator:
             UnsupportedError: memory the driver cannot share (host memory of this process; pool allocations).
             MismatchError: ranks registered different sizes.
         """
+
     def registered_input(self, dtype: Optional[DTypeLike] = None, count: Optional[int] = None) -> "RegisteredBuffer":
         """The communicator's registered input buffer, ``count`` elements of ``dtype`` [bf16; the whole buffer], as a
         DLPack exporter: ``x = torch.from_dlpack(comm.registered_input(torch.bfloat16, n))``. Writing the input
         there and passing ``x`` (from its start) saves the zero-copy algorithms their copy-in. On the host driver
-        ``numpy.from_dlpack`` takes fp16 and fp32 views (view a bf16 buffer as fp16, then ``.view(ml_dtypes.bfloat16)``).
+        ``numpy.from_dlpack`` takes fp16 and fp32 views (view a bf16 buffer as fp16, then
+        ``.view(ml_dtypes.bfloat16)``).
 
         Raises:
             CapacityError: ``count`` beyond the buffer.
         """
+
     def registered_output(self, dtype: Optional[DTypeLike] = None, count: Optional[int] = None) -> "RegisteredBuffer":
         """The registered output buffer, which the zero-copy two-shot's peers write into directly; as
         :meth:`registered_input`."""
+
     def tune(self, dtype: Optional[DTypeLike] = None) -> List[str]:
         """Measures every algorithm at sizes up to the capacity, eagerly and in graph replays, each checked against
         a float64 reference first, and stores the fastest per size as this machine's tables in the tune cache,
         where later communicators find them. Collective. Returns the files written (rank 0 writes them)."""
+
     def barrier(self) -> None:
         """Waits until every rank has called it (host side, through the rendezvous; not ordered with any stream)."""
+
     def all_gather_bytes(self, data: bytes) -> List[bytes]:
         """Every rank's ``data`` (at most 64 KiB), in rank order: small host messages for tests and timing."""
+
     def table_source(self, mode: Mode = "eager") -> str:
         """Where the tune table that calls issued in ``mode`` follow came from: ``tuned on this machine (PATH)``, a
         file, or ``built-in default: ...`` (then :attr:`notes` says so too)."""
+
     def close(self) -> None:
         """Ends the communicator: a barrier with every peer (which may still read this rank's buffers), then its
         buffers are unmapped. Collective. Refused (AllreduceError) while tensors made from the registered buffers
         are alive. Later calls raise AllreduceError; closing twice does nothing."""
+
     def __enter__(self) -> "Communicator": ...
     def __exit__(self, *exc: object) -> None: ...
     @property
     def rank(self) -> int:
         """This rank."""
+
     @property
     def world_size(self) -> int:
         """The number of ranks."""
+
     @property
     def local_rank(self) -> int:
         """This rank's index on its host."""
+
     @property
     def capacity_bytes(self) -> int:
         """The largest message, in bytes."""
+
     @property
     def backend(self) -> Literal["host", "cuda", "hip"]:
         """The driver in use."""
+
     @property
     def device(self) -> int:
         """The device ordinal (torch's ``cuda:N``) on a GPU driver; 0 on the host driver."""
+
     @property
     def device_name(self) -> str:
         """The device's name."""
+
     @property
     def last_algorithm(self) -> Optional[str]:
         """The algorithm the last call ran (``car_rs`` for reduce-scatter), None before the first."""
+
     @property
     def notes(self) -> List[str]:
         """What set-up decided on the caller's behalf (drivers passed over, built-in tables in use)."""
+
     @property
     def placement(self) -> "Placement":
         """Where every rank runs."""
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has run."""
@@ -214,17 +237,22 @@ class RegisteredBuffer:
     ) -> Any:
         """A DLPack capsule (``dltensor``, or ``dltensor_versioned`` when ``max_version`` is 1.x or later).
         ``copy=True`` and another ``dl_device`` raise BufferError."""
+
     def __dlpack_device__(self) -> Tuple[int, int]:
         """(1, 0) for host memory, (2, N) for CUDA device N, (10, N) for ROCm device N."""
+
     @property
     def data_ptr(self) -> int:
         """The buffer's address."""
+
     @property
     def count(self) -> int:
         """Its elements."""
+
     @property
     def nbytes(self) -> int:
         """Its bytes."""
+
     @property
     def dtype(self) -> Literal["bf16", "fp16", "fp32"]:
         """Its element type."""
@@ -235,6 +263,7 @@ class Placement:
     @property
     def ranks_per_device(self) -> int:
         """The most ranks any one device carries (8 for 8 ranks on one GPU under MPS)."""
+
     @property
     def ranks(self) -> List["RankDevice"]:
         """Every rank's device, in rank order."""
@@ -251,7 +280,9 @@ class RankDevice:
     #: Devices this rank's process sees.
     visible: int
 
-def launch(world: int, argv: Sequence[str], env: Optional[Sequence[Tuple[str, str]]] = None, prefix_output: bool = True) -> None:
+def launch(
+    world: int, argv: Sequence[str], env: Optional[Sequence[Tuple[str, str]]] = None, prefix_output: bool = True
+) -> None:
     """Runs ``argv`` as the ``world`` ranks of a fresh job and waits for them (see ``allreduce_rs.launch.run``)."""
 
 def new_job_id() -> str:

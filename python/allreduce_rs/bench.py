@@ -158,7 +158,13 @@ class Timer:
 def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -> Dict:
     comm = arrays.comm
     rank, world = comm.rank, comm.world_size
-    row = {"method": method, "op": op, "dtype": arrays.dtype, "count": count, "bytes": count * (4 if arrays.dtype == "fp32" else 2)}
+    row = {
+        "method": method,
+        "op": op,
+        "dtype": arrays.dtype,
+        "count": count,
+        "bytes": count * (4 if arrays.dtype == "fp32" else 2),
+    }
     if row["bytes"] > comm.capacity_bytes:
         return {**row, "status": "skipped", "reason": f"beyond capacity_bytes={comm.capacity_bytes}"}
     if method == "py_rs":
@@ -222,7 +228,9 @@ def main(args: Optional[List[str]] = None) -> int:
     p.add_argument("--output", help="write the rows to this JSON file (rank 0)")
     opts = p.parse_args(args)
     elem = 4 if opts.dtype == "fp32" else 2
-    methods = opts.methods.split(",") if opts.methods else (["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS)
+    methods = (
+        opts.methods.split(",") if opts.methods else (["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS)
+    )
     unknown = [m for m in methods if m not in (["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS)]
     if unknown:
         p.error(f"unknown method(s) for --op {opts.op}: {unknown}")
@@ -240,8 +248,10 @@ def main(args: Optional[List[str]] = None) -> int:
     rank0 = comm.rank == 0
     if rank0:
         mode = "graph replays" if opts.graph else "eager calls"
-        print(f"# allreduce_rs {ar.__version__}: {opts.op}, {opts.dtype}, {comm.world_size} ranks, {comm.backend} "
-              f"({comm.device_name}), {mode}; time = slowest rank, median of {opts.repeats}")
+        print(
+            f"# allreduce_rs {ar.__version__}: {opts.op}, {opts.dtype}, {comm.world_size} ranks, {comm.backend} "
+            f"({comm.device_name}), {mode}; time = slowest rank, median of {opts.repeats}"
+        )
         print(f"# table: {comm.table_source('graph' if opts.graph else 'eager')}")
         header = f"{'N':>10} {'bytes':>10}" + "".join(f" {m + ' us':>14} {'issue us':>9}" for m in methods)
         print(header + "  algorithm")
@@ -264,8 +274,17 @@ def main(args: Optional[List[str]] = None) -> int:
     failed = [r for r in rows if r["status"] == "failed"]
     if rank0 and opts.output:
         with open(opts.output, "w") as f:
-            json.dump({"world": comm.world_size, "backend": comm.backend, "device": comm.device_name,
-                       "graph": opts.graph, "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "world": comm.world_size,
+                    "backend": comm.backend,
+                    "device": comm.device_name,
+                    "graph": opts.graph,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
     comm.close()
     return 1 if failed else 0
 

@@ -22,7 +22,9 @@ class RowParallelLinear(torch.nn.Module):
     def __init__(self, weight: torch.Tensor, comm: allreduce_rs.Communicator):
         super().__init__()
         k = weight.shape[1] // comm.world_size
-        self.weight = torch.nn.Parameter(weight[:, comm.rank * k : (comm.rank + 1) * k].contiguous(), requires_grad=False)
+        self.weight = torch.nn.Parameter(
+            weight[:, comm.rank * k : (comm.rank + 1) * k].contiguous(), requires_grad=False
+        )
         self.comm = comm
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:

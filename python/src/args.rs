@@ -139,8 +139,11 @@ fn from_torch<'py>(obj: &Bound<'py, PyAny>, torch: &Torch, what: &str) -> PyResu
             obj.call_method0(intern!(py, "stride"))?.str()?
         )));
     }
+    // `is_cuda` / `is_cpu` cost a tenth of `device.type`, which builds a torch.device; only other devices need it.
     let memory = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
         Memory::Device(obj.call_method0(intern!(py, "get_device"))?.extract()?)
+    } else if obj.getattr(intern!(py, "is_cpu")).and_then(|c| c.is_truthy()).unwrap_or(false) {
+        Memory::Host
     } else {
         let kind: String = obj.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?.extract()?;
         if kind == "cpu" {

@@ -28,6 +28,13 @@ struct State {
 }
 
 /// One rank's endpoint of an intra-node allreduce job.
+///
+/// Communicator.from_env(...) under a launcher, or Communicator(rank, world_size, local_rank, job_id, ...). It runs
+/// all_reduce and reduce_scatter on your tensors: on a GPU driver enqueued on torch's current stream with no host
+/// synchronisation (torch.cuda.graph captures it), on the host driver (numpy arrays, CPU tensors) complete on
+/// return; the algorithm per size comes from a table tuned on this machine, and every algorithm gives the same
+/// bits. Every call is collective. Errors are allreduce_rs.AllreduceError subclasses. End it with close() or
+/// `with`.
 #[pyclass(module = "allreduce_rs", name = "Communicator", frozen)]
 pub struct PyCommunicator {
     /// `None` once closed. Calls take it with `try_lock`: a communicator's calls are collective and run one at a

@@ -1,4 +1,4 @@
-"""A stand-in for the few parts of torch the communicator reads (``Tensor`` with ``dtype``, ``is_cuda``,
+"""A stand-in for the few parts of torch the communicator reads (``Tensor`` with ``dtype``, ``is_cuda``, ``is_cpu``,
 ``get_device()``, ``device.type``, ``is_contiguous()``, ``stride()``, ``numel()``, ``data_ptr()``; the dtypes;
 ``torch._C._cuda_getCurrentRawStream``), over numpy arrays: CI has no torch, and this lets it check the torch path's
 refusals and its CPU tensors on the host driver. The real torch runs in scripts/gpu_python.sh."""
@@ -44,6 +44,10 @@ class Tensor:
     @property
     def is_cuda(self):
         return self.device.type == "cuda"
+
+    @property
+    def is_cpu(self):
+        return self.device.type == "cpu"
 
     def get_device(self):
         return -1 if self.device.type == "cpu" else self.device.index

@@ -18,7 +18,15 @@ HALF_ULP = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 # Element counts of every dtype: both sides of the built-in host table's hand-overs (2048, 6144 and 26624 bytes)
 # and of the packet area's end (96 KiB), odd counts that no vector divides, and the capacity's end.
 COUNTS = [1, 7, 13, 1023, 1024, 1025, 3071, 3073, 13311, 13313, 4099, 49151, 49153, 131071]
-ALGORITHMS = ["car_1shot", "car_2shot", "symm_ll", "symm_epoch_1shot", "symm_zc_1shot", "symm_zc_2shot_ll", "symm_zc_2shot"]
+ALGORITHMS = [
+    "car_1shot",
+    "car_2shot",
+    "symm_ll",
+    "symm_epoch_1shot",
+    "symm_zc_1shot",
+    "symm_zc_2shot_ll",
+    "symm_zc_2shot",
+]
 
 
 class Calls:
@@ -47,7 +55,9 @@ def check_sum(got, want, dtype, world, what):
     tol = HALF_ULP[dtype.name] + world * 2.0**-23
     got = got.astype(np.float64)
     bad = ~(np.abs(got - want) <= tol * np.abs(want) + 1e-30)
-    assert not bad.any(), f"{what}: {bad.sum()} wrong elements, first at {np.argmax(bad)}: {got[bad][:4]} vs {want[bad][:4]}"
+    assert (
+        not bad.any()
+    ), f"{what}: {bad.sum()} wrong elements, first at {np.argmax(bad)}: {got[bad][:4]} vs {want[bad][:4]}"
 
 
 def same_on_every_rank(comm, array, what):

@@ -69,16 +69,15 @@ def test_a_peer_that_never_comes_is_named():
 
 
 def test_import_loads_no_gpu_library_and_neither_torch_nor_numpy():
-    code = textwrap.dedent(
-        """
+    code = textwrap.dedent("""
         import sys, allreduce_rs
         maps = open("/proc/self/maps").read()
-        loaded = [lib for lib in ["libcuda", "libamdhip64", "libnvrtc", "libhiprtc", "libnccl", "librccl"] if lib in maps]
+        gpu_libs = ["libcuda", "libamdhip64", "libnvrtc", "libhiprtc", "libnccl", "librccl"]
+        loaded = [lib for lib in gpu_libs if lib in maps]
         assert not loaded, loaded
         assert "torch" not in sys.modules and "numpy" not in sys.modules
         print("clean")
-        """
-    )
+        """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "clean" in p.stdout, p.stdout + p.stderr
 
@@ -88,8 +87,12 @@ def test_the_launcher_names_the_rank_that_failed(capfd):
     with pytest.raises(ar.LauncherError) as e:
         launch.run(2, [sys.executable, "-c", code])
     assert e.value.rank == 1 and "rank 1 failed" in str(e.value)
-    p = subprocess.run([sys.executable, "-m", "allreduce_rs.launch", "-n", "2", "--", sys.executable, "-c", code],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "allreduce_rs.launch", "-n", "2", "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 1 and "rank 1 failed" in p.stderr, p.stderr
 
 
@@ -102,9 +105,31 @@ def test_no_launcher_is_a_launcher_error(monkeypatch):
 
 
 def test_bench_prints_its_table():
-    cmd = [sys.executable, "-m", "allreduce_rs.launch", "-n", "2", "--", sys.executable, "-m", "allreduce_rs.bench",
-           "--backend", "host", "--min_size", "10", "--max_size", "14", "--size_steps", "3", "--num_iters", "3",
-           "--num_warmup_iters", "1", "--repeats", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "allreduce_rs.launch",
+        "-n",
+        "2",
+        "--",
+        sys.executable,
+        "-m",
+        "allreduce_rs.bench",
+        "--backend",
+        "host",
+        "--min_size",
+        "10",
+        "--max_size",
+        "14",
+        "--size_steps",
+        "3",
+        "--num_iters",
+        "3",
+        "--num_warmup_iters",
+        "1",
+        "--repeats",
+        "1",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     for n in ["1024", "4096", "16384"]:
