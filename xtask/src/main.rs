@@ -75,10 +75,14 @@ fn bundle() -> Result<(), String> {
         std::fs::copy(from, dist.join(to)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
     strip(&dist, &built.map(|b| b.1))?;
-    for script in ["gpu_env.sh", "gpu_node.sh", "gpu_verify.sh", "gpu_library.sh", "first_node_run.sh"] {
+    let scripts =
+        ["gpu_env.sh", "gpu_node.sh", "gpu_verify.sh", "gpu_library.sh", "first_node_run.sh", "gpu_python.sh"];
+    for script in scripts.iter().chain(&["gpu_python_check.py"]) {
         let from = root().join("scripts").join(script);
         std::fs::copy(&from, dist.join(script)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
+    let example = root().join("python/examples/row_parallel.py");
+    std::fs::copy(&example, dist.join("row_parallel.py")).map_err(|e| format!("copy {}: {e}", example.display()))?;
     // The test binaries that run on a GPU node: comm-bench's GPU sweep (COMM_BENCH=dist/comm-bench REQUIRE_GPU=1
     // dist/gpu_tests) and the communicator's driver-independent tests (ARX_TEST_BACKEND=cuda dist/communicator_tests).
     for (package, test, to) in [("bench", "gpu", "gpu_tests"), ("allreduce", "communicator", "communicator_tests")] {
@@ -101,8 +105,35 @@ fn bundle() -> Result<(), String> {
         std::fs::copy(&exe, dist.join(to)).map_err(|e| format!("copy {}: {e}", exe.display()))?;
         strip(&dist, &[to])?;
     }
-    println!("dist/ holds comm-bench, the GPU checks and examples, the test binaries and the GPU-node scripts");
+    wheel(&dist)?;
+    println!("dist/ holds comm-bench, the GPU checks and examples, the test binaries, the allreduce_rs wheel and the GPU-node scripts");
     Ok(())
+}
+
+/// Builds the allreduce_rs wheel (abi3, manylinux) into `dist` with maturin from the virtual environment that
+/// python/tests/pytest.rs keeps under target/ (made here, with maturin alone, when missing), in that test's cargo
+/// target directory, so neither rebuilds the other's pyo3.
+fn wheel(dist: &Path) -> Result<(), String> {
+    let tmp = root().join("target/tmp/python");
+    let venv = tmp.join("venv");
+    if !venv.join("bin/maturin").is_file() {
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        run(Command::new(python).args(["-m", "venv"]).arg(&venv))?;
+        run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "maturin>=1.9.4,<2"]))?;
+    }
+    // A stale wheel beside the new one would make the node's `pip install dist/allreduce_rs-*.whl` install two.
+    for old in std::fs::read_dir(dist).map_err(|e| e.to_string())?.filter_map(|e| e.ok()) {
+        let name = old.file_name();
+        if name.to_string_lossy().starts_with("allreduce_rs-") {
+            std::fs::remove_file(old.path()).map_err(|e| format!("remove {}: {e}", old.path().display()))?;
+        }
+    }
+    run(Command::new(venv.join("bin/maturin"))
+        .args(["build", "--release", "--manifest-path"])
+        .arg(root().join("python/Cargo.toml"))
+        .arg("--out")
+        .arg(dist)
+        .env("CARGO_TARGET_DIR", tmp.join("cargo")))
 }
 
 /// Strips debug information from the bundled binaries: a GPU node's transfer limits are tight, and a release

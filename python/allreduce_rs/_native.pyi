@@ -1,0 +1,289 @@
+"""Type stubs of the extension module behind ``allreduce_rs`` (import from ``allreduce_rs``, not from here)."""
+
+import os
+from typing import Any, List, Literal, Optional, Sequence, Tuple, TypeVar, Union
+
+#: Anything ``dtype=`` takes: ``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"``/``"half"``, ``"fp32"``/``"float32"``,
+#: ``torch.bfloat16`` and friends, ``numpy.float16`` / ``numpy.dtype("float32")``, ``ml_dtypes.bfloat16``.
+DTypeLike = Any
+#: A torch.Tensor (CUDA/ROCm on a GPU driver, CPU on the host driver) or an array with ``__array_interface__``
+#: (numpy, ml_dtypes' bfloat16; host driver) of bfloat16, float16 or float32, contiguous.
+TensorLike = Any
+#: A raw stream handle (``torch.cuda.current_stream().cuda_stream``) or an object with ``cuda_stream``.
+StreamLike = Union[int, Any]
+Mode = Literal["eager", "graph"]
+T = TypeVar("T")
+
+DEFAULT_CAPACITY_BYTES: int
+__version__: str
+
+class Communicator:
+    """One rank's endpoint of an intra-node allreduce job.
+
+    Built from the launcher's environment (:meth:`from_env`) or explicit coordinates (the constructor), it opens
+    its local rank's device (``backend="auto"``: HIP, then CUDA, where the library loads and sees a device, else the
+    host driver), agrees on the placement with its peers, and runs allreduce and reduce-scatter on your tensors: on
+    a GPU driver, enqueued on torch's current stream without host synchronisation (so ``torch.cuda.graph`` captures
+    the call and every replay runs it again); on the host driver, to completion before the call returns. The
+    algorithm is chosen per size from a table tuned on this machine (:meth:`table_source`, :meth:`tune`); every
+    algorithm gives the same bits.
+
+    Every call is collective: all ranks make the same calls, with the same sizes and dtypes, in the same order
+    (each either capturing a graph or not), as with torch.distributed. It works beside torch.distributed (it uses
+    its own rendezvous in shared memory and none of torch's) and without it.
+
+    Errors are :class:`allreduce_rs.AllreduceError` subclasses: ``ArgumentError`` (``CapacityError``),
+    ``MismatchError``, ``PeerError`` (``.ranks``), ``UnsupportedError``, ``LauncherError``.
+
+    A communicator's calls run one at a time: a call from a second thread while one runs raises AllreduceError.
+    Use it as a context manager, or call :meth:`close`, to end it collectively.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        job_id: str,
+        *,
+        capacity_bytes: int = ...,
+        backend: Literal["auto", "host", "cuda", "hip"] = "auto",
+        timeout_s: Optional[float] = None,
+        setup_timeout_s: Optional[float] = None,
+        tune_dir: Optional[Union[str, os.PathLike[str]]] = None,
+        tune_table: Optional[Union[str, os.PathLike[str]]] = None,
+    ) -> None:
+        """A communicator at an explicit place, without a launcher. Collective: every rank of the job calls it.
+
+        Args:
+            rank: this rank, in ``[0, world_size)``.
+            world_size: ranks in the job (1 to 8, one host).
+            local_rank: this rank's index on its host; picks its device.
+            job_id: 16 to 64 lowercase hex digits, the same on every rank (:func:`new_job_id` makes one); it names
+                the job's shared memory.
+            capacity_bytes: the largest message (every rank the same); the registered buffers are this large.
+            backend: which driver.
+            timeout_s: how long a rank waits for a peer inside a call [``ALLREDUCE_TIMEOUT_S``, else 10 s].
+            setup_timeout_s: how long set-up waits [``ALLREDUCE_SETUP_TIMEOUT_S``, else 6x timeout_s, >= 60 s].
+            tune_dir: where tune tables are cached [``ALLREDUCE_TUNE_DIR``, ``$XDG_CACHE_HOME/allreduce-rs/tune``,
+                ``~/.cache/allreduce-rs/tune``].
+            tune_table: one table file for both modes instead of the cached or built-in ones.
+
+        Raises:
+            ArgumentError: a bad job id, place, backend name, capacity or timeout.
+            UnsupportedError: the driver asked for is not here, or more than 8 ranks.
+            MismatchError: ranks gave different options (the rank that differs from rank 0).
+            PeerError: a peer never arrived or gave up during set-up (``ranks`` names it).
+        """
+
+    @staticmethod
+    def from_env(
+        capacity_bytes: int = ...,
+        backend: Literal["auto", "host", "cuda", "hip"] = "auto",
+        timeout_s: Optional[float] = None,
+        setup_timeout_s: Optional[float] = None,
+        tune_dir: Optional[Union[str, os.PathLike[str]]] = None,
+        tune_table: Optional[Union[str, os.PathLike[str]]] = None,
+    ) -> "Communicator":
+        """This rank's communicator, its place read from the launcher's environment: ``python -m
+        allreduce_rs.launch``, ``comm-bench launch``, torchrun, OpenMPI's mpirun, srun, MPICH / Intel MPI (with
+        ``ALLREDUCE_JOB_ID`` set to the same hex id on every rank). Collective. Options as the constructor's.
+
+        Raises:
+            LauncherError: no launcher environment found.
+            and as the constructor.
+        """
+
+    def all_reduce(
+        self,
+        tensor: T,
+        out: Optional[T] = None,
+        *,
+        stream: Optional[StreamLike] = None,
+        algorithm: Optional[str] = None,
+    ) -> T:
+        """Sums ``tensor`` over every rank, in place, or into ``out`` (same dtype and element count; the same
+        tensor, or disjoint memory). Returns the tensor that holds the sum.
+
+        On a GPU driver ``tensor`` is a contiguous CUDA (ROCm) tensor of this communicator's device, 16-byte aligned,
+        and the call is enqueued on ``stream`` (default: torch's current stream of the device) and returns at once:
+        read the result in stream order, as after any kernel. Passing another stream than the one the tensors were
+        made on asks, as for any side-stream work, for ``tensor.record_stream(stream)``. On the host driver the
+        tensor is a numpy array (float16, float32, ml_dtypes.bfloat16) or a CPU tensor, any alignment, and the sum
+        is there when the call returns.
+
+        ``algorithm`` forces one algorithm (``car_1shot``, ``car_2shot``, ``symm_ll``, ``symm_epoch_1shot``,
+        ``symm_zc_1shot``, ``symm_zc_2shot_ll``, ``symm_zc_2shot``), every rank alike, as NCCL_ALGO does.
+
+        Raises:
+            ArgumentError: a dtype other than bfloat16/float16/float32, a non-contiguous or empty tensor, a tensor
+                on another device or driver, a misaligned address, an ``out`` of another dtype or size or partly
+                overlapping, a read-only array written, a stream on the host driver, an unknown algorithm.
+            CapacityError: more bytes than ``capacity_bytes``.
+            PeerError: a peer did not arrive within the timeout (host driver; on a GPU a kernel's deadline traps,
+                which torch reports at its next synchronisation).
+        """
+
+    def reduce_scatter(self, input: TensorLike, out: T, *, stream: Optional[StreamLike] = None) -> T:
+        """Rank r receives elements ``[r * n / W, (r + 1) * n / W)`` of the sum of every rank's ``input`` (``n``
+        elements, divisible by the world size ``W``) in ``out`` (``n / W`` elements, disjoint from ``input``).
+        Returns ``out``. Devices, streams and errors as :meth:`all_reduce`."""
+
+    def register(self, tensor: TensorLike) -> int:
+        """Shares the memory of ``tensor`` (a CUDA / ROCm tensor of this device) with every peer, so calls whose
+        input or output lies inside it read and write it in place on every rank (as vLLM registers its
+        graph-captured buffers). The allocation holding it is exported (its IPC handle, or a VMM allocation's POSIX
+        fd) with the offset. Collective: every rank registers a tensor of the same size, in the same order, and
+        later calls name the same offsets on every rank. The tensor is kept alive as long as the communicator.
+        Returns the registration's index.
+
+        Raises:
+            UnsupportedError: memory the driver cannot share (host memory of this process; pool allocations).
+            MismatchError: ranks registered different sizes.
+        """
+
+    def registered_input(self, dtype: Optional[DTypeLike] = None, count: Optional[int] = None) -> "RegisteredBuffer":
+        """The communicator's registered input buffer, ``count`` elements of ``dtype`` [bf16; the whole buffer], as a
+        DLPack exporter: ``x = torch.from_dlpack(comm.registered_input(torch.bfloat16, n))``. Writing the input
+        there and passing ``x`` (from its start) saves the zero-copy algorithms their copy-in. On the host driver
+        ``numpy.from_dlpack`` takes fp16 and fp32 views (view a bf16 buffer as fp16, then
+        ``.view(ml_dtypes.bfloat16)``).
+
+        Raises:
+            CapacityError: ``count`` beyond the buffer.
+        """
+
+    def registered_output(self, dtype: Optional[DTypeLike] = None, count: Optional[int] = None) -> "RegisteredBuffer":
+        """The registered output buffer, which the zero-copy two-shot's peers write into directly; as
+        :meth:`registered_input`."""
+
+    def tune(self, dtype: Optional[DTypeLike] = None) -> List[str]:
+        """Measures every algorithm at sizes up to the capacity, eagerly and in graph replays, each checked against
+        a float64 reference first, and stores the fastest per size as this machine's tables in the tune cache,
+        where later communicators find them. Collective. Returns the files written (rank 0 writes them)."""
+
+    def barrier(self) -> None:
+        """Waits until every rank has called it (host side, through the rendezvous; not ordered with any stream)."""
+
+    def all_gather_bytes(self, data: bytes) -> List[bytes]:
+        """Every rank's ``data`` (at most 64 KiB), in rank order: small host messages for tests and timing."""
+
+    def table_source(self, mode: Mode = "eager") -> str:
+        """Where the tune table that calls issued in ``mode`` follow came from: ``tuned on this machine (PATH)``, a
+        file, or ``built-in default: ...`` (then :attr:`notes` says so too)."""
+
+    def close(self) -> None:
+        """Ends the communicator: a barrier with every peer (which may still read this rank's buffers), then its
+        buffers are unmapped. Collective. Refused (AllreduceError) while tensors made from the registered buffers
+        are alive. Later calls raise AllreduceError; closing twice does nothing."""
+
+    def __enter__(self) -> "Communicator": ...
+    def __exit__(self, *exc: object) -> None: ...
+    @property
+    def rank(self) -> int:
+        """This rank."""
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index on its host."""
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The largest message, in bytes."""
+
+    @property
+    def backend(self) -> Literal["host", "cuda", "hip"]:
+        """The driver in use."""
+
+    @property
+    def device(self) -> int:
+        """The device ordinal (torch's ``cuda:N``) on a GPU driver; 0 on the host driver."""
+
+    @property
+    def device_name(self) -> str:
+        """The device's name."""
+
+    @property
+    def last_algorithm(self) -> Optional[str]:
+        """The algorithm the last call ran (``car_rs`` for reduce-scatter), None before the first."""
+
+    @property
+    def notes(self) -> List[str]:
+        """What set-up decided on the caller's behalf (drivers passed over, built-in tables in use)."""
+
+    @property
+    def placement(self) -> "Placement":
+        """Where every rank runs."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+
+class RegisteredBuffer:
+    """A view of one of a communicator's registered buffers, exported through DLPack (``torch.from_dlpack``,
+    ``numpy.from_dlpack``) by reference. A tensor made from it keeps the communicator alive."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule (``dltensor``, or ``dltensor_versioned`` when ``max_version`` is 1.x or later).
+        ``copy=True`` and another ``dl_device`` raise BufferError."""
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """(1, 0) for host memory, (2, N) for CUDA device N, (10, N) for ROCm device N."""
+
+    @property
+    def data_ptr(self) -> int:
+        """The buffer's address."""
+
+    @property
+    def count(self) -> int:
+        """Its elements."""
+
+    @property
+    def nbytes(self) -> int:
+        """Its bytes."""
+
+    @property
+    def dtype(self) -> Literal["bf16", "fp16", "fp32"]:
+        """Its element type."""
+
+class Placement:
+    """Where every rank runs, as the ranks agreed at construction; ``str()`` gives a readable table."""
+
+    @property
+    def ranks_per_device(self) -> int:
+        """The most ranks any one device carries (8 for 8 ranks on one GPU under MPS)."""
+
+    @property
+    def ranks(self) -> List["RankDevice"]:
+        """Every rank's device, in rank order."""
+
+class RankDevice:
+    """One rank's device."""
+
+    rank: int
+    local_rank: int
+    host: str
+    ordinal: int
+    #: The PCI bus id (``host`` on the host driver).
+    bus_id: str
+    #: Devices this rank's process sees.
+    visible: int
+
+def launch(
+    world: int, argv: Sequence[str], env: Optional[Sequence[Tuple[str, str]]] = None, prefix_output: bool = True
+) -> None:
+    """Runs ``argv`` as the ``world`` ranks of a fresh job and waits for them (see ``allreduce_rs.launch.run``)."""
+
+def new_job_id() -> str:
+    """A fresh job id (32 random hex digits) for the constructor: give every rank the same one."""

@@ -1,0 +1,84 @@
+//! The Rust errors as the Python exceptions of `allreduce_rs.errors`, chosen by whose fault it was: the caller's
+//! arguments, ranks that disagree, a peer that is gone (named), something the driver cannot do, the launcher.
+
+use allreduce::Error;
+use collective::CollectiveError;
+use gpu::GpuError;
+use ipc::IpcError;
+use pyo3::PyErr;
+
+pyo3::import_exception!(allreduce_rs.errors, AllreduceError);
+pyo3::import_exception!(allreduce_rs.errors, ArgumentError);
+pyo3::import_exception!(allreduce_rs.errors, CapacityError);
+pyo3::import_exception!(allreduce_rs.errors, MismatchError);
+pyo3::import_exception!(allreduce_rs.errors, PeerError);
+pyo3::import_exception!(allreduce_rs.errors, UnsupportedError);
+pyo3::import_exception!(allreduce_rs.errors, LauncherError);
+
+/// The exception for a communicator's error.
+pub fn from_error(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::TooLarge { bytes, capacity } => CapacityError::new_err((msg, bytes, capacity)),
+        Error::Misaligned { .. } | Error::BadArgs(_) | Error::Placement(_) => ArgumentError::new_err(msg),
+        Error::Mismatch(_) => MismatchError::new_err(msg),
+        Error::Unsupported(_) => UnsupportedError::new_err(msg),
+        Error::NoLauncher => LauncherError::new_err(msg),
+        Error::Launch(e) => from_launch(e),
+        Error::Gpu(e) => from_gpu(&e, msg),
+        Error::Ipc(e) => from_ipc(&e, msg),
+        Error::Collective(e) => from_collective(&e, msg),
+        Error::Tune(_) => AllreduceError::new_err(msg),
+    }
+}
+
+/// The exception for a launcher's error: a failed rank is named in `rank`.
+pub fn from_launch(e: launch::LaunchError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        launch::LaunchError::RankFailed { rank, .. } => LauncherError::new_err((msg, rank)),
+        launch::LaunchError::BadArgs(_) | launch::LaunchError::BadEnv { .. } => ArgumentError::new_err(msg),
+        _ => LauncherError::new_err((msg, None::<usize>)),
+    }
+}
+
+fn from_collective(e: &CollectiveError, msg: String) -> PyErr {
+    match e {
+        CollectiveError::Gpu(g) => from_gpu(g, msg),
+        CollectiveError::Ipc(i) => from_ipc(i, msg),
+        CollectiveError::BadArgs(_) => ArgumentError::new_err(msg),
+        CollectiveError::Unsupported(_) => UnsupportedError::new_err(msg),
+        CollectiveError::Mismatch(_) => MismatchError::new_err(msg),
+    }
+}
+
+fn from_ipc(e: &IpcError, msg: String) -> PyErr {
+    match e {
+        IpcError::Wait(deadline::WaitError::TimedOut(t)) => PeerError::new_err((msg, t.missing.clone())),
+        IpcError::Wait(deadline::WaitError::Aborted { .. }) => PeerError::new_err((msg, Vec::<usize>::new())),
+        IpcError::Aborted { rank, .. } => PeerError::new_err((msg, vec![*rank])),
+        IpcError::BadArgs(_) | IpcError::BadJobId(_) => ArgumentError::new_err(msg),
+        _ => AllreduceError::new_err(msg),
+    }
+}
+
+fn from_gpu(e: &GpuError, msg: String) -> PyErr {
+    match e {
+        // The host driver's kernels wait for their peers with a deadline and name the ranks that never came.
+        GpuError::Kernel { msg: m, .. } => match waited_for(m) {
+            Some(ranks) => PeerError::new_err((msg, ranks)),
+            None => AllreduceError::new_err(msg),
+        },
+        GpuError::NotAvailable { .. } | GpuError::Unsupported(_) => UnsupportedError::new_err(msg),
+        GpuError::BadArgs(_) => ArgumentError::new_err(msg),
+        _ => AllreduceError::new_err(msg),
+    }
+}
+
+/// The ranks a timed-out wait names (`deadline::TimedOut`'s text: "... waiting for rank(s) [1, 2]").
+fn waited_for(msg: &str) -> Option<Vec<usize>> {
+    let (_, tail) = msg.split_once("timed out after ")?;
+    let (_, list) = tail.split_once("waiting for rank(s) [")?;
+    let (list, _) = list.split_once(']')?;
+    list.split(',').map(|r| r.trim().parse().ok()).collect()
+}

@@ -1,0 +1,334 @@
+"""The bodies of the multi-rank tests: ``python jobs.py SCENARIO`` runs one as a rank of a job that
+test_allreduce.py starts through ``python -m allreduce_rs.launch``. A rank fails (and so the job) on any wrong result
+or unexpected exception; rank 0 prints ``SCENARIO ok`` when its checks all passed."""
+
+import hashlib
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+
+import allreduce_rs as ar
+
+CAPACITY = 1 << 20
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+# Half an output ulp: the sum is accumulated in float32 and rounded once (the library's check::tolerance).
+HALF_ULP = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+# Element counts of every dtype: both sides of the built-in host table's hand-overs (2048, 6144 and 26624 bytes)
+# and of the packet area's end (96 KiB), odd counts that no vector divides, and the capacity's end.
+COUNTS = [1, 7, 13, 1023, 1024, 1025, 3071, 3073, 13311, 13313, 4099, 49151, 49153, 131071]
+ALGORITHMS = [
+    "car_1shot",
+    "car_2shot",
+    "symm_ll",
+    "symm_epoch_1shot",
+    "symm_zc_1shot",
+    "symm_zc_2shot_ll",
+    "symm_zc_2shot",
+]
+
+
+class Calls:
+    """Fresh random inputs per call: the seed of call k derives from the test run's seed, the same on every rank."""
+
+    def __init__(self):
+        self.base = int(os.environ["ARX_PY_SEED"])
+        self.k = 0
+
+    def seed(self):
+        self.k += 1
+        return [self.base, self.k]
+
+
+def inputs(seed, rank, count, dtype):
+    """Rank ``rank``'s input: uniform in [0, 1) like torch.rand, rounded to ``dtype``."""
+    return np.random.default_rng(seed + [rank]).random(count).astype(dtype)
+
+
+def reference(seed, world, count, dtype):
+    """The float64 sum of every rank's input."""
+    return sum(inputs(seed, r, count, dtype).astype(np.float64) for r in range(world))
+
+
+def check_sum(got, want, dtype, world, what):
+    tol = HALF_ULP[dtype.name] + world * 2.0**-23
+    got = got.astype(np.float64)
+    bad = ~(np.abs(got - want) <= tol * np.abs(want) + 1e-30)
+    assert (
+        not bad.any()
+    ), f"{what}: {bad.sum()} wrong elements, first at {np.argmax(bad)}: {got[bad][:4]} vs {want[bad][:4]}"
+
+
+def same_on_every_rank(comm, array, what):
+    digests = comm.all_gather_bytes(hashlib.sha256(array.tobytes()).digest())
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    assert not differ, f"{what}: rank(s) {differ} differ bitwise from rank 0"
+
+
+def host_comm(**kw):
+    return ar.Communicator.from_env(capacity_bytes=CAPACITY, backend="host", **kw)
+
+
+def sums():
+    """Every dtype and count, in place and out of place and with every algorithm forced: the float64 reference, the
+    same bits on every rank and from every path; reduce-scatter likewise."""
+    comm = host_comm()
+    rank, world = comm.rank, comm.world_size
+    calls = Calls()
+    for dtype in DTYPES:
+        for count in COUNTS:
+            if count * dtype.itemsize > CAPACITY:
+                continue
+            seed = calls.seed()
+            x = inputs(seed, rank, count, dtype)
+            want = reference(seed, world, count, dtype)
+            what = f"{dtype.name} x {count}"
+            out = np.full(count, np.nan, dtype)
+            assert comm.all_reduce(x, out=out) is out
+            check_sum(out, want, dtype, world, what)
+            same_on_every_rank(comm, out, what)
+            assert comm.last_algorithm in ALGORITHMS, comm.last_algorithm
+            inplace = x.copy()
+            assert comm.all_reduce(inplace) is inplace
+            assert inplace.tobytes() == out.tobytes(), f"{what}: in place differs from out of place"
+            # An input at an odd element offset: not 16-byte aligned, staged by the library.
+            shifted = np.empty(count + 1, dtype)[1:]
+            shifted[:] = x
+            comm.all_reduce(shifted)
+            assert shifted.tobytes() == out.tobytes(), f"{what}: an unaligned view differs"
+        for count in [8, 4096, 40000]:
+            seed = calls.seed()
+            x = inputs(seed, rank, count, dtype)
+            bits = None
+            for algo in ALGORITHMS:
+                out = np.full(count, np.nan, dtype)
+                comm.all_reduce(x, out=out, algorithm=algo)
+                assert comm.last_algorithm == algo
+                bits = bits or out.tobytes()
+                assert out.tobytes() == bits, f"{dtype.name} x {count}: {algo} differs from {ALGORITHMS[0]}"
+            check_sum(out, reference(seed, world, count, dtype), dtype, world, f"{dtype.name} x {count}")
+        for count in [world, world * 9, world * 4096]:
+            seed = calls.seed()
+            x = inputs(seed, rank, count, dtype)
+            shard = np.full(count // world, np.nan, dtype)
+            assert comm.reduce_scatter(x, shard) is shard
+            assert comm.last_algorithm == "car_rs"
+            lo = rank * (count // world)
+            want = reference(seed, world, count, dtype)[lo : lo + count // world]
+            check_sum(shard, want, dtype, world, f"reduce_scatter {dtype.name} x {count}")
+    comm.close()
+    return rank
+
+
+def facts():
+    """What a communicator says about itself."""
+    comm = host_comm()
+    assert (comm.backend, comm.capacity_bytes, comm.device) == ("host", CAPACITY, 0)
+    assert comm.local_rank == int(os.environ["LOCAL_RANK"]) == comm.rank
+    p = comm.placement
+    assert p.ranks_per_device == comm.world_size and [d.rank for d in p.ranks] == list(range(comm.world_size))
+    assert all(d.bus_id == "host" for d in p.ranks) and "bus id host" in str(p)
+    for mode in ["eager", "graph"]:
+        assert comm.table_source(mode).startswith("built-in default: host"), comm.table_source(mode)
+    assert any("no tune table" in n for n in comm.notes), comm.notes
+    assert comm.last_algorithm is None
+    with comm:
+        comm.all_reduce(np.ones(10, np.float32))
+    assert comm.closed
+    try:
+        comm.all_reduce(np.ones(10, np.float32))
+        raise AssertionError("a closed communicator ran a call")
+    except ar.AllreduceError as e:
+        assert "closed" in str(e)
+    return comm.rank
+
+
+def expect(error, call, *words):
+    """Runs ``call``, which must raise ``error`` (exactly that class) with every one of ``words`` in its message."""
+    try:
+        call()
+    except ar.AllreduceError as e:
+        assert type(e) is error, f"{type(e).__name__} ({e}), not {error.__name__}"
+        for w in words:
+            assert w in str(e), f"{w!r} not in {str(e)!r}"
+        return e
+    raise AssertionError(f"no {error.__name__} from a call that should raise it ({words})")
+
+
+def bad_arguments():
+    """Every refusal of the Python layer, by its class and words; then a call still works."""
+    comm = host_comm()
+    world = comm.world_size
+    A = ar.ArgumentError
+    f32 = np.zeros(64, np.float32)
+    expect(A, lambda: comm.all_reduce(np.zeros(8, np.float64)), "dtype float64")
+    expect(A, lambda: comm.all_reduce(np.zeros(8, np.int32)), "dtype int32")
+    expect(A, lambda: comm.all_reduce(np.zeros(8, ">f4")), "dtype")
+    expect(A, lambda: comm.all_reduce(f32[::2]), "not C-contiguous")
+    expect(A, lambda: comm.all_reduce(np.zeros((4, 4), np.float32, order="F")), "not C-contiguous")
+    expect(A, lambda: comm.all_reduce(np.zeros(0, np.float32)), "empty")
+    expect(A, lambda: comm.all_reduce([1.0, 2.0]), "a list is neither")
+    expect(A, lambda: comm.all_reduce(np.frombuffer(bytearray(68), np.uint8)[1:65].view(np.float32)), "not aligned")
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    expect(A, lambda: comm.all_reduce(ro), "read-only")
+    comm.all_reduce(ro, out=np.zeros(8, np.float32))
+    expect(A, lambda: comm.all_reduce(f32, out=ro), "out: ")
+    expect(A, lambda: comm.all_reduce(f32, out=np.zeros(64, np.float16)), "dtype fp16 differs")
+    expect(A, lambda: comm.all_reduce(f32, out=np.zeros(63, np.float32)), "63 elements")
+    expect(A, lambda: comm.all_reduce(f32[:32], out=f32[16:48]), "overlaps")
+    expect(A, lambda: comm.all_reduce(f32, stream=0), "takes no stream")
+    expect(A, lambda: comm.all_reduce(f32, algorithm="nccl"), "not one of")
+    e = expect(ar.CapacityError, lambda: comm.all_reduce(np.zeros(CAPACITY // 4 + 1, np.float32)), "capacity_bytes")
+    assert (e.nbytes, e.capacity) == (CAPACITY + 4, CAPACITY)
+    assert isinstance(e, ar.ArgumentError) and isinstance(e, ValueError)
+    expect(A, lambda: comm.reduce_scatter(np.zeros(world * 4 + 1, np.float32), np.zeros(4, np.float32)), "divide")
+    expect(A, lambda: comm.reduce_scatter(np.zeros(world * 4, np.float32), np.zeros(5, np.float32)), "5 elements")
+    both = np.zeros(world * 8, np.float32)
+    expect(A, lambda: comm.reduce_scatter(both, both[:8]), "overlaps")
+    expect(A, lambda: comm.registered_input("int8"), "dtype int8")
+    expect(ar.CapacityError, lambda: comm.registered_input(np.float32, CAPACITY), "holds 1 to")
+    expect(A, lambda: comm.table_source("lazy"), "eager")
+    # Host memory of this process is private: the host driver cannot share it, and every rank is told why.
+    expect(ar.UnsupportedError, lambda: comm.register(np.zeros(1024, np.float32)), "cannot be shared")
+    x = np.ones(100, np.float32)
+    comm.all_reduce(x)
+    assert (x == world).all()
+    comm.close()
+    return comm.rank
+
+
+def wrong_construction():
+    """Arguments a communicator refuses before it joins its peers (one rank, no launcher needed)."""
+    A = ar.ArgumentError
+    expect(A, lambda: ar.Communicator(0, 1, 0, "not-hex"), "job_id")
+    expect(A, lambda: ar.Communicator(2, 2, 0, ar.new_job_id()), "rank 2 >= world 2")
+    expect(A, lambda: ar.Communicator(0, 1, 0, ar.new_job_id(), backend="tpu"), "unknown backend")
+    expect(A, lambda: ar.Communicator(0, 1, 0, ar.new_job_id(), timeout_s=-1), "timeout_s")
+    expect(A, lambda: ar.Communicator(0, 1, 0, ar.new_job_id(), capacity_bytes=0, backend="host"), "capacity_bytes")
+    expect(ar.UnsupportedError, lambda: ar.Communicator(0, 9, 0, ar.new_job_id(), backend="host"), "9 ranks")
+    return 0
+
+
+def registered():
+    """The registered buffers as numpy views through DLPack: input written in place, the zero-copy algorithms' output
+    read in place; close() refused while a view lives."""
+    comm = host_comm()
+    rank, world = comm.rank, comm.world_size
+    calls = Calls()
+    for dtype in DTYPES:
+        count = 40000
+        # numpy has no bfloat16 of its own: view bf16 buffers as fp16 and reinterpret them (ml_dtypes).
+        as_numpy = "fp16" if dtype.name == "bfloat16" else dtype
+        inp = np.from_dlpack(comm.registered_input(as_numpy, count)).view(dtype)
+        out = np.from_dlpack(comm.registered_output(as_numpy, count)).view(dtype)
+        assert inp.shape == (count,) and inp.dtype == dtype and not np.shares_memory(inp, out)
+        for algo in ["symm_zc_1shot", "symm_zc_2shot", None]:
+            seed = calls.seed()
+            inp[:] = inputs(seed, rank, count, dtype)
+            out[:] = np.nan
+            comm.all_reduce(inp, out=out, algorithm=algo)
+            check_sum(out, reference(seed, world, count, dtype), dtype, world, f"registered {dtype.name} {algo}")
+            same_on_every_rank(comm, out, f"registered {dtype.name} {algo}")
+        del inp, out
+    buf = comm.registered_input("fp32")
+    assert buf.count == CAPACITY // 4 and buf.nbytes == CAPACITY and buf.dtype == "fp32"
+    assert buf.__dlpack_device__() == (1, 0)
+    # A consumer of DLPack before 1.0 gets the unversioned capsule (numpy makes that view read-only); both kinds
+    # view the same memory.
+    legacy = np.from_dlpack(Unversioned(buf))
+    np.from_dlpack(buf)[:3] = [1.0, 2.0, 3.0]
+    assert list(legacy[:3]) == [1.0, 2.0, 3.0]
+    assert type(buf.__dlpack__()).__name__ == "PyCapsule"
+    expect(ar.AllreduceError, comm.close, "still alive")
+    del legacy
+    view = np.from_dlpack(buf)
+    expect(ar.AllreduceError, comm.close, "still alive")
+    del view
+    comm.close()
+    expect(ar.AllreduceError, lambda: np.from_dlpack(buf), "closed")
+    return rank
+
+
+class Unversioned:
+    """Asks for the capsule as DLPack consumers before 1.0 do (no max_version)."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    def __dlpack__(self, **_):
+        return self.buf.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.buf.__dlpack_device__()
+
+
+def fake_torch_tensors():
+    """The torch path (with tests/fake_torch.py standing in for torch): CPU tensors summed on the host driver, and
+    a wrong dtype, a non-contiguous tensor and a tensor on another device refused by name."""
+    import fake_torch
+
+    fake_torch.install()
+    import torch
+
+    comm = host_comm()
+    rank, world = comm.rank, comm.world_size
+    calls = Calls()
+    for dtype in DTYPES:
+        seed = calls.seed()
+        t = torch.Tensor(inputs(seed, rank, 5000, dtype))
+        out = torch.Tensor(np.full(5000, np.nan, dtype))
+        assert comm.all_reduce(t, out=out) is out
+        check_sum(out.array, reference(seed, world, 5000, dtype), dtype, world, f"torch cpu {dtype.name}")
+        comm.all_reduce(t)
+        assert t.array.tobytes() == out.array.tobytes()
+    A = ar.ArgumentError
+    expect(A, lambda: comm.all_reduce(torch.Tensor(np.zeros(8, np.float64))), "dtype torch.float64")
+    expect(A, lambda: comm.all_reduce(torch.Tensor(np.zeros(16, np.float32)[::2])), "not contiguous", "(2,)")
+    on_gpu = torch.Tensor(np.zeros(8, np.float32), "cuda", 3)
+    expect(A, lambda: comm.all_reduce(on_gpu), "on torch device cuda:3", "driver (host) reads host memory")
+    expect(A, lambda: comm.all_reduce(torch.Tensor(np.zeros(8, np.float32), "mps", 0)), "torch mps device")
+    expect(A, lambda: comm.all_reduce(torch.Tensor(np.zeros(8, np.float32)), out=on_gpu), "out: on torch device")
+    comm.close()
+    return rank
+
+
+def mismatch():
+    """Ranks that disagree on the capacity: the rank that differs from rank 0 raises MismatchError naming both
+    values; the others learn that it gave up (PeerError naming it)."""
+    rank = int(os.environ["RANK"])
+    try:
+        ar.Communicator.from_env(capacity_bytes=CAPACITY + 4096 * (rank == 1), backend="host")
+    except ar.MismatchError as e:
+        assert rank == 1 and "capacity_bytes" in str(e) and "rank 0" in str(e), e
+        return rank
+    except ar.PeerError as e:
+        assert rank != 1 and e.ranks == (1,), (e, e.ranks)
+        return rank
+    raise AssertionError("ranks of different capacities built a communicator")
+
+
+def peer_dies():
+    """Rank 1 exits after set-up; every other rank's next call raises PeerError naming it, after the timeout."""
+    comm = host_comm(timeout_s=1.0)
+    if comm.rank == 1:
+        os._exit(0)
+    e = expect(ar.PeerError, lambda: comm.all_reduce(np.ones(4096, np.float32)), "rank(s) [1]")
+    assert e.ranks == (1,), e.ranks
+    return comm.rank
+
+
+def peer_never_comes():
+    """Rank 1 exits before set-up; the others' set-up raises PeerError naming it."""
+    if os.environ["RANK"] == "1":
+        os._exit(0)
+    e = expect(ar.PeerError, lambda: host_comm(timeout_s=1.0, setup_timeout_s=1.0), "1")
+    assert e.ranks == (1,), e.ranks
+    return 0
+
+
+if __name__ == "__main__":
+    scenario = sys.argv[1]
+    if globals()[scenario]() == 0:
+        print(f"{scenario} ok", flush=True)

@@ -1,0 +1,164 @@
+"""allreduce_rs on the host driver: each multi-rank test runs a scenario of jobs.py as the ranks of a job started by
+the package's launcher (``python -m allreduce_rs.launch``), which fails when any rank fails."""
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import allreduce_rs as ar
+from allreduce_rs import launch
+
+JOBS = str(Path(__file__).with_name("jobs.py"))
+# Fresh random inputs on every run; the seed is in the environment of every job, and printed when one fails.
+SEED = str(random.randrange(1 << 30))
+
+
+def run_job(world, scenario, timeout=300):
+    """Runs jobs.py SCENARIO as a ``world``-rank job; returns its output, failing the test (with the output) if
+    the job failed or rank 0 did not report its checks passed."""
+    cmd = [sys.executable, "-m", "allreduce_rs.launch", "-n", str(world), "--", sys.executable, JOBS, scenario]
+    env = {**os.environ, "ARX_PY_SEED": SEED, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    output = f"seed {SEED}; exit {p.returncode}\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}"
+    assert p.returncode == 0, f"{scenario} failed: {output}"
+    assert f"[rank 0] {scenario} ok" in p.stdout, f"{scenario}: rank 0 did not finish its checks: {output}"
+    return p.stdout + p.stderr
+
+
+def test_sums_against_float64_same_bits_on_every_rank_and_path():
+    run_job(3, "sums")
+
+
+def test_a_communicator_describes_itself_and_closes():
+    run_job(2, "facts")
+
+
+def test_every_bad_argument_raises_its_error():
+    run_job(2, "bad_arguments")
+
+
+def test_bad_construction_arguments_are_refused():
+    p = subprocess.run([sys.executable, JOBS, "wrong_construction"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "wrong_construction ok" in p.stdout, p.stdout + p.stderr
+
+
+def test_registered_buffers_through_dlpack():
+    run_job(2, "registered")
+
+
+def test_torch_path_with_a_stand_in_for_torch():
+    run_job(2, "fake_torch_tensors")
+
+
+def test_ranks_that_disagree_are_named():
+    run_job(2, "mismatch")
+
+
+def test_a_peer_that_dies_is_named():
+    out = run_job(3, "peer_dies")
+    assert "[rank 2]" in out
+
+
+def test_a_peer_that_never_comes_is_named():
+    run_job(2, "peer_never_comes")
+
+
+def test_import_loads_no_gpu_library_and_neither_torch_nor_numpy():
+    code = textwrap.dedent("""
+        import sys, allreduce_rs
+        maps = open("/proc/self/maps").read()
+        gpu_libs = ["libcuda", "libamdhip64", "libnvrtc", "libhiprtc", "libnccl", "librccl"]
+        loaded = [lib for lib in gpu_libs if lib in maps]
+        assert not loaded, loaded
+        assert "torch" not in sys.modules and "numpy" not in sys.modules
+        print("clean")
+        """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "clean" in p.stdout, p.stdout + p.stderr
+
+
+def test_the_launcher_names_the_rank_that_failed(capfd):
+    code = "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"
+    with pytest.raises(ar.LauncherError) as e:
+        launch.run(2, [sys.executable, "-c", code])
+    assert e.value.rank == 1 and "rank 1 failed" in str(e.value)
+    p = subprocess.run(
+        [sys.executable, "-m", "allreduce_rs.launch", "-n", "2", "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 1 and "rank 1 failed" in p.stderr, p.stderr
+
+
+def test_no_launcher_is_a_launcher_error(monkeypatch):
+    for var in list(os.environ):
+        if var in ("RANK", "ALLREDUCE_JOB_ID") or var.startswith(("OMPI_", "SLURM_", "PMI_", "MPI_")):
+            monkeypatch.delenv(var)
+    with pytest.raises(ar.LauncherError, match="no launcher environment"):
+        ar.Communicator.from_env(backend="host")
+
+
+def test_bench_prints_its_table():
+    cmd = [
+        sys.executable,
+        "-m",
+        "allreduce_rs.launch",
+        "-n",
+        "2",
+        "--",
+        sys.executable,
+        "-m",
+        "allreduce_rs.bench",
+        "--backend",
+        "host",
+        "--min_size",
+        "10",
+        "--max_size",
+        "14",
+        "--size_steps",
+        "3",
+        "--num_iters",
+        "3",
+        "--num_warmup_iters",
+        "1",
+        "--repeats",
+        "1",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for n in ["1024", "4096", "16384"]:
+        assert n in p.stdout, p.stdout
+
+
+def test_the_stub_matches_the_module():
+    """Every class, method and function of _native.pyi exists at run time with the same parameter names."""
+    import ast
+    import inspect
+
+    from allreduce_rs import _native
+
+    stub = Path(_native.__file__).with_name("_native.pyi")
+    assert stub.with_name("py.typed").exists()
+    tree = ast.parse(stub.read_text())
+
+    def check(node, owner, where):
+        for item in node.body:
+            if isinstance(item, ast.ClassDef):
+                check(item, getattr(owner, item.name), f"{where}{item.name}.")
+            elif isinstance(item, ast.FunctionDef):
+                runtime = getattr(owner, item.name)
+                assert runtime is not None, f"{where}{item.name} missing"
+                if isinstance(runtime, property) or item.name.startswith("__") or not callable(runtime):
+                    continue
+                a = item.args
+                want = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg != "self"]
+                got = [p for p in inspect.signature(runtime).parameters if p != "self"]
+                assert got == want, f"{where}{item.name}: stub {want}, module {got}"
+
+    check(tree, _native, "")

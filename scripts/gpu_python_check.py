@@ -1,0 +1,316 @@
+"""allreduce_rs from Python with real torch tensors, for scripts/gpu_python.sh (nothing is built where it runs).
+
+``python gpu_python_check.py check [--backend cuda|host]`` runs as every rank of a job (under ``comm-bench launch``
+or ``python -m allreduce_rs.launch``): torch tensors, eagerly and inside ``torch.cuda.graph`` (captured once,
+replayed on fresh inputs), every comm_bench.py size and dtype, each result checked against the float64 sum of every
+rank's input (each rank regenerates its peers' inputs from their seeds: the gathered inputs) and for the same bits
+on every rank; in place, reduce-scatter, the registered buffers through DLPack, ``register`` of a torch tensor, and
+the refusals (wrong device, dtype, layout, alignment, size). With ``--backend host``, CPU tensors on the host driver
+(no graphs, no register). Every rank prints its failures; the job fails when any rank had one.
+
+``python gpu_python_check.py overhead OUT`` compares, at 1024 elements, the Python path's figures
+(``OUT/py_{eager,graph}.json`` from ``python -m allreduce_rs.bench``) with comm-bench's own ``communicator``
+(``OUT/cb_{eager,graph}/comm_ops_benchmark.json``) and writes ``OUT/overhead.txt`` and ``OUT/overhead.json``.
+"""
+
+import json
+import struct
+import sys
+import traceback
+
+# Half an output ulp plus float32 accumulation (allreduce::check::tolerance).
+HALF_ULP = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+
+
+def comm_bench_sizes(align):
+    return [-(-int(2.0 ** (10 + 14 * i / 19)) // align) * align for i in range(20)]
+
+
+class Check:
+    def __init__(self, backend):
+        import torch
+
+        import allreduce_rs as ar
+
+        self.torch, self.ar = torch, ar
+        capacity = (1 << 24) * 4
+        self.comm = ar.Communicator.from_env(capacity_bytes=capacity, backend=backend)
+        self.rank, self.world = self.comm.rank, self.comm.world_size
+        self.host = self.comm.backend == "host"
+        self.device = "cpu" if self.host else f"cuda:{self.comm.device}"
+        if not self.host:
+            torch.cuda.set_device(self.comm.device)
+        self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        self.sizes = comm_bench_sizes(512 if self.comm.backend == "hip" else 256)
+        if self.host:
+            # CI runs the host driver at every size; here it checks real torch CPU tensors, which small sizes show.
+            self.sizes = [n for n in self.sizes if n <= 1 << 20]
+        self.failures = []
+        self.checked = 0
+        self.seed = 0
+
+    def fail(self, what):
+        self.failures.append(what)
+        print(f"FAILED: {what}", flush=True)
+
+    def inputs(self, seed, rank, count, dtype):
+        """Rank ``rank``'s input of call ``seed``: uniform in [0, 1) like torch.rand, rounded to ``dtype``."""
+        g = self.torch.Generator(device=self.device)
+        g.manual_seed(seed * 64 + rank)
+        return self.torch.rand(count, generator=g, device=self.device).to(self.dtypes[dtype])
+
+    def reference(self, seed, count, dtype):
+        """The float64 sum of every rank's input: the inputs as gathered, regenerated from their seeds."""
+        return sum(self.inputs(seed, r, count, dtype).double() for r in range(self.world))
+
+    def digest(self, t):
+        """A position-weighted sum of the bit patterns, to compare results bitwise across ranks."""
+        torch = self.torch
+        bits = t.view(torch.int16 if t.element_size() == 2 else torch.int32).to(torch.int64)
+        weights = torch.arange(1, t.numel() + 1, device=t.device, dtype=torch.int64) * 2654435761 % 2147483647
+        return int((bits * weights).sum().item())
+
+    def verify(self, got, want, dtype, what, same_everywhere=True):
+        """``got`` within the bound of ``want`` on this rank, and (an allreduce's) the same bits on every rank."""
+        self.checked += 1
+        tol = HALF_ULP[dtype] + self.world * 2.0**-23
+        err = (got.double() - want).abs()
+        bad = ~(err <= tol * want.abs() + 1e-30)
+        nbad = int(bad.sum().item())
+        if nbad:
+            i = int(bad.nonzero()[0].item())
+            self.fail(f"{what}: {nbad} wrong elements, first {i}: {got[i].item()} vs {want[i].item()}")
+        digests = [struct.unpack("q", d)[0] for d in self.comm.all_gather_bytes(struct.pack("q", self.digest(got)))]
+        if same_everywhere and len(set(digests)) != 1:
+            self.fail(f"{what}: ranks differ bitwise: {digests}")
+
+    def next_seed(self):
+        self.seed += 1
+        return self.seed
+
+    def eager(self):
+        torch = self.torch
+        for dtype in self.dtypes:
+            for n in self.sizes:
+                seed = self.next_seed()
+                x = self.inputs(seed, self.rank, n, dtype)
+                want = self.reference(seed, n, dtype)
+                y = torch.full_like(x, float("nan"))
+                assert self.comm.all_reduce(x, out=y) is y
+                self.verify(y, want, dtype, f"eager {dtype} x {n} ({self.comm.last_algorithm})")
+                z = x.clone()
+                self.comm.all_reduce(z)
+                if not torch.equal(
+                    z.view(torch.int16 if z.element_size() == 2 else torch.int32),
+                    y.view(torch.int16 if y.element_size() == 2 else torch.int32),
+                ):
+                    self.fail(f"eager {dtype} x {n}: in place differs from out of place")
+
+    def graph(self):
+        """One graph per size, captured on torch's capture stream; each replay runs on fresh inputs."""
+        torch = self.torch
+        for dtype in self.dtypes:
+            for n in self.sizes:
+                x = torch.zeros(n, dtype=self.dtypes[dtype], device=self.device)
+                y = torch.zeros_like(x)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self.comm.all_reduce(x, out=y)
+                algorithm = self.comm.last_algorithm
+                for replay in range(2):
+                    seed = self.next_seed()
+                    x.copy_(self.inputs(seed, self.rank, n, dtype))
+                    y.fill_(float("nan"))
+                    g.replay()
+                    self.verify(
+                        y, self.reference(seed, n, dtype), dtype, f"graph {dtype} x {n} replay {replay} ({algorithm})"
+                    )
+                del g
+
+    def reduce_scatter(self):
+        torch = self.torch
+        for dtype in self.dtypes:
+            for n in self.sizes[::3]:
+                seed = self.next_seed()
+                x = self.inputs(seed, self.rank, n, dtype)
+                shard = torch.full((n // self.world,), float("nan"), dtype=self.dtypes[dtype], device=self.device)
+                self.comm.reduce_scatter(x, shard)
+                lo = self.rank * (n // self.world)
+                self.verify(
+                    shard,
+                    self.reference(seed, n, dtype)[lo : lo + n // self.world],
+                    dtype,
+                    f"reduce_scatter {dtype} x {n}",
+                    same_everywhere=False,
+                )
+
+    def registered(self):
+        """The registered buffers through DLPack: input written there, zero-copy algorithms reading it in place."""
+        torch = self.torch
+        n = 1 << 20
+        for dtype in self.dtypes:
+            xin = torch.from_dlpack(self.comm.registered_input(dtype, n))
+            xout = torch.from_dlpack(self.comm.registered_output(dtype, n))
+            assert xin.device == torch.device(self.device) and xin.dtype == self.dtypes[dtype] and xin.numel() == n
+            for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll", None]:
+                seed = self.next_seed()
+                xin.copy_(self.inputs(seed, self.rank, n, dtype))
+                xout.fill_(float("nan"))
+                self.comm.all_reduce(xin, out=xout, algorithm=algo)
+                self.verify(xout, self.reference(seed, n, dtype), dtype, f"registered {dtype} {algo or 'auto'}")
+            del xin, xout
+
+    def register(self):
+        """A torch tensor of the caller's, registered: calls on slices of it at the same offsets on every rank."""
+        torch = self.torch
+        n = 1 << 18
+        mine = torch.empty(3 * n, dtype=torch.bfloat16, device=self.device)
+        index = self.comm.register(mine)
+        print(f"registered a torch tensor as registration {index}", flush=True)
+        for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll", None]:
+            seed = self.next_seed()
+            mine[n : 2 * n].copy_(self.inputs(seed, self.rank, n, "bf16"))
+            mine[2 * n :].fill_(float("nan"))
+            self.comm.all_reduce(mine[n : 2 * n], out=mine[2 * n :], algorithm=algo)
+            self.verify(mine[2 * n :], self.reference(seed, n, "bf16"), "bf16", f"register {algo or 'auto'}")
+
+    def refusals(self):
+        torch, ar = self.torch, self.ar
+        cases = [
+            (
+                "float64",
+                ar.ArgumentError,
+                lambda: self.comm.all_reduce(torch.zeros(64, dtype=torch.float64, device=self.device)),
+            ),
+            (
+                "non-contiguous",
+                ar.ArgumentError,
+                lambda: self.comm.all_reduce(torch.zeros(16, 16, device=self.device).t()),
+            ),
+            (
+                "capacity",
+                ar.CapacityError,
+                lambda: self.comm.all_reduce(torch.zeros((1 << 24) + 1, device=self.device)),
+            ),
+            (
+                "int32",
+                ar.ArgumentError,
+                lambda: self.comm.all_reduce(torch.zeros(64, dtype=torch.int32, device=self.device)),
+            ),
+        ]
+        if self.host:
+            cases.append(
+                ("meta device", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(64, device="meta")))
+            )
+        else:
+            cases.append(("cpu tensor", ar.ArgumentError, lambda: self.comm.all_reduce(torch.zeros(64))))
+            cases.append(
+                (
+                    "misaligned",
+                    ar.ArgumentError,
+                    lambda: self.comm.all_reduce(torch.zeros(65, dtype=torch.bfloat16, device=self.device)[1:]),
+                )
+            )
+        for what, error, call in cases:
+            try:
+                call()
+                self.fail(f"refusals: {what} was not refused")
+            except ar.AllreduceError as e:
+                if type(e) is not error:
+                    self.fail(f"refusals: {what}: {type(e).__name__} ({e}), not {error.__name__}")
+                else:
+                    print(f"refused {what}: {type(e).__name__}: {e}", flush=True)
+
+    def run(self):
+        scenarios = ["eager", "reduce_scatter", "refusals"]
+        if not self.host:
+            scenarios += ["graph", "registered", "register"]
+        else:
+            scenarios += ["registered"]
+        for s in scenarios:
+            before = len(self.failures)
+            try:
+                getattr(self, s)()
+            except Exception:
+                self.fail(f"{s}: {traceback.format_exc()}")
+            if not self.host:
+                self.torch.cuda.synchronize()
+            print(f"{s}: {'ok' if len(self.failures) == before else 'FAILED'}", flush=True)
+        counts = [struct.unpack("q", c)[0] for c in self.comm.all_gather_bytes(struct.pack("q", len(self.failures)))]
+        if self.rank == 0:
+            print(
+                f"checked {self.checked} results on each of {self.world} ranks ({self.comm.backend}, "
+                f"{self.comm.device_name}); failures by rank: {counts}",
+                flush=True,
+            )
+        self.comm.close()
+        return 1 if any(counts) else 0
+
+
+def overhead(out):
+    """The Python path's cost over comm-bench's own communicator at 1024 elements, eager and in graph replays."""
+    rows, lines = [], []
+    lines.append("# Python path (allreduce_rs.bench) over comm-bench's `communicator`, 1024 elements, bf16")
+    lines.append("# time: slowest rank's time per call (events); issue: host time per call spent issuing the calls")
+    lines.append(
+        f"{'mode':<6} {'method':<12} {'time us':>9} {'issue us':>9} {'cb time us':>10} {'cb issue us':>11} "
+        f"{'+time us':>9} {'+issue us':>9}"
+    )
+    for mode in ["eager", "graph"]:
+        cb = {
+            r["method"]: r
+            for r in json.load(open(f"{out}/cb_{mode}/comm_ops_benchmark.json"))["rows"]
+            if r["count"] == 1024 and r["status"] == "passed"
+        }
+        py = {
+            r["method"]: r
+            for r in json.load(open(f"{out}/py_{mode}.json"))["rows"]
+            if r["count"] == 1024 and r["status"] == "passed"
+        }
+        base = cb.get("communicator")
+        if base is None:
+            lines.append(f"{mode}: comm-bench's communicator row is missing or failed")
+            continue
+        for method, r in sorted(py.items()):
+            row = {
+                "mode": mode,
+                "method": method,
+                "time_us": r["time_ms"] * 1e3,
+                "issue_us": r["issue_us"],
+                "cb_time_us": base["time_ms"] * 1e3,
+                "cb_issue_us": base["issue_us"],
+            }
+            row["extra_time_us"] = row["time_us"] - row["cb_time_us"]
+            row["extra_issue_us"] = row["issue_us"] - row["cb_issue_us"]
+            rows.append(row)
+            lines.append(
+                f"{mode:<6} {method:<12} {row['time_us']:>9.2f} {row['issue_us']:>9.2f} {row['cb_time_us']:>10.2f} "
+                f"{row['cb_issue_us']:>11.2f} {row['extra_time_us']:>+9.2f} {row['extra_issue_us']:>+9.2f}"
+            )
+    eager = [r for r in rows if r["mode"] == "eager" and r["method"] == "py"]
+    if eager:
+        e = eager[0]["extra_issue_us"]
+        lines.append(
+            f"goal: the Python path adds <= 1 us of issue time per eager call: {e:+.2f} us "
+            f"({'met' if e <= 1.0 else 'NOT met'})"
+        )
+    graph = [r for r in rows if r["mode"] == "graph" and r["method"] == "py"]
+    if graph:
+        lines.append(
+            f"graph replay: {graph[0]['extra_time_us']:+.2f} us per call over comm-bench's replay "
+            f"(the Python path is not in a replay; only noise should remain)"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    open(f"{out}/overhead.txt", "w").write(text)
+    json.dump(rows, open(f"{out}/overhead.json", "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["check"]:
+        backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "cuda"
+        sys.exit(Check(backend).run())
+    if sys.argv[1:2] == ["overhead"] and len(sys.argv) == 3:
+        sys.exit(overhead(sys.argv[2]))
+    sys.exit(__doc__)
