@@ -73,6 +73,10 @@ struct Machine {
     device: String,
     arch: String,
     cpu: String,
+    /// The CPU's family and model numbers (`f6-m207`): virtual machines often report one generic model name for
+    /// different processor generations, whose ratios differ.
+    #[serde(default)]
+    cpu_id: String,
     cores: usize,
     os: String,
 }
@@ -217,20 +221,33 @@ fn utc(secs: u64) -> String {
 
 fn machine(summary: &Summary) -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).and_then(|l| l.split(':').nth(1));
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|l| l.strip_prefix(name)).and_then(|l| l.split(':').nth(1)).map(str::trim)
+    };
+    let cpu = field("model name");
+    let cpu_id = match (field("cpu family"), field("model\t")) {
+        (Some(f), Some(m)) => format!("f{f}-m{m}"),
+        _ => String::new(),
+    };
     Machine {
         device: summary.device.clone(),
         arch: summary.arch.clone(),
-        cpu: cpu.map_or("unknown".into(), |c| c.trim().to_string()),
+        cpu: cpu.map_or("unknown".into(), |c| c.to_string()),
+        cpu_id,
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
     }
 }
 
-/// The machine part of a baseline's file name: the CPU model for the host driver (where the CPU is the device),
-/// the device name otherwise, in lower case with every run of other characters one `-`.
-fn machine_slug(m: &Machine, driver: &str) -> String {
-    let name = if driver == "host" { &m.cpu } else { &m.device };
+/// The machine part of a baseline's file name: the CPU model for the host driver (where the CPU is the device), with
+/// its family and model numbers when `with_id`, the device name otherwise, in lower case with every run of other
+/// characters one `-`.
+fn machine_slug(m: &Machine, driver: &str, with_id: bool) -> String {
+    let name = match driver {
+        "host" if with_id && !m.cpu_id.is_empty() => format!("{} {}", m.cpu, m.cpu_id),
+        "host" => m.cpu.clone(),
+        _ => m.device.clone(),
+    };
     let mut slug = String::new();
     for c in name.chars() {
         if c.is_ascii_alphanumeric() {
@@ -316,7 +333,13 @@ pub fn run(args: &Args) -> Result<(), String> {
     }];
     let driver = runs[0].driver.clone();
     let here = machine(&runs[0]);
-    let baseline_path = root.join(format!("perf/baseline-{driver}-{}.json", machine_slug(&here, &driver)));
+    // This CPU generation's own baseline; else (reading) one recorded before baselines named the generation.
+    let path_for =
+        |with_id| root.join(format!("perf/baseline-{driver}-{}.json", machine_slug(&here, &driver, with_id)));
+    let baseline_path = match path_for(true) {
+        p if p.is_file() || args.update_baseline => p,
+        _ => path_for(false),
+    };
     let shown = baseline_path.strip_prefix(root).unwrap_or(&baseline_path).display().to_string();
     if args.update_baseline {
         while args.summary.is_none() && runs.len() < BASELINE_RUNS {
@@ -493,16 +516,16 @@ mod tests {
             device: device.into(),
             arch: "x".into(),
             cpu: cpu.into(),
+            cpu_id: "f6-m207".into(),
             cores: 2,
             os: "linux".into(),
         };
-        assert_eq!(
-            machine_slug(&m("Intel(R) Xeon(R) Processor", "host (2 cores)"), "host"),
-            "intel-r-xeon-r-processor"
-        );
-        assert_eq!(machine_slug(&m("AMD EPYC", "host (2 cores)"), "host"), "amd-epyc");
-        assert_eq!(machine_slug(&m("AMD EPYC", "NVIDIA H200"), "cuda"), "nvidia-h200");
-        assert_eq!(machine_slug(&m("", ""), "host"), "unknown");
+        let intel = m("Intel(R) Xeon(R) Processor", "host (2 cores)");
+        assert_eq!(machine_slug(&intel, "host", false), "intel-r-xeon-r-processor");
+        assert_eq!(machine_slug(&intel, "host", true), "intel-r-xeon-r-processor-f6-m207");
+        assert_eq!(machine_slug(&m("AMD EPYC", "host (2 cores)"), "host", false), "amd-epyc");
+        assert_eq!(machine_slug(&m("AMD EPYC", "NVIDIA H200"), "cuda", true), "nvidia-h200");
+        assert_eq!(machine_slug(&m("", ""), "host", false), "unknown");
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(known_baselines(dir.path(), "host"), ["none"]);
         for f in ["baseline-host-b.json", "baseline-host-a.json", "baseline-cuda-x.json", "notes.txt"] {
