@@ -7,7 +7,6 @@ use half::{bf16, f16};
 
 /// An element type as the host kernels see it: loaded to f32, accumulated in f32, stored back rounded.
 pub trait Element {
-    const DTYPE: DType;
     /// # Safety
     /// `p` points to at least `i + 1` elements of this type.
     unsafe fn load(p: *const u8, i: usize) -> f32;
@@ -23,7 +22,6 @@ macro_rules! element {
     ($name:ident, $dtype:expr, $raw:ty, $load:expr, $store:expr) => {
         pub struct $name;
         impl Element for $name {
-            const DTYPE: DType = $dtype;
             unsafe fn load(p: *const u8, i: usize) -> f32 {
                 // SAFETY: the caller's contract; unaligned reads keep odd offsets legal.
                 let raw = unsafe { (p as *const $raw).add(i).read_unaligned() };

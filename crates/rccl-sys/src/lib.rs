@@ -102,8 +102,6 @@ pub type ncclReduceScatterFn = unsafe extern "C" fn(
     comm: ncclComm_t,
     stream: ncclStream_t,
 ) -> ncclResult_t;
-pub type ncclGroupStartFn = unsafe extern "C" fn() -> ncclResult_t;
-pub type ncclGroupEndFn = unsafe extern "C" fn() -> ncclResult_t;
 pub type ncclMemAllocFn = unsafe extern "C" fn(ptr: *mut *mut c_void, size: usize) -> ncclResult_t;
 pub type ncclMemFreeFn = unsafe extern "C" fn(ptr: *mut c_void) -> ncclResult_t;
 pub type ncclCommWindowRegisterFn = unsafe extern "C" fn(
@@ -193,8 +191,6 @@ pub struct NcclLib {
     pub ncclGetErrorString: ncclGetErrorStringFn,
     pub ncclAllReduce: ncclAllReduceFn,
     pub ncclReduceScatter: ncclReduceScatterFn,
-    pub ncclGroupStart: ncclGroupStartFn,
-    pub ncclGroupEnd: ncclGroupEndFn,
     /// NCCL >= 2.19 (and recent RCCL).
     pub ncclMemAlloc: Option<ncclMemAllocFn>,
     pub ncclMemFree: Option<ncclMemFreeFn>,
@@ -276,8 +272,6 @@ impl NcclLib {
             ncclGetErrorString: required!(ncclGetErrorString),
             ncclAllReduce: required!(ncclAllReduce),
             ncclReduceScatter: required!(ncclReduceScatter),
-            ncclGroupStart: required!(ncclGroupStart),
-            ncclGroupEnd: required!(ncclGroupEnd),
             ncclMemAlloc: optional!(ncclMemAlloc),
             ncclMemFree: optional!(ncclMemFree),
             ncclCommWindowRegister: optional!(ncclCommWindowRegister),

@@ -182,11 +182,6 @@ impl Nccl {
         Ok(nccl)
     }
 
-    /// The library's (major, minor, patch).
-    pub fn version(&self) -> (u32, u32, u32) {
-        self.lib.version()
-    }
-
     /// Allocates and registers the input and output windows; on error, drop releases what was made.
     fn register_staging(&mut self, rdv: &Rendezvous, fns: SymmFns) -> Result<(), CollectiveError> {
         let mut failed = None;
