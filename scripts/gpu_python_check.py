@@ -1,6 +1,6 @@
 """allreduce_rs from Python with real torch tensors, for scripts/gpu_python.sh (nothing is built where it runs).
 
-``python gpu_python_check.py check [--backend cuda|host]`` runs as every rank of a job (under ``comm-bench launch``
+``python gpu_python_check.py check [--backend cuda|host] [--only eager,graph,...]`` runs as every rank of a job (under ``comm-bench launch``
 or ``python -m allreduce_rs.launch``): torch tensors, eagerly and inside ``torch.cuda.graph`` (captured once,
 replayed on fresh inputs), every comm_bench.py size and dtype, each result checked against the float64 sum of every
 rank's input (each rank regenerates its peers' inputs from their seeds: the gathered inputs) and for the same bits
@@ -14,8 +14,10 @@ the refusals (wrong device, dtype, layout, alignment, size). With ``--backend ho
 """
 
 import json
+import os
 import struct
 import sys
+import time
 import traceback
 
 # Half an output ulp plus float32 accumulation (allreduce::check::tolerance).
@@ -84,6 +86,22 @@ class Check:
         if same_everywhere and len(set(digests)) != 1:
             self.fail(f"{what}: ranks differ bitwise: {digests}")
 
+    def align(self):
+        """Every rank's own GPU work done before any rank issues the next collective.
+
+        Ranks that share a GPU (MPS) share its SMs: while the peers' kernels spin on a collective's flags, a rank's
+        other kernels (here: its inputs and reference) run so slowly that the peers' deadline can pass
+        (results/h200-mps/python-2). The check times nothing, so it lines the ranks up before each call.
+        """
+        if not self.host:
+            self.torch.cuda.synchronize()
+            self.comm.barrier()
+
+    def trace(self, what):
+        """With CHECK_TRACE=1, each call is printed (with the time) before it is issued, to find a failing one."""
+        if os.environ.get("CHECK_TRACE") == "1":
+            print(f"{time.monotonic():.3f} {what}", flush=True)
+
     def next_seed(self):
         self.seed += 1
         return self.seed
@@ -96,9 +114,12 @@ class Check:
                 x = self.inputs(seed, self.rank, n, dtype)
                 want = self.reference(seed, n, dtype)
                 y = torch.full_like(x, float("nan"))
+                self.align()
+                self.trace(f"eager {dtype} x {n}")
                 assert self.comm.all_reduce(x, out=y) is y
                 self.verify(y, want, dtype, f"eager {dtype} x {n} ({self.comm.last_algorithm})")
                 z = x.clone()
+                self.align()
                 self.comm.all_reduce(z)
                 if not torch.equal(
                     z.view(torch.int16 if z.element_size() == 2 else torch.int32),
@@ -114,6 +135,7 @@ class Check:
                 x = torch.zeros(n, dtype=self.dtypes[dtype], device=self.device)
                 y = torch.zeros_like(x)
                 g = torch.cuda.CUDAGraph()
+                self.align()
                 with torch.cuda.graph(g):
                     self.comm.all_reduce(x, out=y)
                 algorithm = self.comm.last_algorithm
@@ -121,6 +143,7 @@ class Check:
                     seed = self.next_seed()
                     x.copy_(self.inputs(seed, self.rank, n, dtype))
                     y.fill_(float("nan"))
+                    self.align()
                     g.replay()
                     self.verify(
                         y, self.reference(seed, n, dtype), dtype, f"graph {dtype} x {n} replay {replay} ({algorithm})"
@@ -134,6 +157,7 @@ class Check:
                 seed = self.next_seed()
                 x = self.inputs(seed, self.rank, n, dtype)
                 shard = torch.full((n // self.world,), float("nan"), dtype=self.dtypes[dtype], device=self.device)
+                self.align()
                 self.comm.reduce_scatter(x, shard)
                 lo = self.rank * (n // self.world)
                 self.verify(
@@ -156,6 +180,7 @@ class Check:
                 seed = self.next_seed()
                 xin.copy_(self.inputs(seed, self.rank, n, dtype))
                 xout.fill_(float("nan"))
+                self.align()
                 self.comm.all_reduce(xin, out=xout, algorithm=algo)
                 self.verify(xout, self.reference(seed, n, dtype), dtype, f"registered {dtype} {algo or 'auto'}")
             del xin, xout
@@ -171,6 +196,7 @@ class Check:
             seed = self.next_seed()
             mine[n : 2 * n].copy_(self.inputs(seed, self.rank, n, "bf16"))
             mine[2 * n :].fill_(float("nan"))
+            self.align()
             self.comm.all_reduce(mine[n : 2 * n], out=mine[2 * n :], algorithm=algo)
             self.verify(mine[2 * n :], self.reference(seed, n, "bf16"), "bf16", f"register {algo or 'auto'}")
 
@@ -221,12 +247,17 @@ class Check:
                 else:
                     print(f"refused {what}: {type(e).__name__}: {e}", flush=True)
 
-    def run(self):
+    def run(self, only=None):
         scenarios = ["eager", "reduce_scatter", "refusals"]
         if not self.host:
             scenarios += ["graph", "registered", "register"]
         else:
             scenarios += ["registered"]
+        if only:
+            unknown = set(only) - set(scenarios)
+            if unknown:
+                sys.exit(f"--only: {sorted(unknown)} not among {scenarios}")
+            scenarios = [s for s in scenarios if s in only]
         for s in scenarios:
             before = len(self.failures)
             try:
@@ -310,7 +341,8 @@ def overhead(out):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["check"]:
         backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "cuda"
-        sys.exit(Check(backend).run())
+        only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+        sys.exit(Check(backend).run(only))
     if sys.argv[1:2] == ["overhead"] and len(sys.argv) == 3:
         sys.exit(overhead(sys.argv[2]))
     sys.exit(__doc__)

@@ -63,6 +63,13 @@ class Arrays:
             self.t_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         self.dtype = dtype
 
+    def align(self):
+        """Every rank's own GPU work done before any rank issues a collective: ranks sharing a GPU (MPS) share its
+        SMs, and a rank's other kernels crawl while its peers' kernels spin on a collective's flags."""
+        if not self.host:
+            self.torch.cuda.synchronize()
+        self.comm.barrier()
+
     def pattern(self, count: int, rank: int):
         """Rank ``rank``'s input: element i is ``i % 7 + rank``."""
         if self.host:
@@ -109,6 +116,7 @@ class Timer:
         if a.graph:
             torch = a.torch
             # Warm up on a side stream before capture, as torch.cuda.graph asks.
+            a.align()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -122,6 +130,7 @@ class Timer:
             def replay():
                 graph.replay()
 
+        a.align()
         for _ in range(self.warmup if not a.graph else max(1, -(-self.warmup // self.iters))):
             replay()
         times, issues = [], []
@@ -188,6 +197,7 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
             comm.all_reduce(x, out=y)
 
         lo, hi = 0, count
+    arrays.align()
     call()
     wrong = arrays.wrong(y, arrays.expected(lo, hi, world))
     verdicts = comm.all_gather_bytes(struct.pack("q", wrong))
