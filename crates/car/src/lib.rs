@@ -21,6 +21,7 @@ use std::collections::HashMap;
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "car",
     source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/car.cu")),
+    headers: &[],
     host: host::KERNELS,
 };
 

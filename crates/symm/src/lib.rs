@@ -23,6 +23,7 @@ use std::collections::HashMap;
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "symm",
     source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/symm.cu")),
+    headers: &[],
     host: host::KERNELS,
 };
 

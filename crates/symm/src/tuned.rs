@@ -29,6 +29,7 @@ use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "symm_tuned",
     source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/symm_tuned.cu")),
+    headers: &[],
     host: host_tuned::KERNELS,
 };
 
