@@ -6,6 +6,10 @@
 // The ablation variants (crates/car's `Variant`) are car's kernels with one factor changed, chosen at compile time
 // by the knob bits K, so the base kernels (K = 0) are exactly car's.
 
+#include "arx/instantiate.h"
+#include "arx/reduce.h"
+#include "arx/sync.h"
+
 struct CarParams {
     u64 bufs[ARX_MAX_RANKS];   // every rank's data buffer (two halves, by epoch parity), mapped here
     u64 flags[ARX_MAX_RANKS];  // every rank's flag array: u64 [ARX_MAX_BLOCKS][ARX_PHASES][ARX_MAX_RANKS]

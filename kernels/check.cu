@@ -3,6 +3,10 @@
 // folded into a per-block checksum, and the host compares the total with what the calls must have produced. A call
 // that read a stale or torn peer buffer folds a different sum, even inside a graph replay.
 
+#include "arx/elements.h"
+#include "arx/instantiate.h"
+#include "arx/partition.h"
+
 struct FoldParams {
     u64 data;   // the output to fold: `count` elements
     u64 count;

@@ -6,6 +6,10 @@
 // symm_2shot_fused (the copy-in ablation) is torch's two-shot with that memcpy fused into the kernel instead: block
 // b copies its part of every shard, then signals. Sums run in rank order, so every rank gets the same bits.
 
+#include "arx/instantiate.h"
+#include "arx/reduce.h"
+#include "arx/sync.h"
+
 struct SymmParams {
     u64 bufs[ARX_MAX_RANKS];  // every rank's symmetric buffer, mapped here
     u64 pads[ARX_MAX_RANKS];  // every rank's signal pad: u32 [ARX_MAX_BLOCKS channels][ARX_MAX_RANKS]

@@ -13,6 +13,11 @@
 //    chosen by epoch parity, one epoch-flag barrier): one barrier instead of two, for the sizes between the two.
 // Sums run in rank order 0..W-1 with f32 accumulation, so every rank gets the same bits.
 
+#include "arx/instantiate.h"
+#include "arx/packets.h"
+#include "arx/reduce.h"
+#include "arx/sync.h"
+
 struct TunedParams {
     u64 inputs[ARX_MAX_RANKS];   // every rank's registered input
     u64 outputs[ARX_MAX_RANKS];  // every rank's registered output
@@ -29,22 +34,6 @@ struct TunedParams {
     u32 dtype;
     u32 reserved;
 };
-
-// Elements of one 4-byte packet payload.
-template <int DT> ARX_DEV float payload(u32 w, int k) {
-    return DT == 2 ? u32_as_f32(w) : (DT == 0 ? bf16_to_f32((u16)(w >> (16 * k))) : f16_to_f32((u16)(w >> (16 * k))));
-}
-template <int DT> ARX_DEV u32 pack_payload(const float* a) {
-    if (DT == 2) return f32_as_u32(a[0]);
-    if (DT == 0) return (u32)f32_to_bf16(a[0]) | ((u32)f32_to_bf16(a[1]) << 16);
-    return (u32)f32_to_f16(a[0]) | ((u32)f32_to_f16(a[1]) << 16);
-}
-
-// The packet flag of epoch e, in a packet's high word: e mod (2^32 - 1) + 1, never 0, so a zeroed slot never reads as
-// data. The flags wrap every 2^32 - 1 calls; a slot not written since the last wrap could then carry a current flag,
-// so the last call to use each area before a wrap zeroes it (ll_clean): every slot then holds either nothing or a
-// packet of the flags' current period. (== symm::tuned::ll_flag)
-ARX_DEV u64 ll_flag(u64 epoch) { return (epoch % 0xffffffffull + 1) << 32; }
 
 // Zeroes the slots of this rank's area of `epoch`'s parity that this thread reads (j = first mod stride, every
 // source), and the ones nobody reads this call, when the flags wrap before the area's next use (call epoch + 2).
@@ -74,8 +63,7 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
         } else {  // a half-filled last packet: never read past the input
             w = (u32)((const u16*)in)[j * per];
         }
-        u64 pk = flag | w;
-        for (u32 d = 0; d < p.world; ++d) st_relaxed_sys((u64*)p.packets[d] + area + p.rank * p.ll_packets + j, pk);
+        ll_push(p.packets, p.world, area + p.rank * p.ll_packets + j, w, flag);
     }
     const u64* mine = (const u64*)p.packets[p.rank] + area;
     for (u64 j = first; j < n; j += stride) {
@@ -83,11 +71,7 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
         Spin s = spin_start(p.timeout_ns);
 #pragma unroll
         for (u32 src = 0; src < ARX_MAX_RANKS; ++src) {
-            if (src < p.world) {
-                u64 v;
-                while (((v = ld_relaxed_sys(mine + src * p.ll_packets + j)) & 0xffffffff00000000ull) != flag) s.check();
-                words[src] = (u32)v;
-            }
+            if (src < p.world) words[src] = LlPacket::poll(mine + src * p.ll_packets + j, flag, s);
         }
         float acc[2];
         for (int k = 0; k < per; ++k) acc[k] = payload<DT>(words[0], k);
@@ -114,40 +98,25 @@ template <int DT> ARX_DEV void symm_zc_1shot(TunedParams p) {
     ll_clean(p, epoch);
 }
 
+// dst[d][i] = sum over ranks of src[i] at one element i, for every rank d.
+template <int DT> ARX_DEV void push_at(const TunedParams& p, u64 i) {
+    float acc = sum_at<DT, false>(p.inputs, p.world, i);
+    for (u32 d = 0; d < p.world; ++d) Elem<DT>::store((void*)p.outputs[d], i, acc);
+}
+
 // dst[d][i] = sum over ranks of src[i], for every rank d: one reduction, pushed to all.
 template <int DT> ARX_DEV void reduce_push(const TunedParams& p, Range r) {
     typedef Elem<DT> E;
     u64 h, z;
     split<DT>((const void*)p.inputs[0], r, h, z);
-    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) {
-        float acc = E::load((const void*)p.inputs[0], i);
-        for (u32 s = 1; s < p.world; ++s) acc += E::load((const void*)p.inputs[s], i);
-        for (u32 d = 0; d < p.world; ++d) E::store((void*)p.outputs[d], i, acc);
-    }
+    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) push_at<DT>(p, i);
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
-        vec16 in[ARX_MAX_RANKS];
-#pragma unroll
-        for (u32 s = 0; s < ARX_MAX_RANKS; ++s)
-            if (s < p.world) in[s] = ((const vec16*)((const char*)p.inputs[s] + h * E::SIZE))[v];
-        float acc[E::VEC];
-#pragma unroll
-        for (int k = 0; k < E::VEC; ++k) acc[k] = E::lane(in[0], k);
-#pragma unroll
-        for (u32 s = 1; s < ARX_MAX_RANKS; ++s)
-            if (s < p.world) {
-#pragma unroll
-                for (int k = 0; k < E::VEC; ++k) acc[k] += E::lane(in[s], k);
-            }
-        vec16 out = E::pack(acc);
+        vec16 out = sum_vec<DT, false>(p.inputs, p.world, h * E::SIZE, v);
 #pragma unroll
         for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
             if (d < p.world) ((vec16*)((char*)p.outputs[d] + h * E::SIZE))[v] = out;
     }
-    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) {
-        float acc = E::load((const void*)p.inputs[0], i);
-        for (u32 s = 1; s < p.world; ++s) acc += E::load((const void*)p.inputs[s], i);
-        for (u32 d = 0; d < p.world; ++d) E::store((void*)p.outputs[d], i, acc);
-    }
+    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(p, i);
 }
 
 template <int DT> ARX_DEV void symm_zc_2shot(TunedParams p) {
@@ -210,8 +179,7 @@ template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
             acc[0] = E::load((const void*)p.inputs[0], e);
             for (u32 src = 1; src < p.world; ++src) acc[0] += E::load((const void*)p.inputs[src], e);
         }
-        u64 pk = flag | pack_payload<DT>(acc);
-        for (u32 d = 0; d < p.world; ++d) st_relaxed_sys((u64*)p.packets[d] + area + p.rank * p.ll_packets + j, pk);
+        ll_push(p.packets, p.world, area + p.rank * p.ll_packets + j, pack_payload<DT>(acc), flag);
     }
     const u64* inbox = (const u64*)p.packets[p.rank] + area;
     for (u32 src = 0; src < p.world; ++src) {
@@ -219,13 +187,12 @@ template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
         u64 m = (r.hi - r.lo + per - 1) / per;
         for (u64 j = first; j < m; j += stride) {
             Spin s = spin_start(p.timeout_ns);
-            u64 v;
-            while (((v = ld_relaxed_sys(inbox + src * p.ll_packets + j)) & 0xffffffff00000000ull) != flag) s.check();
+            u32 w = LlPacket::poll(inbox + src * p.ll_packets + j, flag, s);
             u64 e = r.lo + j * per;
             if (e + per <= r.hi) {
-                ((u32*)p.outputs[p.rank])[e / per] = (u32)v;
+                ((u32*)p.outputs[p.rank])[e / per] = w;
             } else {
-                E::store((void*)p.outputs[p.rank], e, payload<DT>((u32)v, 0));
+                E::store((void*)p.outputs[p.rank], e, payload<DT>(w, 0));
             }
         }
     }

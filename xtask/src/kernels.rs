@@ -1,5 +1,5 @@
 //! `cargo xtask kernel-check`: compiles every kernels/*.cu the way the drivers' run-time compilers see them
-//! (common.h + the library, one source) with Debian's clang, for NVIDIA (PTX for sm_80) and for AMD (code objects
+//! (the library, its headers found under kernels/include) with Debian's clang, for NVIDIA (PTX for sm_80) and for AMD (code objects
 //! for gfx90a and gfx940, the newest CDNA targets Debian 12's LLVM knows; gfx940 is MI300's ISA and memory model,
 //! though MI300X runs gfx942 code). A check that needs no GPU toolkit: no CUDA, no ROCm.
 //!
@@ -48,9 +48,10 @@ pub fn kernel_check(args: Args) -> Result<(), String> {
     })?;
     for lib in libraries(&kernels)? {
         let lib = lib.as_str();
-        // The Rust side concatenates common.h and the library the same way (include_str! + concat!).
-        let body = read(&kernels.join(format!("{lib}.cu")))?;
-        let src = read(&kernels.join("common.h"))? + &body;
+        // The run-time compilers get kernels/include's headers by the same include names (collective::KERNEL_HEADERS).
+        let cu = kernels.join(format!("{lib}.cu"));
+        let body = read(&cu)?;
+        let include = kernels.join("include");
         let expected = declared_entries(&body);
         if expected.is_empty() {
             return Err(format!("{lib}.cu declares no entry point"));
@@ -63,14 +64,14 @@ pub fn kernel_check(args: Args) -> Result<(), String> {
         if let Some(missing) = required.difference(&expected).next() {
             return Err(format!("{lib}.cu no longer declares {missing}, which crates/{lib} launches"));
         }
-        let cu = out.join(format!("{lib}.cu"));
-        std::fs::write(&cu, &src).map_err(|e| e.to_string())?;
-
         let ptx = out.join(format!("{lib}.ptx"));
         run(Command::new(&nvidia)
             .args(["-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_80"])
             .args(["-nocudainc", "-nocudalib", "-std=c++17"])
-            .args(["-Werror", "-Wall", "-Wno-unused-function", "-S", "-include"])
+            .args(["-Werror", "-Wall", "-Wno-unused-function", "-S"])
+            .arg("-I")
+            .arg(&include)
+            .arg("-include")
             .arg(kernels.join("check/clang_cuda_prelude.h"))
             .arg("-o")
             .arg(&ptx)
@@ -87,7 +88,10 @@ pub fn kernel_check(args: Args) -> Result<(), String> {
                 .args(["-x", "hip", "--cuda-device-only", "--no-gpu-bundle-output"])
                 .arg(format!("--offload-arch={arch}"))
                 .args(["-nogpuinc", "-nogpulib", "-std=c++17", "-DARX_HIP=1", "-O3"])
-                .args(["-Werror", "-Wall", "-Wno-unused-function", "-include"])
+                .args(["-Werror", "-Wall", "-Wno-unused-function"])
+                .arg("-I")
+                .arg(&include)
+                .arg("-include")
                 .arg(kernels.join("check/clang_hip_prelude.h"))
                 .arg("-o")
                 .arg(&co)

@@ -109,7 +109,8 @@ pub fn variant_checksum(world: usize, lo: usize, hi: usize, k: u64) -> u64 {
 
 static CHECK_LIBRARY: KernelLibrary = KernelLibrary {
     name: "check",
-    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/check.cu")),
+    source: include_str!("../../../kernels/check.cu"),
+    headers: collective::KERNEL_HEADERS,
     host: &[("arx_fold_bf16", fold_bf16), ("arx_fold_fp16", fold_fp16), ("arx_fold_fp32", fold_fp32)],
 };
 

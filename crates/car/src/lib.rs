@@ -20,7 +20,8 @@ use std::collections::HashMap;
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "car",
-    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/car.cu")),
+    source: include_str!("../../../kernels/car.cu"),
+    headers: collective::KERNEL_HEADERS,
     host: host::KERNELS,
 };
 

@@ -1,4 +1,4 @@
-//! The host twins of `kernels/common.h`'s synchronisation: per-block epoch counters and the epoch-flag barrier,
+//! The host twins of `kernels/include/arx/sync.h`'s synchronisation: per-block epoch counters and the epoch-flag barrier,
 //! with std atomics on shared mappings, and torch's compare-and-swap handshake on signal pads ([`cas_barrier`],
 //! symm's). Host kernels run their blocks one after another, in the same order on every rank, so block b's
 //! barrier only ever waits for the peers' block b, as on the device.
@@ -14,7 +14,7 @@ use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-/// Barriers per call that the epoch flags tell apart (`ARX_PHASES` in `kernels/common.h`).
+/// Barriers per call that the epoch flags tell apart (`ARX_PHASES` in `kernels/include/arx/portability.h`).
 pub const PHASES: usize = 3;
 
 /// u64 flag slots per rank: one per (block, phase, source rank).

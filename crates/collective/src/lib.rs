@@ -1,14 +1,16 @@
 //! What every collective implementation shares: the [`Collective`] trait the benchmark drives, element types,
 //! argument checks, and the work partition ([`shard_range`], [`block_range`]) that the device kernels in
-//! `kernels/common.h` and the host kernels compute identically, so each block of each rank touches the same
+//! `kernels/include/arx/` and the host kernels compute identically, so each block of each rank touches the same
 //! elements on every driver.
 
 mod elem;
 pub mod host_sync;
+mod kernel_headers;
 mod plan;
 mod team;
 
 pub use elem::{Element, HostElem};
+pub use kernel_headers::KERNEL_HEADERS;
 pub use plan::{LaunchPlan, LaunchRule};
 pub use team::{PeerMaps, Sharing, Team};
 

@@ -48,8 +48,12 @@ fn host_empty(l: &HostLaunch<'_>) -> Result<(), String> {
     l.params::<Params>().map(|_| ())
 }
 
-static SMOKE: KernelLibrary =
-    KernelLibrary { name: "gpu_smoke", source: SOURCE, host: &[("add_one", host_add_one), ("empty", host_empty)] };
+static SMOKE: KernelLibrary = KernelLibrary {
+    name: "gpu_smoke",
+    source: SOURCE,
+    headers: &[],
+    host: &[("add_one", host_add_one), ("empty", host_empty)],
+};
 
 const BYTES: usize = (1 << 20) + 17;
 const LAUNCHES: usize = 1000;

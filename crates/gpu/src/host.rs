@@ -481,7 +481,7 @@ mod tests {
         Ok(())
     }
 
-    static LIB: KernelLibrary = KernelLibrary { name: "test", source: "", host: &[("add_one", add_one)] };
+    static LIB: KernelLibrary = KernelLibrary { name: "test", source: "", headers: &[], host: &[("add_one", add_one)] };
 
     #[test]
     fn copy_set_launch_and_graph_replay() {
@@ -596,10 +596,7 @@ mod tests {
         unsafe { own.memset(buf.ptr(), 9, 4096) }.unwrap();
         own.download(&buf, 0, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 9), "the original stream must outlive its borrows");
-        assert!(
-            matches!(gpu.driver().stream_forget(own.handle()), Err(GpuError::BadArgs(_))),
-            "nothing left to forget"
-        );
+        assert!(matches!(gpu.0.stream_forget(own.handle()), Err(GpuError::BadArgs(_))), "nothing left to forget");
         // SAFETY: the handles are not streams; the host driver refuses them without using them.
         unsafe {
             assert!(matches!(gpu.borrow_stream(u64::MAX), Err(GpuError::BadArgs(_))));

@@ -3,23 +3,19 @@
 //! picked up; a driver that refuses a cached image recompiles and replaces it.
 
 use crate::KernelLibrary;
+use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// FNV-1a, 64 bits: folds `bytes` into `h`.
-fn fnv1a64_update(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+/// FNV-1a 64 over length-prefixed parts: a cache key that is the same in every build, where no two lists of parts
+/// run together.
+fn key(parts: &[&[u8]]) -> u64 {
+    let mut h = fnv::FnvHasher::default();
+    for part in parts {
+        h.write_u64(part.len() as u64);
+        h.write(part);
     }
-    h
-}
-
-/// FNV-1a 64 over length-prefixed parts: a cache key that is the same in every build.
-fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    parts.iter().fold(FNV_OFFSET, |h, part| fnv1a64_update(fnv1a64_update(h, &(part.len() as u64).to_le_bytes()), part))
+    h.finish()
 }
 
 /// `$ARX_KERNEL_CACHE`, else `$XDG_CACHE_HOME/allreduce-rs/kernels`, else `~/.cache/allreduce-rs/kernels`.
@@ -30,11 +26,14 @@ fn cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|h| h.join(".cache").join("allreduce-rs").join("kernels")))
 }
 
-/// `<name>-<arch>-<key>.<ext>`, the key hashing the source, the compiler options and `compiler` (its name and
-/// version).
+/// `<name>-<arch>-<key>.<ext>`, the key hashing the source, every header's name and text, the compiler options
+/// and `compiler` (its name and version).
 fn file_name(lib: &KernelLibrary, arch: &str, ext: &str, options: &[String], compiler: &str) -> String {
     let joined = options.join("\u{1f}");
-    let key = fnv1a64(&[b"arx-kernel-v1", lib.source.as_bytes(), joined.as_bytes(), compiler.as_bytes()]);
+    let mut parts: Vec<&[u8]> = vec![b"arx-kernel-v2", lib.source.as_bytes()];
+    parts.extend(lib.headers.iter().flat_map(|(name, text)| [name.as_bytes(), text.as_bytes()]));
+    parts.extend([joined.as_bytes(), compiler.as_bytes()]);
+    let key = key(&parts);
     let stem: String =
         lib.name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
     format!("{stem}-{arch}-{key:016x}.{ext}")
@@ -76,20 +75,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fnv1a64_is_the_reference_function() {
-        assert_eq!(fnv1a64_update(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64_update(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64_update(FNV_OFFSET, b"foobar"), 0x8594_4171_f739_67e8);
-        assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]), "parts must not run together");
+    fn keys_keep_their_parts_apart() {
+        assert_ne!(key(&[b"ab", b"c"]), key(&[b"a", b"bc"]), "parts must not run together");
+        assert_eq!(key(&[b"ab", b"c"]), key(&[b"ab", b"c"]));
     }
 
     #[test]
     fn file_names_sanitise_the_library_name_and_change_with_every_input() {
-        static LIB: KernelLibrary = KernelLibrary { name: "my lib/x", source: "src", host: &[] };
+        static LIB: KernelLibrary =
+            KernelLibrary { name: "my lib/x", source: "src", headers: &[("a.h", "x")], host: &[] };
+        static EDITED: KernelLibrary =
+            KernelLibrary { name: "my lib/x", source: "src", headers: &[("a.h", "y")], host: &[] };
         let opts = vec!["-O3".to_string()];
         let name = file_name(&LIB, "gfx942", "hsaco", &opts, "hiprtc 6.2");
         assert!(name.starts_with("my_lib_x-gfx942-") && name.ends_with(".hsaco"), "{name}");
         assert_ne!(name, file_name(&LIB, "gfx942", "hsaco", &opts, "hiprtc 6.3"));
+        assert_ne!(name, file_name(&EDITED, "gfx942", "hsaco", &opts, "hiprtc 6.2"), "a header's text is in the key");
         assert_ne!(name, file_name(&LIB, "gfx942", "hsaco", &["-O2".to_string()], "hiprtc 6.2"));
     }
 }

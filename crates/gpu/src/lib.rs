@@ -1,11 +1,13 @@
 //! One HIP-shaped device API over three drivers: `host` (shared memory and Rust "kernels", runs anywhere),
-//! `cuda` (cudarc, loaded at run time) and `hip` (loaded at run time). Nothing here knows about collectives.
+//! `cuda` (cudarc, loaded at run time) and `hip` (loaded at run time), the two GPU drivers being one core
+//! (`device`) over each vendor's raw calls. Nothing here knows about collectives.
 //!
 //! Drivers implement the object-safe [`Driver`] trait with raw handles; the rest of the workspace uses the RAII
 //! wrappers ([`Gpu`], [`DeviceBuffer`], [`Stream`], [`Event`], [`Kernel`], [`Graph`]) so that every allocation,
 //! mapping and handle is released on every path.
 
 mod cuda;
+mod device;
 mod error;
 mod hip;
 mod host;
@@ -129,6 +131,9 @@ pub struct LaunchDims {
 pub struct KernelLibrary {
     pub name: &'static str,
     pub source: &'static str,
+    /// The headers `source` includes, as (include name, text): handed to the run-time compiler, and part of the
+    /// kernel cache's key.
+    pub headers: &'static [(&'static str, &'static str)],
     pub host: &'static [(&'static str, HostKernel)],
 }
 
@@ -235,9 +240,9 @@ pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
     let driver: Arc<dyn Driver> = match backend {
         Backend::Host => Arc::new(host::HostDriver::new(&opts.shm_prefix)),
         Backend::Hip => hip::open(opts)?,
-        Backend::Cuda => cuda_open(opts)?,
+        Backend::Cuda => cuda::open(opts)?,
         Backend::Auto => {
-            let tried: [(&str, OpenFn); 2] = [("hip", hip::open), ("cuda", cuda_open)];
+            let tried: [(&str, OpenFn); 2] = [("hip", hip::open), ("cuda", cuda::open)];
             let mut found = None;
             for (name, open) in tried {
                 match open(opts) {
@@ -257,10 +262,6 @@ pub fn open(backend: Backend, opts: &DriverOptions) -> Result<Opened> {
         }
     };
     Ok(Opened { gpu: Gpu(driver), notes })
-}
-
-fn cuda_open(opts: &DriverOptions) -> Result<Arc<dyn Driver>> {
-    cuda::open(opts)
 }
 
 /// Picks the ordinal from the options or `LOCAL_RANK`.
@@ -291,9 +292,6 @@ impl Gpu {
     }
     pub fn kind(&self) -> DriverKind {
         self.0.info().kind
-    }
-    pub fn driver(&self) -> &dyn Driver {
-        &*self.0
     }
 
     fn wrap(&self, raw: RawMem) -> DeviceBuffer {

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt;
+use std::hash::Hasher;
 use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -243,9 +244,10 @@ fn derived_job(launcher: Launcher, vars: &[&str], env: &HashMap<String, String>)
 
 /// FNV-1a 64, with the round number hashed first so two rounds give independent halves.
 fn fnv1a64(round: u8, bytes: &[u8]) -> u64 {
-    std::iter::once(round)
-        .chain(bytes.iter().copied())
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    let mut h = fnv::FnvHasher::default();
+    h.write_u8(round);
+    h.write(bytes);
+    h.finish()
 }
 
 /// Our own executable, for launchers that re-run it as every rank.

@@ -22,7 +22,8 @@ use std::collections::HashMap;
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "symm",
-    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/symm.cu")),
+    source: include_str!("../../../kernels/symm.cu"),
+    headers: collective::KERNEL_HEADERS,
     host: host::KERNELS,
 };
 

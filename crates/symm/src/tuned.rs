@@ -28,7 +28,8 @@ use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "symm_tuned",
-    source: concat!(include_str!("../../../kernels/common.h"), include_str!("../../../kernels/symm_tuned.cu")),
+    source: include_str!("../../../kernels/symm_tuned.cu"),
+    headers: collective::KERNEL_HEADERS,
     host: host_tuned::KERNELS,
 };
 

@@ -1,0 +1,50 @@
+// LL packets ("low latency", as mscclpp's LL8Packet): 8 bytes, 4 bytes of data in the low word and the call's flag in
+// the high word. An 8-byte store is single-copy atomic, so data and flag land together: a reader polls with relaxed
+// loads and needs no barrier or fence on either vendor.
+
+#ifndef ARX_PACKETS_H
+#define ARX_PACKETS_H
+
+#include "arx/elements.h"
+#include "arx/sync.h"
+
+// The packet flag of epoch e, in a packet's high word: e mod (2^32 - 1) + 1, never 0, so a zeroed slot never reads as
+// data. The flags wrap every 2^32 - 1 calls; a slot not written since the last wrap could then carry a current flag,
+// so the last call to use each area before a wrap zeroes it: every slot then holds either nothing or a packet of the
+// flags' current period. (== symm::tuned::ll_flag)
+ARX_DEV u64 ll_flag(u64 epoch) { return (epoch % 0xffffffffull + 1) << 32; }
+
+// Element k of a 4-byte packet payload.
+template <int DT> ARX_DEV float payload(u32 w, int k) {
+    return DT == 2 ? u32_as_f32(w) : (DT == 0 ? bf16_to_f32((u16)(w >> (16 * k))) : f16_to_f32((u16)(w >> (16 * k))));
+}
+// The payload of the 4 / Elem<DT>::SIZE elements at `a`.
+template <int DT> ARX_DEV u32 pack_payload(const float* a) {
+    if (DT == 2) return f32_as_u32(a[0]);
+    if (DT == 0) return (u32)f32_to_bf16(a[0]) | ((u32)f32_to_bf16(a[1]) << 16);
+    return (u32)f32_to_f16(a[0]) | ((u32)f32_to_f16(a[1]) << 16);
+}
+
+struct LlPacket {
+    // Stores `data` flagged `flag` at `slot`.
+    ARX_DEV void write(u64* slot, u32 data, u64 flag) { st_relaxed_sys(slot, flag | data); }
+    // Reads `slot` once: true, with its data in `data`, when it carries `flag`.
+    ARX_DEV bool read(const u64* slot, u64 flag, u32& data) {
+        u64 v = ld_relaxed_sys(slot);
+        data = (u32)v;
+        return (v & 0xffffffff00000000ull) == flag;
+    }
+    // Polls `slot` until it carries `flag` (ending the kernel when `s` times out) and returns its data.
+    ARX_DEV u32 poll(const u64* slot, u64 flag, Spin& s) {
+        u32 data;
+        while (!read(slot, flag, data)) s.check();
+        return data;
+    }
+};
+
+// Writes one packet at `offset` (in packets) into the packet area of every rank in `areas`.
+ARX_DEV void ll_push(const u64* areas, u32 world, u64 offset, u32 data, u64 flag) {
+    for (u32 d = 0; d < world; ++d) LlPacket::write((u64*)areas[d] + offset, data, flag);
+}
+
+#endif  // ARX_PACKETS_H

@@ -1,0 +1,101 @@
+// Portability layer of the allreduce kernels: integer types, limits, and everything vendor-specific (system-scope
+// release, acquire, relaxed and CAS; staging stores; timer; trap; bit casts and fp16 conversions). Self-contained (no
+// vendor headers), so NVRTC and hipRTC compile it with no include path of their own.
+//
+// Invariants shared with the Rust side (crates/collective, crates/car, crates/symm):
+//  - parameter blocks are passed by value as one struct whose layout matches the #[repr(C)] Rust struct;
+//  - the work partition (partition.h) equals collective::{shard_elems, ...};
+//  - sums run in rank order 0..W-1 with f32 accumulation (reduce.h), so every rank and driver gets the same bits.
+#ifndef ARX_PORTABILITY_H
+#define ARX_PORTABILITY_H
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+struct alignas(16) vec16 { u32 w[4]; };
+
+#define ARX_MAX_RANKS 8
+#define ARX_MAX_BLOCKS 64
+#define ARX_PHASES 3  // barriers per call that the epoch flags can tell apart (== collective::host_sync::PHASES)
+#define ARX_DEV static __device__ __forceinline__
+#define ARX_KERNEL extern "C" __global__
+
+#if defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
+// ---------------------------------------------------------------- AMD (hipRTC / hipcc), wave size 64
+// Nothing in the shared code depends on the wave size: there are no cross-lane operations, and the barriers'
+// signalling threads (`t < world`, at most 8) all sit in a block's first wave. hipRTC provides threadIdx, blockIdx,
+// blockDim, gridDim and __syncthreads; kernels/check/clang_hip_prelude.h stands in for them in the clang check.
+#define ARX_IS_HIP 1
+ARX_DEV void st_release_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM); }
+// The empty scope name is the system scope.
+ARX_DEV void fence_acquire_sys() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, ""); }
+// Returns the value seen; the exchange happened when it equals `expected`.
+ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
+    __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE,
+                                         __HIP_MEMORY_SCOPE_SYSTEM);
+    return expected;
+}
+ARX_DEV u64 ld_relaxed_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
+ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
+// A 16-byte store into staging that peers read: non-temporal, so the copy does not fill this GPU's caches with lines
+// only the peers want.
+ARX_DEV void st_stage(vec16* p, vec16 v) {
+    typedef u32 u32x4 __attribute__((ext_vector_type(4)));
+    u32x4 x = {v.w[0], v.w[1], v.w[2], v.w[3]};
+    __builtin_nontemporal_store(x, (u32x4*)p);
+}
+// s_memrealtime: the 100 MHz constant clock of gfx9 (CDNA: MI200, MI300); RDNA 3 (gfx11) has no such instruction.
+ARX_DEV u64 timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
+ARX_DEV void arx_trap() { __builtin_trap(); }
+ARX_DEV float u32_as_f32(u32 x) { return __builtin_bit_cast(float, x); }
+ARX_DEV u32 f32_as_u32(float x) { return __builtin_bit_cast(u32, x); }
+ARX_DEV float f16_to_f32(u16 x) { return (float)__builtin_bit_cast(_Float16, x); }
+ARX_DEV u16 f32_to_f16(float x) { return __builtin_bit_cast(u16, (_Float16)x); }
+#else
+// ---------------------------------------------------------------- NVIDIA (NVRTC / nvcc)
+ARX_DEV void st_release_sys(u64* p, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+ARX_DEV u64 ld_acquire_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+// Single-copy-atomic 8-byte moves with no ordering: what flag-and-data packets and polls need.
+ARX_DEV u64 ld_relaxed_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+ARX_DEV void st_relaxed_sys(u64* p, u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
+    u32 old;
+    asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], %2, %3;"
+                 : "=r"(old) : "l"(p), "r"(expected), "r"(desired) : "memory");
+    return old;
+}
+ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }
+ARX_DEV u64 timer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+ARX_DEV void arx_trap() { __trap(); }
+ARX_DEV float u32_as_f32(u32 x) { return __uint_as_float(x); }
+ARX_DEV u32 f32_as_u32(float x) { return __float_as_uint(x); }
+ARX_DEV float f16_to_f32(u16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+ARX_DEV u16 f32_to_f16(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+#endif
+
+#endif  // ARX_PORTABILITY_H
