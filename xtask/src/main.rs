@@ -75,9 +75,19 @@ fn bundle() -> Result<(), String> {
         std::fs::copy(from, dist.join(to)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
     strip(&dist, &built.map(|b| b.1))?;
-    let scripts =
-        ["gpu_env.sh", "gpu_node.sh", "gpu_verify.sh", "gpu_library.sh", "first_node_run.sh", "gpu_python.sh"];
-    for script in scripts.iter().chain(&["gpu_python_check.py"]) {
+    let scripts = [
+        "gpu_env.sh",
+        "gpu_node.sh",
+        "gpu_verify.sh",
+        "gpu_library.sh",
+        "first_node_run.sh",
+        "gpu_python.sh",
+        "gpu_ab.sh",
+        "gpu_python_check.py",
+        "ab_table.py",
+        "comm_json.py",
+    ];
+    for script in scripts {
         let from = root().join("scripts").join(script);
         std::fs::copy(&from, dist.join(script)).map_err(|e| format!("copy {}: {e}", from.display()))?;
     }
