@@ -6,11 +6,15 @@
 pub mod ceilings;
 pub mod cli;
 pub mod config;
+pub mod header;
+pub mod memory;
+pub mod paths;
 pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod run;
 pub mod soak;
+pub mod summary;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -192,7 +192,8 @@ where
 mod tests {
     use super::*;
     use crate::cli::Cli;
-    use crate::report::Row;
+    use crate::config::Report;
+    use crate::report::{Row, RunNotes};
     use clap::Parser;
 
     fn outcome() -> Outcome {
@@ -212,8 +213,13 @@ mod tests {
             for e in 10..=24 {
                 let count = 1usize << e;
                 let ms = 0.005 * (k + 1) as f64 + count as f64 * 2e-9;
-                let t = allreduce::timing::Timing { repeats_ms: vec![ms], rank0_ms: ms, issue_ms: vec![ms] };
-                rows.push(Row::new(method, &args, count, 2, Status::Passed).timed(t));
+                let t = allreduce::timing::Timing {
+                    repeats_ms: vec![ms],
+                    rank0_ms: ms,
+                    issue_ms: vec![ms],
+                    ranks_ms: vec![vec![ms, ms]],
+                };
+                rows.push(Row::new(method, &args, count, 2, Status::Passed).timed(t, Report::Max));
             }
         }
         rows.push(Row::new("nccl", &args, 1024, 2, Status::Skipped("no library".into())));
@@ -225,7 +231,9 @@ mod tests {
             empty_all_ranks_us: 1.0,
             barrier_us: None,
         };
-        Outcome::new(&info, 2, &args, "test".into(), ceilings, rows)
+        let notes =
+            RunNotes { tune_table: "test".into(), ceilings, unavailable: Vec::new(), provenance: Default::default() };
+        Outcome::new(&info, 2, &args, notes, rows)
     }
 
     #[test]
