@@ -2,7 +2,6 @@
 //! with stderr a pipe, as in CI logs, there is none.
 
 use std::io::Read;
-use std::os::fd::OwnedFd;
 use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_comm-bench");
@@ -21,7 +20,7 @@ fn progress_shows_on_a_terminal_only() {
         .args(SWEEP)
         .args(["--methods", "car_1shot,symm_1shot"])
         .stdout(Stdio::null())
-        .stderr(Stdio::from(OwnedFd::from(pty.slave)))
+        .stderr(Stdio::from(pty.slave))
         .spawn()
         .unwrap();
     // Read until every writer closed the terminal (EIO on Linux), or the child is done.
