@@ -26,20 +26,38 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Draw the log-log plot (SVG and PNG) of a comm_ops_benchmark.json, next to it.
+    /// Draw time and bus bandwidth against size (SVG and PNG) of a comm_ops_benchmark.json, our CSV or a
+    /// comm_bench.py CSV, next to it.
     Plot {
-        /// comm_ops_benchmark.json files.
+        /// comm_ops_benchmark.json or comm_bench.py CSV files (one plot each).
         #[arg(required = true)]
-        json: Vec<PathBuf>,
+        files: Vec<PathBuf>,
         /// Only these methods, in this order.
         #[arg(long, value_delimiter = ',')]
         methods: Option<Vec<String>>,
         /// Plot every time divided by this method's at the same size.
         #[arg(long = "relative_to", alias = "relative-to")]
         relative_to: Option<String>,
-        /// Write OUTPUT.svg and OUTPUT.png instead of comm_ops_benchmark.* next to the JSON (one JSON only).
+        /// Write OUTPUT.svg and OUTPUT.png instead of comm_ops_benchmark.* next to the file (one file only).
         #[arg(long)]
         output: Option<PathBuf>,
+        #[command(flatten)]
+        read: ReadArgs,
+    },
+    /// Compare runs: per method and size, each run's time against the first's (ratio), and one plot of them all.
+    /// Reads comm_ops_benchmark.json, our CSV and comm_bench.py CSVs; sizes are matched by nearest element count.
+    Compare {
+        /// The baseline, then the runs to compare with it.
+        #[arg(required = true, num_args = 2..)]
+        files: Vec<PathBuf>,
+        /// Only these methods.
+        #[arg(long, value_delimiter = ',')]
+        methods: Option<Vec<String>>,
+        /// Write the overlay plot as OUTPUT.svg and OUTPUT.png.
+        #[arg(long, default_value = "comm_bench_compare")]
+        output: PathBuf,
+        #[command(flatten)]
+        read: ReadArgs,
     },
     /// Many back-to-back calls with random methods, sizes and dtypes, every result checked exactly.
     Soak(crate::soak::SoakArgs),
@@ -51,6 +69,18 @@ pub enum Command {
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
     },
+}
+
+/// How runs are read from files.
+#[derive(Args, Debug, Clone)]
+pub struct ReadArgs {
+    /// Recombine our JSON's per-rank times this way (a comm_bench.py CSV holds rank 0's, so only rank0 fits it)
+    /// [default: as the run was reported].
+    #[arg(long, value_enum)]
+    pub report: Option<Report>,
+    /// Ranks of a CSV's run, for its bus bandwidth (a CSV does not say; JSON files do).
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = whole(1, 1024))]
+    pub world: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 
 pub mod ceilings;
 pub mod cli;
+pub mod compare;
 pub mod config;
 pub mod header;
 pub mod memory;
@@ -13,6 +14,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod runs;
 pub mod soak;
 pub mod summary;
 

@@ -4,6 +4,7 @@
 use bench::cli::{BenchArgs, Cli, Command};
 use bench::BenchError;
 use clap::Parser;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,14 +13,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
         Some(Command::Soak(args)) => soak(&args),
-        Some(Command::Plot { json, methods, relative_to, output }) => {
+        Some(Command::Plot { files, methods, relative_to, output, read }) => {
             let opts = bench::plot::PlotOptions { methods, relative_to };
-            if output.is_some() && json.len() > 1 {
-                Err(BenchError::Config("--output names one plot: give one JSON file".into()))
+            if output.is_some() && files.len() > 1 {
+                Err(BenchError::Config("--output names one plot: give one file".into()))
             } else {
-                json.iter().try_for_each(|p| plot(p, &opts, output.as_deref()))
+                files.iter().try_for_each(|p| plot(p, &opts, &read, output.as_deref()))
             }
         }
+        Some(Command::Compare { files, methods, output, read }) => compare(&files, methods, &output, &read),
         None => bench(&cli.bench),
     };
     match result {
@@ -55,20 +57,39 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
+fn read_run(path: &Path, read: &bench::cli::ReadArgs) -> Result<bench::runs::Run, BenchError> {
+    bench::runs::load(path, read.report, read.world as usize).map_err(BenchError::Config)
+}
+
 fn plot(
-    json: &std::path::Path,
+    file: &Path,
     opts: &bench::plot::PlotOptions,
-    output: Option<&std::path::Path>,
+    read: &bench::cli::ReadArgs,
+    output: Option<&Path>,
 ) -> Result<(), BenchError> {
-    let text = bench::paths::read(json).map_err(BenchError::Config)?;
-    let outcome: bench::report::Outcome =
-        serde_json::from_str(&text).map_err(|e| BenchError::Config(format!("{}: {e}", json.display())))?;
+    let run = read_run(file, read)?;
     let stem = match output {
         Some(o) => o.to_path_buf(),
-        None => json.parent().unwrap_or(std::path::Path::new(".")).join("comm_ops_benchmark"),
+        None => file.parent().unwrap_or(Path::new(".")).join("comm_ops_benchmark"),
     };
-    let (svg, png) = bench::plot::plot_to(&outcome, opts, &stem).map_err(BenchError::Config)?;
+    let (svg, png) = bench::plot::plot_runs(&[run], opts, &stem).map_err(BenchError::Config)?;
     println!("plotted {} and {}", svg.display(), png.display());
+    Ok(())
+}
+
+fn compare(
+    files: &[PathBuf],
+    methods: Option<Vec<String>>,
+    output: &Path,
+    read: &bench::cli::ReadArgs,
+) -> Result<(), BenchError> {
+    let runs = files.iter().map(|f| read_run(f, read)).collect::<Result<Vec<_>, _>>()?;
+    for other in &runs[1..] {
+        print!("{}", bench::compare::render(&runs[0], other, methods.as_deref()).map_err(BenchError::Config)?);
+    }
+    let opts = bench::plot::PlotOptions { methods, relative_to: None };
+    let (svg, png) = bench::plot::plot_runs(&runs, &opts, output).map_err(BenchError::Config)?;
+    println!("# plotted {} and {}", svg.display(), png.display());
     Ok(())
 }
 

@@ -195,3 +195,47 @@ fn launch_sets_master_addr_and_port() {
     assert_eq!(ports.len(), 2, "{t}");
     assert!(ports[0] == ports[1] && ports[0].parse::<u16>().is_ok_and(|p| p > 0), "{t}");
 }
+
+const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mi300x-8rank-comm-bench.csv");
+
+#[test]
+fn compare_overlays_a_comm_bench_py_csv_and_our_json_with_ratios() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = comm_bench(&[
+        "--num_ranks",
+        "2",
+        "--counts",
+        "1024,2816",
+        "--methods",
+        "car_1shot,auto",
+        "--export_csv",
+        "--output_dir",
+        d,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stem = dir.path().join("cmp");
+    let json = dir.path().join("comm_ops_benchmark.json");
+    let o = Command::new(BIN)
+        .args(["compare", REFERENCE, json.to_str().unwrap(), "--output", stem.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("# car_1shot") && !t.contains("# auto"), "only methods in both runs: {t}");
+    // comm_bench.py's 3072 (HIP, multiple of 512) against our 2816 (multiple of 256).
+    assert!(t.contains("nearest element count") && t.contains("3072 -> 2816"), "{t}");
+    let row: Vec<&str> = t.lines().find(|l| l.trim_start().starts_with("1024 ")).unwrap().split_whitespace().collect();
+    let ratio: f64 = row[4].parse().unwrap();
+    let quotient = row[3].parse::<f64>().unwrap() / row[2].parse::<f64>().unwrap();
+    assert!((ratio / quotient - 1.0).abs() < 2e-3, "the times are printed rounded: {row:?}");
+    let svg = std::fs::read_to_string(stem.with_extension("svg")).unwrap();
+    assert!(svg.contains("mi300x-8rank-comm-bench: car_1shot") && svg.contains("comm_ops_benchmark: auto"));
+    // `plot` reads the CSV too; a file that is neither format is refused by its name and line.
+    let o = Command::new(BIN).args(["plot", REFERENCE, "--output", stem.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "size;time\n").unwrap();
+    let o = Command::new(BIN).args(["plot", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("bad.csv: line 1: expected comm_bench.py's CSV"), "{}", text(&o));
+}
