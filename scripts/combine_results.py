@@ -4,8 +4,9 @@
     combine_results.py [FILE.json ...] [--ours F ...] [--peers F ...] [--link_gbs 450] [--out_dir DIR]
 
 Inputs are comm-bench's comm_ops_benchmark.json and peer_bench.py's peer_ops_benchmark.json, eager and graph
-(each file's `graph` field says which). Positional files are sorted by content: a file with `torch_version`, or
-whose methods are all torch_*, is a peer file. Writes DIR/combined_results.md and DIR/combined_results.csv and
+(each file's `graph` field says which), and comm_bench.py's CSV (FBGEMM's own figures: eager, on --world ranks,
+its methods named comm_bench.py/<column>, e.g. comm_bench.py/fbgemm_1shot). Positional files are sorted by content:
+a CSV, a file with `torch_version`, or one whose methods are all torch_*, is a peer file. Writes DIR/combined_results.md and DIR/combined_results.csv and
 prints the markdown.
 
 Per mode and size: every method's time (us), algbw and busbw (GB/s); our best method and the best peer (lowest
@@ -37,7 +38,37 @@ MODES = ("eager", "graph")
 
 def is_peer_doc(doc: dict[str, Any]) -> bool:
     methods = [r["method"] for r in doc.get("rows", [])]
-    return "torch_version" in doc or (bool(methods) and all(m.startswith("torch_") for m in methods))
+    return ("torch_version" in doc or doc.get("source") == CSV_SOURCE
+            or (bool(methods) and all(m.startswith("torch_") for m in methods)))
+
+
+CSV_SOURCE = "comm_bench.py CSV"
+
+
+def load_comm_bench_csv(path: str, world: int) -> dict[str, Any]:
+    """comm_bench.py's CSV (N, then <method>_time in ms and <method>_bwidth in GB/s) as a document like ours."""
+    with open(path, newline="") as f:
+        table = [r for r in csv.reader(f) if r]
+    head = table[0] if table else []
+    stems = [t[:-len("_time")] for t in head[1::2]]
+    if (not head or head[0] != "N" or len(head) % 2 != 1
+            or any(t != s + "_time" or b != s + "_bwidth" for s, t, b in zip(stems, head[1::2], head[2::2]))):
+        raise ValueError(f"{path}: line 1: expected comm_bench.py's CSV header N,<method>_time,<method>_bwidth,...")
+    rows = []
+    for line, cells in enumerate(table[1:], start=2):
+        if len(cells) != len(head):
+            raise ValueError(f"{path}: line {line}: {len(cells)} cells where the header has {len(head)}")
+        count = int(cells[0])
+        for k, stem in enumerate(stems):
+            name, cell = f"comm_bench.py/{stem}", cells[1 + 2 * k]
+            if cell == "":
+                rows.append({"method": name, "count": count, "status": "skipped", "reason": "empty in the CSV"})
+                continue
+            ms = float(cell)
+            algbw = count * ELEM_SIZE / (ms * 1e-3) / 1e9
+            rows.append({"method": name, "count": count, "status": "passed", "time_ms": ms, "algbw_gbs": algbw,
+                         "busbw_gbs": algbw * 2 * (world - 1) / world})
+    return {"source": CSV_SOURCE, "world": world, "graph": False, "rows": rows}
 
 
 def default_is_ours(method: str) -> bool:
@@ -256,11 +287,16 @@ def render_csv(combined: dict[str, Any], goal_list: list[dict[str, Any]]) -> str
     return buf.getvalue()
 
 
-def load(paths: list[str]) -> list[dict[str, Any]]:
+def load(paths: list[str], world: int = 8) -> list[dict[str, Any]]:
     docs = []
     for p in paths:
         with open(p) as f:
-            doc = json.load(f)
+            is_json = f.read(1) == "{"
+        if is_json:
+            with open(p) as f:
+                doc = json.load(f)
+        else:
+            doc = load_comm_bench_csv(p, world)
         doc["_path"] = p
         docs.append(doc)
     return docs
@@ -271,13 +307,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("files", nargs="*", help="JSON files, sorted into ours and peers by content")
     p.add_argument("--ours", nargs="*", default=[], help="comm-bench JSON files")
     p.add_argument("--peers", nargs="*", default=[], help="peer_bench.py JSON files")
+    p.add_argument("--world", type=int, default=8, help="ranks of a comm_bench.py CSV's run (the CSV does not say)")
     p.add_argument("--link_gbs", "--link-gbs", type=float, default=450.0, help="per-GPU link bandwidth, GB/s")
     p.add_argument("--our_methods", "--our-methods", default=None,
                    help="comma-separated comm-bench methods that count as ours (default: all but nccl*)")
     p.add_argument("--out_dir", "--out-dir", default=".", help="where combined_results.md/.csv go")
     args = p.parse_args(argv)
-    ours, peers = load(args.ours), load(args.peers)
-    for doc in load(args.files):
+    ours, peers = load(args.ours, args.world), load(args.peers, args.world)
+    for doc in load(args.files, args.world):
         (peers if is_peer_doc(doc) else ours).append(doc)
     if not ours and not peers:
         p.error("no input files")

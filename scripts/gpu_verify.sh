@@ -27,7 +27,7 @@ sanitize() {
     shift
     compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 99 \
         "$here/comm-bench" --backend cuda --num_ranks 2 --timeout_s 120 --num_iters 2 --num_warmup_iters 1 \
-        --repeats 1 "$@"
+        --repeats 1 --methods all "$@"
 }
 for tool in memcheck racecheck; do
     {

@@ -271,6 +271,22 @@ class Combine(unittest.TestCase):
         with self.assertRaises(ValueError):
             cr.combine([ours[0], ours[0]], [])
 
+    def test_reads_comm_bench_py_csv_as_peer(self):
+        ref = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "bench", "tests", "data",
+                           "mi300x-8rank-comm-bench.csv")
+        [doc] = cr.load([ref])
+        self.assertTrue(cr.is_peer_doc(doc))
+        first = next(r for r in doc["rows"] if r["method"] == "comm_bench.py/fbgemm_1shot")
+        self.assertEqual((first["count"], first["status"]), (1024, "passed"))
+        self.assertAlmostEqual(first["busbw_gbs"], first["algbw_gbs"] * 1.75)
+        combined = cr.combine([], [doc])
+        self.assertIn("comm_bench.py/nccl", combined["eager"]["methods"]["peers"])
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write("size,time\n1,2\n")
+        with self.assertRaisesRegex(ValueError, "line 1: expected comm_bench.py's CSV"):
+            cr.load([f.name])
+        os.unlink(f.name)
+
     def test_main_writes_markdown_and_csv(self):
         ours, peers = synthetic()
         with tempfile.TemporaryDirectory() as d:

@@ -141,6 +141,16 @@ mod tests {
         assert!(Command::decode(&[0u8; 32]).unwrap_err().contains("kind 0"));
     }
 
+    /// `cargo bench -p allreduce-benches -- --warm-up-time 1` hands its options to every bench target; libtest,
+    /// which would bench this library, refuses criterion's.
+    #[test]
+    fn the_library_is_not_benchmarked_by_libtest() {
+        let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
+        let lib = manifest.split("[lib]").nth(1).expect("a [lib] section");
+        let section = lib.split("\n[").next().unwrap();
+        assert!(section.lines().any(|l| l.replace(' ', "") == "bench=false"), "[lib] needs bench = false");
+    }
+
     #[test]
     fn sizes_and_medians() {
         assert_eq!(sizes(false, 256), [1024, 65536, 1 << 20]);

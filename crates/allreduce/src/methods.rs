@@ -136,6 +136,11 @@ pub fn defaults(op: Op) -> Vec<&'static str> {
     METHODS.iter().filter(|m| m.1 == op).map(|m| m.0).collect()
 }
 
+/// The methods of `op` that fill comm_bench.py's columns, in its column order.
+pub fn csv_methods(op: Op) -> Vec<&'static str> {
+    METHODS.iter().filter(|m| m.1 == op && m.2.is_some()).map(|m| m.0).collect()
+}
+
 /// The comm_bench.py column stems of `op`, in order.
 pub fn csv_columns(op: Op) -> Vec<&'static str> {
     METHODS.iter().filter(|m| m.1 == op).filter_map(|m| m.2).collect()

@@ -32,6 +32,9 @@ pub struct Timing {
     pub repeats_ms: Vec<f64>,
     pub rank0_ms: f64,
     pub issue_ms: Vec<f64>,
+    /// Every rank's milliseconds per call (rank order), per repeat: what a caller combines otherwise than by the
+    /// slowest rank (comm-bench's `--report`).
+    pub ranks_ms: Vec<Vec<f64>>,
 }
 
 impl Timing {
@@ -82,7 +85,8 @@ impl Timer {
             }
             Ok(())
         };
-        let mut timing = Timing { repeats_ms: Vec::new(), rank0_ms: f64::NAN, issue_ms: Vec::new() };
+        let mut timing =
+            Timing { repeats_ms: Vec::new(), rank0_ms: f64::NAN, issue_ms: Vec::new(), ranks_ms: Vec::new() };
         call(opts.warmup)?;
         for i in 0..opts.repeats {
             stream.sync()?;
@@ -101,6 +105,7 @@ impl Timer {
             }
             timing.repeats_ms.push(all.iter().map(|t| field(t, 0)).fold(0.0, f64::max));
             timing.issue_ms.push(all.iter().map(|t| field(t, 1)).fold(0.0, f64::max));
+            timing.ranks_ms.push(all.iter().map(|t| field(t, 0)).collect());
         }
         Ok(timing)
     }

@@ -3,6 +3,7 @@
 
 use allreduce::timing::TimingOptions;
 use allreduce::{Backend, DType, Mode, Op};
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,6 +15,44 @@ pub enum Sizes {
     CommBench { min_exp: u32, max_exp: u32, steps: usize },
     /// Exactly these counts.
     Counts(Vec<usize>),
+    /// nccl-tests' sweep: `min` bytes, then times `factor` up to `max` bytes.
+    Bytes { min: usize, max: usize, factor: usize },
+}
+
+/// How the ranks' times of one measurement combine into its figure, as nccl-tests' `-a` chooses.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Report {
+    /// The slowest rank: when the collective is done everywhere.
+    #[default]
+    Max,
+    /// Rank 0's own time, what comm_bench.py reports.
+    Rank0,
+    /// The mean over the ranks.
+    Mean,
+    /// The fastest rank.
+    Min,
+}
+
+impl Report {
+    pub fn name(self) -> &'static str {
+        match self {
+            Report::Max => "max",
+            Report::Rank0 => "rank0",
+            Report::Mean => "mean",
+            Report::Min => "min",
+        }
+    }
+
+    /// One measurement's figure from every rank's time (rank order).
+    pub fn combine(self, ranks: &[f64]) -> f64 {
+        match self {
+            Report::Max => ranks.iter().copied().fold(f64::NAN, f64::max),
+            Report::Rank0 => ranks.first().copied().unwrap_or(f64::NAN),
+            Report::Mean => ranks.iter().sum::<f64>() / ranks.len() as f64,
+            Report::Min => ranks.iter().copied().fold(f64::NAN, f64::min),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -24,6 +63,7 @@ pub struct SweepConfig {
     pub sizes: Sizes,
     pub methods: Vec<String>,
     pub timing: TimingOptions,
+    pub report: Report,
     /// car's buffers and flags uncached (fine-grained) rather than coarse-grained.
     pub car_uncached: bool,
     /// How long a rank waits for a peer in a call [default: the environment's or 10 s].
@@ -39,10 +79,23 @@ impl SweepConfig {
     pub fn counts(&self, align: usize) -> Vec<usize> {
         match &self.sizes {
             Sizes::Counts(c) => c.clone(),
+            &Sizes::Bytes { min, max, factor } => {
+                let elem = self.dtype.size();
+                let bytes = std::iter::successors(Some(min), |&b| Some(b * factor)).take_while(|&b| b <= max);
+                let mut counts: Vec<usize> = bytes.map(|b| (b / elem).max(1)).collect();
+                counts.dedup();
+                counts
+            }
             &Sizes::CommBench { min_exp, max_exp, steps } => {
                 allreduce::sizes::comm_bench_sizes(min_exp, max_exp, steps, align)
             }
         }
+    }
+
+    /// Bytes of the largest message on any driver: every driver rounds comm_bench.py's sizes to at most 512
+    /// elements, so the sweep's largest size rounded to 512 bounds them all.
+    pub fn capacity_bytes(&self) -> usize {
+        self.counts(512).iter().max().copied().unwrap_or(1) * self.dtype.size()
     }
 
     pub fn mode(&self) -> Mode {
@@ -58,7 +111,7 @@ impl SweepConfig {
         let t = &self.timing;
         format!(
             "driver={driver}\nop={}\ndtype={}\nsizes={counts:?}\nmethods={}\nnum_iters={}\nnum_warmup_iters={}\n\
-             repeats={}\ngraph={}\ncar_uncached={}\n",
+             repeats={}\ngraph={}\ncar_uncached={}\nreport={}\n",
             self.op,
             self.dtype,
             self.methods.join(","),
@@ -66,7 +119,8 @@ impl SweepConfig {
             t.warmup,
             t.repeats,
             t.graph,
-            self.car_uncached
+            self.car_uncached,
+            self.report.name()
         )
     }
 }

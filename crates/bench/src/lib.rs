@@ -5,12 +5,18 @@
 
 pub mod ceilings;
 pub mod cli;
+pub mod compare;
 pub mod config;
+pub mod header;
+pub mod memory;
+pub mod paths;
 pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod runs;
 pub mod soak;
+pub mod summary;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

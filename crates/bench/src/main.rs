@@ -4,6 +4,7 @@
 use bench::cli::{BenchArgs, Cli, Command};
 use bench::BenchError;
 use clap::Parser;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,14 +13,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
         Some(Command::Soak(args)) => soak(&args),
-        Some(Command::Plot { json, methods, relative_to, output }) => {
+        Some(Command::Plot { files, methods, relative_to, output, read }) => {
             let opts = bench::plot::PlotOptions { methods, relative_to };
-            if output.is_some() && json.len() > 1 {
-                Err(BenchError::Config("--output names one plot: give one JSON file".into()))
+            if output.is_some() && files.len() > 1 {
+                Err(BenchError::Config("--output names one plot: give one file".into()))
             } else {
-                json.iter().try_for_each(|p| plot(p, &opts, output.as_deref()))
+                files.iter().try_for_each(|p| plot(p, &opts, &read, output.as_deref()))
             }
         }
+        Some(Command::Compare { files, methods, output, read }) => compare(&files, methods, &output, &read),
         None => bench(&cli.bench),
     };
     match result {
@@ -55,36 +57,51 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
+fn read_run(path: &Path, read: &bench::cli::ReadArgs) -> Result<bench::runs::Run, BenchError> {
+    bench::runs::load(path, read.report, read.world as usize).map_err(BenchError::Config)
+}
+
 fn plot(
-    json: &std::path::Path,
+    file: &Path,
     opts: &bench::plot::PlotOptions,
-    output: Option<&std::path::Path>,
+    read: &bench::cli::ReadArgs,
+    output: Option<&Path>,
 ) -> Result<(), BenchError> {
-    let text = std::fs::read_to_string(json)?;
-    let outcome: bench::report::Outcome =
-        serde_json::from_str(&text).map_err(|e| BenchError::Config(format!("{}: {e}", json.display())))?;
+    let run = read_run(file, read)?;
     let stem = match output {
         Some(o) => o.to_path_buf(),
-        None => json.parent().unwrap_or(std::path::Path::new(".")).join("comm_ops_benchmark"),
+        None => file.parent().unwrap_or(Path::new(".")).join("comm_ops_benchmark"),
     };
-    let (svg, png) = bench::plot::plot_to(&outcome, opts, &stem).map_err(BenchError::Config)?;
+    let (svg, png) = bench::plot::plot_runs(&[run], opts, &stem).map_err(BenchError::Config)?;
     println!("plotted {} and {}", svg.display(), png.display());
+    Ok(())
+}
+
+fn compare(
+    files: &[PathBuf],
+    methods: Option<Vec<String>>,
+    output: &Path,
+    read: &bench::cli::ReadArgs,
+) -> Result<(), BenchError> {
+    let runs = files.iter().map(|f| read_run(f, read)).collect::<Result<Vec<_>, _>>()?;
+    for other in &runs[1..] {
+        print!("{}", bench::compare::render(&runs[0], other, methods.as_deref()).map_err(BenchError::Config)?);
+    }
+    let opts = bench::plot::PlotOptions { methods, relative_to: None };
+    let (svg, png) = bench::plot::plot_runs(&runs, &opts, output).map_err(BenchError::Config)?;
+    println!("# plotted {} and {}", svg.display(), png.display());
     Ok(())
 }
 
 fn soak(args: &bench::soak::SoakArgs) -> Result<(), BenchError> {
     match launch::detect()? {
         Some(info) => bench::soak::run_rank(args, &info),
-        None => relaunch(args.num_ranks, args.backend),
+        None => relaunch(world(args.num_ranks, driver_kind(args.backend)?)),
     }
 }
 
 /// Starts this program again as the ranks of a job, with the same arguments.
-fn relaunch(num_ranks: Option<u64>, backend: gpu::Backend) -> Result<(), BenchError> {
-    let world = match num_ranks {
-        Some(n) => n as usize,
-        None => default_world(backend)?,
-    };
+fn relaunch(world: usize) -> Result<(), BenchError> {
     launch::run(&launch::LaunchOptions {
         world,
         program: launch::self_exe()?,
@@ -100,30 +117,44 @@ fn relaunch(num_ranks: Option<u64>, backend: gpu::Backend) -> Result<(), BenchEr
 
 fn bench(args: &BenchArgs) -> Result<(), BenchError> {
     args.validate().map_err(BenchError::Config)?;
-    match launch::detect()? {
-        Some(info) => {
-            if let Some(outcome) = bench::run::run_rank(&args.config(), &info)? {
-                if args.export_csv {
-                    let (csv, json) = outcome.export(&args.output_dir, args.op)?;
-                    println!("# wrote {} and {}", csv.display(), json.display());
-                    match bench::plot::plot(&outcome, &args.output_dir) {
-                        Ok((svg, png)) => println!("# plotted {} and {}", svg.display(), png.display()),
-                        Err(e) => println!("# no plot: {e}"),
-                    }
-                }
-                if let Some(path) = &args.tune {
-                    store_tune_table(args, &outcome, path)?;
-                }
-                let failed =
-                    outcome.rows.iter().filter(|r| matches!(r.status, bench::report::Status::Failed(_))).count();
-                if failed > 0 {
-                    return Err(BenchError::Config(format!("{failed} measurement(s) failed their check")));
-                }
-            }
-            Ok(())
-        }
-        None => relaunch(args.num_ranks, args.backend),
+    if args.export_csv {
+        bench::paths::writable_dir(&args.output_dir).map_err(BenchError::Config)?;
     }
+    if let Some(tune) = &args.tune {
+        bench::paths::writable_file(tune).map_err(BenchError::Config)?;
+    }
+    let Some(info) = launch::detect()? else {
+        let (cfg, kind) = (args.config(), driver_kind(args.backend)?);
+        let world = world(args.num_ranks, kind);
+        if kind == gpu::DriverKind::Host {
+            let need = bench::memory::estimate(&cfg.methods, cfg.capacity_bytes(), world);
+            bench::memory::check(need).map_err(BenchError::Config)?;
+        }
+        return relaunch(world);
+    };
+    let Some(outcome) = bench::run::run_rank(&args.config(), &info)? else {
+        return Ok(());
+    };
+    print!("{}", bench::summary::render(&outcome));
+    if args.export_csv {
+        let (csv, json) = outcome.export(&args.output_dir, args.op).map_err(BenchError::Config)?;
+        println!("# wrote {} and {}", csv.display(), json.display());
+        match bench::plot::plot(&outcome, &args.output_dir) {
+            Ok((svg, png)) => println!("# plotted {} and {}", svg.display(), png.display()),
+            Err(e) => println!("# no plot: {e}"),
+        }
+    }
+    if let Some(path) = &args.tune {
+        store_tune_table(args, &outcome, path)?;
+    }
+    let failed = outcome.rows.iter().filter(|r| matches!(r.status, bench::report::Status::Failed(_))).count();
+    if failed > 0 {
+        return Err(BenchError::Config(format!("{failed} measurement(s) failed their check")));
+    }
+    if !bench::summary::measured_any(&outcome) {
+        return Err(BenchError::Config("nothing could be measured: every method was left out or skipped".into()));
+    }
+    Ok(())
 }
 
 /// Writes the fastest passed candidate per size to `path` and to the per-user cache, where communicators on this
@@ -149,13 +180,10 @@ fn store_tune_table(
         .filter(|r| r.status == bench::report::Status::Passed)
         .filter_map(|r| Some((r.bytes, Algorithm::from_name(&r.method)?, r.time_ms?)))
         .collect();
-    let table = TuneTable::from_times(&times, key.clone(), on)?;
+    let table = TuneTable::from_times(&times, key.clone(), on.clone())?;
     table.store(path)?;
-    println!("# wrote the tune table {}:", path.display());
-    for e in &table.entries {
-        let upto = e.max_bytes.map_or("larger".to_string(), |b| format!("<= {b} B"));
-        println!("#   {upto:>14}: {}", e.method);
-    }
+    println!("# wrote the tune table {} ({on}):", path.display());
+    print!("{}", bench::report::tune_table_text(&table));
     if let Some(dir) = allreduce::tune::cache_dir() {
         let cached = dir.join(key.file_name());
         table.store(&cached)?;
@@ -164,10 +192,28 @@ fn store_tune_table(
     Ok(())
 }
 
-/// comm_bench.py's 8 ranks on a GPU driver; 2 on the host driver, where ranks share the CPU cores.
-fn default_world(backend: gpu::Backend) -> Result<usize, BenchError> {
-    let opened = gpu::open(backend, &gpu::DriverOptions { device: None, local_rank: None, shm_prefix: String::new() })?;
-    let world = if opened.gpu.kind() == gpu::DriverKind::Host { 2 } else { 8 };
-    println!("# {} driver: launching {world} ranks (--num_ranks overrides)", opened.gpu.kind());
-    Ok(world)
+/// The driver a job on `backend` gets: `auto` is resolved by opening it here, as each rank will.
+fn driver_kind(backend: gpu::Backend) -> Result<gpu::DriverKind, BenchError> {
+    Ok(match backend {
+        gpu::Backend::Host => gpu::DriverKind::Host,
+        gpu::Backend::Cuda => gpu::DriverKind::Cuda,
+        gpu::Backend::Hip => gpu::DriverKind::Hip,
+        gpu::Backend::Auto => {
+            let opts = gpu::DriverOptions { device: None, local_rank: None, shm_prefix: String::new() };
+            gpu::open(backend, &opts)?.gpu.kind()
+        }
+    })
+}
+
+/// `--num_ranks`, else comm_bench.py's 8 ranks on a GPU driver and 2 on the host driver, where ranks share the CPU
+/// cores.
+fn world(num_ranks: Option<u64>, kind: gpu::DriverKind) -> usize {
+    num_ranks.map_or_else(
+        || {
+            let world = if kind == gpu::DriverKind::Host { 2 } else { 8 };
+            println!("# {kind} driver: launching {world} ranks (--num_ranks overrides)");
+            world
+        },
+        |n| n as usize,
+    )
 }

@@ -2,7 +2,7 @@
 //! (same columns, same bandwidth formula) and a JSON file with everything.
 
 use crate::ceilings::Ceilings;
-use crate::config::SweepConfig;
+use crate::config::{Report, SweepConfig};
 use allreduce::methods::{csv_column, csv_columns};
 use collective::Op;
 use serde::{Deserialize, Serialize};
@@ -28,10 +28,14 @@ pub struct Row {
     pub bytes: usize,
     #[serde(flatten)]
     pub status: Status,
-    /// Median over repeats of the slowest rank's time per call.
+    /// Median over repeats of the ranks' times per call combined as `--report` says (the slowest rank's unless
+    /// told otherwise: the outcome's `report`).
     pub time_ms: Option<f64>,
     /// Every repeat's slowest-rank time per call.
     pub repeats_ms: Vec<f64>,
+    /// Every repeat's time per call of every rank (rank order), so any `--report` can be derived later.
+    #[serde(default)]
+    pub ranks_ms: Vec<Vec<f64>>,
     /// Rank 0's first measurement: what comm_bench.py itself would have reported.
     pub rank0_ms: Option<f64>,
     /// Median over repeats of the slowest rank's host time per call spent issuing the timed calls (a graph replay
@@ -57,6 +61,7 @@ impl Row {
             status,
             time_ms: None,
             repeats_ms: Vec::new(),
+            ranks_ms: Vec::new(),
             rank0_ms: None,
             issue_us: None,
             algbw_gbs: None,
@@ -65,11 +70,13 @@ impl Row {
         }
     }
 
-    /// Adds the timings (medians over repeats).
-    pub fn timed(mut self, timing: allreduce::timing::Timing) -> Row {
-        let median = timing.median_ms();
+    /// Adds the timings: per repeat the ranks' times combined as `report` says, then the median over repeats.
+    pub fn timed(mut self, timing: allreduce::timing::Timing, report: Report) -> Row {
+        let combined: Vec<f64> = timing.ranks_ms.iter().map(|ranks| report.combine(ranks)).collect();
+        let median = allreduce::timing::median(&combined);
         self.issue_us = Some(timing.median_issue_ms() * 1e3);
         let (mut repeats, rank0) = (timing.repeats_ms, timing.rank0_ms);
+        self.ranks_ms = timing.ranks_ms;
         let algbw = self.bytes as f64 / (median * 1e-3) / 1e9;
         let w = self.world as f64;
         let factor = if self.op == Op::AllReduce.name() { 2.0 * (w - 1.0) / w } else { (w - 1.0) / w };
@@ -110,6 +117,31 @@ pub fn print_header() {
     );
 }
 
+/// A method the sweep left out, and why.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Unavailable {
+    pub method: String,
+    pub reason: String,
+}
+
+/// What a run knows of itself besides its rows, for [`Outcome::new`].
+pub struct RunNotes {
+    pub tune_table: String,
+    pub ceilings: Ceilings,
+    pub unavailable: Vec<Unavailable>,
+    pub provenance: Provenance,
+}
+
+/// Where and with what a run was made.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Provenance {
+    pub host: String,
+    /// comm-bench's version and the git commit it was built from (`unknown` outside git).
+    pub tool: String,
+    /// NCCL's or RCCL's version, where a method loaded it.
+    pub library: Option<String>,
+}
+
 /// The whole sweep, as rank 0 reports it.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Outcome {
@@ -129,6 +161,15 @@ pub struct Outcome {
     /// Where the table `auto` followed came from.
     #[serde(default)]
     pub tune_table: String,
+    /// How each measurement's figure combines the ranks' times (`--report`).
+    #[serde(default)]
+    pub report: Report,
+    /// Methods that cannot run here at all (driver, world size, dtype or mode), with the reason: they have no rows.
+    #[serde(default)]
+    pub unavailable: Vec<Unavailable>,
+    /// Where and with what it ran: host name, comm-bench's version and commit, the collective library's version.
+    #[serde(default)]
+    pub provenance: Provenance,
     /// Seconds since the Unix epoch when the sweep ended.
     pub unix_time: u64,
     pub ceilings: Ceilings,
@@ -136,14 +177,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn new(
-        info: &gpu::DeviceInfo,
-        world: usize,
-        cfg: &SweepConfig,
-        tune_table: String,
-        ceilings: Ceilings,
-        rows: Vec<Row>,
-    ) -> Outcome {
+    pub fn new(info: &gpu::DeviceInfo, world: usize, cfg: &SweepConfig, run: RunNotes, rows: Vec<Row>) -> Outcome {
         Outcome {
             driver: info.kind.to_string(),
             device: info.name.clone(),
@@ -156,9 +190,12 @@ impl Outcome {
             num_warmup_iters: cfg.timing.warmup,
             repeats: cfg.timing.repeats,
             car_memory: if cfg.car_uncached { "uncached" } else { "coarse" }.into(),
-            tune_table,
+            tune_table: run.tune_table,
+            report: cfg.report,
+            unavailable: run.unavailable,
+            provenance: run.provenance,
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            ceilings,
+            ceilings: run.ceilings,
             rows,
         }
     }
@@ -188,13 +225,28 @@ impl Outcome {
         out
     }
 
-    /// Writes `comm_ops_benchmark.csv` and `comm_ops_benchmark.json` into `dir`.
-    pub fn export(&self, dir: &Path, op: Op) -> std::io::Result<(PathBuf, PathBuf)> {
-        std::fs::create_dir_all(dir)?;
+    /// Writes `comm_ops_benchmark.csv` and `comm_ops_benchmark.json` into `dir`; an error names the file.
+    pub fn export(&self, dir: &Path, op: Op) -> Result<(PathBuf, PathBuf), String> {
         let csv = dir.join("comm_ops_benchmark.csv");
         let json = dir.join("comm_ops_benchmark.json");
-        std::fs::write(&csv, self.csv(op))?;
-        std::fs::write(&json, serde_json::to_string_pretty(self).map_err(std::io::Error::other)?)?;
+        let text = serde_json::to_string_pretty(self).map_err(|e| format!("{}: {e}", json.display()))?;
+        crate::paths::write(&csv, self.csv(op))?;
+        crate::paths::write(&json, text)?;
         Ok((csv, json))
     }
+}
+
+/// A tune table as a person reads it: one line per size range, `lo .. hi` bytes and its algorithm.
+pub fn tune_table_text(table: &allreduce::TuneTable) -> String {
+    let mut out = format!("#   {:>27}  algorithm\n", "message size (bytes)");
+    let mut lo = 1;
+    for e in &table.entries {
+        let range = match e.max_bytes {
+            Some(hi) => format!("{lo} .. {hi}"),
+            None => format!("{lo} and above"),
+        };
+        writeln!(out, "#   {range:>27}  {}", e.method).expect("write to String");
+        lo = e.max_bytes.map_or(lo, |hi| hi + 1);
+    }
+    out
 }

@@ -4,7 +4,7 @@
 //! ranks, median of repeats), check again after the timed calls, and report.
 
 use crate::config::SweepConfig;
-use crate::report::{Outcome, Row, Status};
+use crate::report::{Outcome, Row, RunNotes, Status, Unavailable};
 use crate::BenchError;
 use allreduce::check::{
     agree_verdict, input_values, output_range, reference, tolerance, variant_checksum, variant_input, variant_sum,
@@ -23,13 +23,9 @@ pub fn run_rank(cfg: &SweepConfig, info: &RankInfo) -> Result<Option<Outcome>, B
         Some(t) => t,
         None => deadline::timeout_from_env().map_err(BenchError::Config)?,
     };
-    // The capacity depends on the driver's size rounding, which only the opened driver knows: every candidate
-    // alignment is at most 512 elements, so the largest sweep size rounded to 512 bounds them all.
-    let sizes = cfg.counts(512);
-    let capacity = sizes.iter().max().copied().unwrap_or(1) * cfg.dtype.size();
     let opts = Options {
         backend: cfg.backend,
-        capacity_bytes: capacity,
+        capacity_bytes: cfg.capacity_bytes(),
         timeout: Some(timeout),
         setup_timeout: cfg.setup_timeout,
         tune_dir: None,
@@ -43,13 +39,11 @@ pub fn run_rank(cfg: &SweepConfig, info: &RankInfo) -> Result<Option<Outcome>, B
     result
 }
 
-/// A method: built from the registry, the communicator's own engine (`auto`) or call path (`communicator`), or why
-/// some rank could not build it.
+/// A method: built from the registry, the communicator's own engine (`auto`) or call path (`communicator`).
 enum Built {
     Method(Box<dyn Collective>),
     Engine,
     Communicator,
-    Failed(String),
 }
 
 /// Input variants the calls after the first check rotate among: consecutive calls always see different data.
@@ -72,22 +66,6 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
     let names = &cfg.methods;
     allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(gpu.kind(), &sizes))?;
     let capacity = sizes.iter().max().copied().unwrap_or(1) * cfg.dtype.size();
-    if rank == 0 {
-        let i = gpu.info();
-        println!(
-            "# comm-bench: {} ranks, {} driver ({}, {}), {} {}, {} sizes",
-            world,
-            i.kind,
-            i.name,
-            i.arch,
-            cfg.op,
-            cfg.dtype,
-            sizes.len()
-        );
-        print!("{}", comm.placement());
-        println!("# auto follows {}", comm.table_source(cfg.mode()));
-        comm.notes().iter().for_each(|n| println!("# {n}"));
-    }
 
     let build = methods::BuildOptions {
         capacity_bytes: capacity,
@@ -95,22 +73,38 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
         car_uncached: cfg.car_uncached,
     };
     let mut built: Vec<(String, Built)> = Vec::new();
+    let mut unavailable = Vec::new();
     for name in names {
-        let m = if name == "auto" {
-            Ok(Built::Engine)
-        } else if name == "communicator" {
-            Ok(Built::Communicator)
-        } else {
-            methods::build(name, comm.team(), &build).map(Built::Method).map_err(|e| e.to_string())
+        let m = match name.as_str() {
+            "auto" => Ok(Built::Engine),
+            "communicator" => Ok(Built::Communicator),
+            _ => methods::build(name, comm.team(), &build).map(Built::Method).map_err(|e| e.to_string()),
         };
-        // Every rank learns whether every rank built it, so all skip it together.
+        let m = m.and_then(|m| {
+            let usable = match &m {
+                Built::Method(c) => usable(c.as_ref(), cfg),
+                Built::Engine => usable(comm.engine_and_rendezvous().0, cfg),
+                Built::Communicator => usable(&comm.split().0, cfg),
+            };
+            usable.map(|()| m)
+        });
+        // Every rank learns whether every rank can run it, so all leave it out together.
         let ok = comm.rendezvous().all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
-        let m = match (ok.iter().position(|v| v[..] != [1]), m) {
-            (None, Ok(m)) => m,
-            (_, Err(e)) => Built::Failed(e),
-            (Some(r), Ok(_)) => Built::Failed(format!("rank {r} could not build it")),
-        };
-        built.push((name.clone(), m));
+        match (ok.iter().position(|v| v[..] != [1]), m) {
+            (None, Ok(m)) => built.push((name.clone(), m)),
+            (_, Err(reason)) => unavailable.push(Unavailable { method: name.clone(), reason }),
+            (Some(r), Ok(_)) => {
+                unavailable.push(Unavailable { method: name.clone(), reason: format!("rank {r} could not build it") })
+            }
+        }
+    }
+    let provenance = crate::header::provenance(gpu.kind(), names);
+    if rank == 0 {
+        let counts = (sizes.first().copied().unwrap_or(0), sizes.last().copied().unwrap_or(0));
+        crate::header::print(cfg, comm, &provenance, sizes.len(), counts, &unavailable);
+    }
+    if built.is_empty() {
+        return Err(BenchError::Config("none of the methods asked for can run here (the header says why)".into()));
     }
 
     let bufs = Buffers {
@@ -130,7 +124,6 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
     for &count in &sizes {
         for (name, method) in built.iter_mut() {
             let here = match method {
-                Built::Failed(reason) => vec![Row::new(name, cfg, count, world, Status::Skipped(reason.clone()))],
                 Built::Method(m) => measure_ways(cfg, comm.rendezvous(), &bufs, name, m.as_mut(), count)?,
                 Built::Engine => {
                     let (engine, rdv) = comm.engine_and_rendezvous();
@@ -153,8 +146,8 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
     // Nobody unmaps a buffer while a peer's last call may still read it.
     comm.rendezvous().barrier("teardown")?;
     drop(built);
-    let table = comm.table_source(cfg.mode()).to_string();
-    Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, table, ceilings, rows)))
+    let notes = RunNotes { tune_table: comm.table_source(cfg.mode()).to_string(), ceilings, unavailable, provenance };
+    Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, notes, rows)))
 }
 
 /// A method with registered buffers is timed on them (a caller that allocated its tensors there: the `+reg` row)
@@ -188,14 +181,8 @@ fn measure(
     let (op, dtype, world) = (cfg.op, cfg.dtype, rdv.world());
     // The name asked for (a launch shape included), not only the method's own.
     let row = |status| Row::new(name, cfg, count, world, status);
-    if let Err(reason) = m.supports(op, dtype) {
-        return Ok(row(Status::Skipped(reason)));
-    }
     if op == Op::ReduceScatter && !count.is_multiple_of(world) {
         return Ok(row(Status::Skipped(format!("{count} elements do not split into {world} equal shards"))));
-    }
-    if cfg.timing.graph && !m.capturable() {
-        return Ok(row(Status::Skipped("cannot be captured into a graph".into())));
     }
     if count * dtype.size() > m.capacity_bytes() {
         return Ok(row(Status::Skipped(format!("above the method's largest message ({} bytes)", m.capacity_bytes()))));
@@ -285,7 +272,16 @@ fn measure(
     if let Some(failure) = verify(m, "after the timed calls")? {
         return Ok(row(Status::Failed(failure)));
     }
-    Ok(row(Status::Passed).timed(t))
+    Ok(row(Status::Passed).timed(t, cfg.report))
+}
+
+/// Whether a method can run this sweep at all, whatever the size: its op, dtype and mode.
+fn usable(m: &dyn Collective, cfg: &SweepConfig) -> Result<(), String> {
+    m.supports(cfg.op, cfg.dtype)?;
+    if cfg.timing.graph && !m.capturable() {
+        return Err("cannot be captured into a graph".into());
+    }
+    Ok(())
 }
 
 /// The method's registered buffer when asked for and there is one, else the benchmark's own.

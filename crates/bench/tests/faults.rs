@@ -106,3 +106,50 @@ fn a_stopped_rank_ends_the_job_cleanly() {
         inject(nix::sys::signal::Signal::SIGSTOP);
     }
 }
+
+/// A closed terminal (SIGHUP), `Ctrl-\` (SIGQUIT), Ctrl-C (SIGINT) and kill (SIGTERM) sent to comm-bench itself: the
+/// launcher stops its ranks, names the signal, exits non-zero and leaves none of this job's /dev/shm segments.
+#[test]
+fn every_stop_signal_to_comm_bench_leaves_nothing_behind() {
+    use nix::sys::signal::Signal;
+    for signal in [Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGINT, Signal::SIGTERM] {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let world = 3;
+        let job = Command::new(BIN)
+            .args(["--backend", "host", "--num_ranks", &world.to_string(), "--counts", "1000,65536"])
+            .args(["--num_iters", "50", "--repeats", "1000", "--methods", "car_1shot,symm_1shot"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let mut ranks = Vec::new();
+        while ranks.len() < world && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+            ranks = children(job.id());
+        }
+        assert_eq!(ranks.len(), world, "the launcher did not start {world} ranks");
+        let environ = std::fs::read(format!("/proc/{}/environ", ranks[0])).unwrap_or_default();
+        let job_id = environ
+            .split(|&b| b == 0)
+            .find_map(|v| v.strip_prefix(b"ALLREDUCE_JOB_ID="))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .expect("a rank's environment names its job");
+        let ours = format!("arx-{job_id}-");
+        // Into the sweep, where every rank holds its segments.
+        while !shm_segments().iter().any(|n| n.starts_with(&ours)) && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(job.id() as i32), signal).unwrap();
+        let out = job.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{signal}: the job must fail");
+        assert!(text.contains(&format!("interrupted by {signal}")), "{signal} must be named:\n{text}");
+        for pid in ranks {
+            assert!(!alive(pid), "{signal}: rank process {pid} outlived the job");
+        }
+        let left: Vec<String> = shm_segments().into_iter().filter(|n| n.starts_with(&ours)).collect();
+        assert!(left.is_empty(), "{signal}: left in /dev/shm: {left:?}\n{text}");
+    }
+}

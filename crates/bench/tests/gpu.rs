@@ -25,6 +25,7 @@ fn sweep(extra: &[&str]) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(comm_bench())
         .args(["--num_ranks", "2", "--counts", "8,1000,4099,65536,1048583", "--num_iters", "5", "--repeats", "1"])
+        .args(["--methods", "all"])
         .args(["--export_csv", "--output_dir", dir.path().to_str().unwrap()])
         .args(extra)
         .output()

@@ -1,0 +1,100 @@
+//! What a sweep needs of the host driver's memory, checked before any rank starts: there every "device" buffer is
+//! host memory, and a sweep beyond it is OOM-killed half-way (`--max_size 30` asks for gigabytes per buffer).
+
+use std::path::Path;
+
+/// The benchmark's own buffers per rank, in capacities: input, output and three input variants (private memory).
+const BENCH_BUFFERS: usize = 5;
+/// The communicator's engine per rank, in capacities: car's one-shot and two-shot (two halves each, in
+/// /dev/shm) and the tuned designs (registered input and output, two staging halves, in memfds).
+const ENGINE_BUFFERS: usize = 8;
+
+/// Bytes a sweep needs in all: of memory, and of that in /dev/shm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Need {
+    pub memory: u64,
+    pub shm: u64,
+}
+
+/// A method's own buffers per rank in capacities, and how many of them live in /dev/shm (car's IPC buffers; the
+/// symm designs' are memfds). `auto` and `communicator` run the engine, counted once for every sweep.
+fn buffers(method: &str) -> (usize, usize) {
+    let base = method.split('@').next().unwrap_or(method);
+    match base {
+        "auto" | "communicator" => (0, 0),
+        m if m.starts_with("nccl") => (0, 0),
+        m if m.starts_with("car_") => (2, 2),
+        "symm_1shot" | "symm_2shot" | "symm_rs" | "symm_2shot_fused" => (1, 0),
+        m if m.ends_with("_ipc") => (4, 2),
+        _ => (4, 0),
+    }
+}
+
+/// The estimate for `world` ranks of `methods` at `capacity` bytes per buffer.
+pub fn estimate(methods: &[String], capacity: usize, world: usize) -> Need {
+    let (own, shm) = methods.iter().map(|m| buffers(m)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let per_rank = |caps: usize| (caps * capacity * world) as u64;
+    Need { memory: per_rank(BENCH_BUFFERS + ENGINE_BUFFERS + own), shm: per_rank(ENGINE_BUFFERS / 2 + shm) }
+}
+
+/// MemAvailable from /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// Free bytes of the file system at `dir`, for an unprivileged user.
+fn free_space(dir: &Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Refuses a sweep whose estimate exceeds what this machine has free now (checks what it cannot read pass).
+pub fn check(need: Need) -> Result<(), String> {
+    check_against(need, mem_available(), free_space(Path::new("/dev/shm")))
+}
+
+fn check_against(need: Need, memory: Option<u64>, shm: Option<u64>) -> Result<(), String> {
+    let advice = "lower --max_size (or -e), --num_ranks or the --methods list";
+    if let Some(free) = memory.filter(|&free| need.memory > free) {
+        return Err(format!(
+            "this sweep needs about {} of host memory (the host driver's buffers, all ranks) and {} is available \
+             (MemAvailable): {advice}",
+            gib(need.memory),
+            gib(free)
+        ));
+    }
+    if let Some(free) = shm.filter(|&free| need.shm > free) {
+        return Err(format!(
+            "this sweep needs about {} in /dev/shm and {} is free there: {advice}",
+            gib(need.shm),
+            gib(free)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_scale_with_ranks_and_methods_and_refuse_what_is_not_free() {
+        let methods: Vec<String> = ["car_1shot", "symm_1shot", "auto", "nccl"].map(String::from).to_vec();
+        let need = estimate(&methods, 1 << 20, 2);
+        // Per rank: 5 benchmark + 8 engine + 2 car + 1 symm capacities; in /dev/shm: 4 engine + 2 car.
+        assert_eq!(need, Need { memory: 16 << 21, shm: 6 << 21 });
+        assert_eq!(estimate(&methods, 1 << 20, 4).memory, 2 * need.memory);
+        assert!(check_against(need, Some(need.memory), Some(need.shm)).is_ok());
+        assert!(check_against(need, None, None).is_ok(), "what cannot be read is not held against the sweep");
+        let e = check_against(need, Some(need.memory - 1), None).unwrap_err();
+        assert!(e.contains("MemAvailable") && e.contains("--max_size"), "{e}");
+        assert!(check_against(need, None, Some(need.shm - 1)).unwrap_err().contains("/dev/shm"));
+        assert!(mem_available().unwrap() > 0 && free_space(Path::new("/dev/shm")).is_some());
+    }
+}

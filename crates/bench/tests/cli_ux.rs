@@ -1,0 +1,241 @@
+//! comm-bench as a user coming from comm_bench.py and nccl-tests meets it, on the host driver: the run header and
+//! closing summary, refusals before any rank starts (paths, memory, world size), exit codes, the flags of both
+//! tools, `--report`, `--tune`'s table and `launch`'s environment.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_comm-bench");
+const QUICK: &[&str] = &["--backend", "host", "-n", "2", "-w", "0", "--repeats", "2"];
+
+fn comm_bench(args: &[&str]) -> Output {
+    Command::new(BIN).args(QUICK).args(args).output().expect("comm-bench runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn json(dir: &std::path::Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("comm_ops_benchmark.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn header_names_what_cannot_run_once_and_summary_closes_like_nccl_tests() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = comm_bench(&["--num_ranks", "2", "--counts", "1024,4096,65536", "--export_csv", "--output_dir", d]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    // The default methods: comm_bench.py's and auto; nccl is named once, with its reason, and has no row.
+    assert_eq!(t.matches("not run: nccl:").count(), 1, "{t}");
+    assert!(t.contains("Not run: nccl"), "the summary repeats it: {t}");
+    assert!(!t.contains("skipped"), "{t}");
+    for head in [
+        "comm-bench 0.1.0 (commit ",
+        "host driver",
+        "eager mode",
+        "2 timed calls after 0 warm-up",
+        "max (--report)",
+        "auto follows",
+    ] {
+        assert!(t.contains(head), "the header lacks {head:?}:\n{t}");
+    }
+    for tail in
+        ["# Summary: us per call", "fastest", "# Mean busbw (GB/s)", "# Failures: none", "# Avg bus bandwidth    : "]
+    {
+        assert!(t.contains(tail), "the summary lacks {tail:?}:\n{t}");
+    }
+    let j = json(dir.path());
+    let methods: Vec<&str> = j["rows"].as_array().unwrap().iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(methods.len(), 3 * 6, "car and symm one- and two-shot, auto and auto+reg at 3 sizes: {methods:?}");
+    assert_eq!(j["unavailable"][0]["method"], "nccl");
+    assert!(j["provenance"]["tool"].as_str().unwrap().starts_with("comm-bench"));
+}
+
+#[test]
+fn nothing_measured_exits_non_zero() {
+    let o = comm_bench(&["--num_ranks", "2", "--counts", "64", "--methods", "nccl"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("none of the methods asked for can run here"), "{}", text(&o));
+    // Every row skipped (1000 elements do not split into 3 shards).
+    let o = comm_bench(&["--num_ranks", "3", "--op", "reduce_scatter", "--counts", "1000"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("nothing could be measured"), "{}", text(&o));
+}
+
+#[test]
+fn a_sweep_the_machine_cannot_hold_is_refused_before_any_rank_starts() {
+    let o = comm_bench(&["--max_size", "30"]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("this sweep needs about") && t.contains("--max_size"), "{t}");
+    assert!(!t.contains("[rank"), "refused before any rank starts: {t}");
+}
+
+#[test]
+fn output_paths_are_checked_before_any_rank_starts_and_errors_name_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let bad = file.join("out");
+    let bad = bad.to_str().unwrap();
+    for args in [&["--export_csv", "--output_dir", bad][..], &["--tune", &format!("{bad}/table.json")]] {
+        let o = comm_bench(&[&["--counts", "64"][..], args].concat());
+        let t = text(&o);
+        assert!(!o.status.success(), "{t}");
+        assert!(t.contains(bad), "the error names the path: {t}");
+        assert!(!t.contains("[rank"), "refused before any rank starts: {t}");
+    }
+    // A directory that does not exist yet is created.
+    let fresh = dir.path().join("new/deeper");
+    let o = comm_bench(&[
+        "--counts",
+        "64",
+        "--methods",
+        "car_1shot",
+        "--export_csv",
+        "--output_dir",
+        fresh.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(fresh.join("comm_ops_benchmark.csv").exists());
+}
+
+#[test]
+fn report_rank0_reproduces_comm_bench_py_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = comm_bench(&[
+        "--num_ranks",
+        "3",
+        "--counts",
+        "4096",
+        "--methods",
+        "car_1shot",
+        "--report",
+        "rank0",
+        "--export_csv",
+        "--output_dir",
+        d,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j = json(dir.path());
+    assert_eq!(j["report"], "rank0");
+    let row = &j["rows"][0];
+    let rank0: Vec<f64> = row["ranks_ms"].as_array().unwrap().iter().map(|r| r[0].as_f64().unwrap()).collect();
+    assert_eq!(rank0.len(), 2, "one per repeat");
+    assert!(row["ranks_ms"][0].as_array().unwrap().len() == 3, "every rank's time: {row}");
+    let median = (rank0[0] + rank0[1]) / 2.0;
+    assert_eq!(row["time_ms"].as_f64().unwrap(), median, "the median of rank 0's own times: {row}");
+    let csv = std::fs::read_to_string(dir.path().join("comm_ops_benchmark.csv")).unwrap();
+    let cell: f64 = csv.lines().nth(1).unwrap().split(',').nth(1).unwrap().parse().unwrap();
+    assert_eq!(cell, median, "the CSV holds the figure asked for");
+}
+
+#[test]
+fn nccl_tests_sizes_and_short_flags_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = comm_bench(&[
+        "--num_ranks",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-f",
+        "2",
+        "-d",
+        "fp32",
+        "-G",
+        "1",
+        "--methods",
+        "car_1shot",
+        "--export_csv",
+        "--output_dir",
+        d,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j = json(dir.path());
+    let counts: Vec<u64> = j["rows"].as_array().unwrap().iter().map(|r| r["count"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [256, 512, 1024]);
+    assert_eq!((j["dtype"].as_str(), j["graph"].as_bool()), (Some("fp32"), Some(true)));
+    let o = Command::new(BIN).args(["--num_iters", "-5"]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("-5 is not in 1..=1000000"), "{}", text(&o));
+}
+
+#[test]
+fn tune_prints_its_table_by_size_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("tables/tune.json");
+    let o = Command::new(BIN)
+        .args(QUICK)
+        .args(["--num_ranks", "2", "--counts", "1024,65536", "--tune", table.to_str().unwrap()])
+        .env("ALLREDUCE_TUNE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("message size (bytes)  algorithm") && t.contains("eager"), "{t}");
+    // One line per size range, the last open-ended (one range when one algorithm won both sizes).
+    assert!(t.contains(" and above  "), "{t}");
+    assert!(table.exists());
+}
+
+#[test]
+fn launch_sets_master_addr_and_port() {
+    let o = Command::new(BIN)
+        .args(["launch", "-n", "2", "--", "sh", "-c", "echo \"at $MASTER_ADDR:$MASTER_PORT\""])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let ports: Vec<&str> = t.lines().filter_map(|l| l.split("at 127.0.0.1:").nth(1)).collect();
+    assert_eq!(ports.len(), 2, "{t}");
+    assert!(ports[0] == ports[1] && ports[0].parse::<u16>().is_ok_and(|p| p > 0), "{t}");
+}
+
+const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mi300x-8rank-comm-bench.csv");
+
+#[test]
+fn compare_overlays_a_comm_bench_py_csv_and_our_json_with_ratios() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = comm_bench(&[
+        "--num_ranks",
+        "2",
+        "--counts",
+        "1024,2816",
+        "--methods",
+        "car_1shot,auto",
+        "--export_csv",
+        "--output_dir",
+        d,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stem = dir.path().join("cmp");
+    let json = dir.path().join("comm_ops_benchmark.json");
+    let o = Command::new(BIN)
+        .args(["compare", REFERENCE, json.to_str().unwrap(), "--output", stem.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("# car_1shot") && !t.contains("# auto"), "only methods in both runs: {t}");
+    // comm_bench.py's 3072 (HIP, multiple of 512) against our 2816 (multiple of 256).
+    assert!(t.contains("nearest element count") && t.contains("3072 -> 2816"), "{t}");
+    let row: Vec<&str> = t.lines().find(|l| l.trim_start().starts_with("1024 ")).unwrap().split_whitespace().collect();
+    let ratio: f64 = row[4].parse().unwrap();
+    let quotient = row[3].parse::<f64>().unwrap() / row[2].parse::<f64>().unwrap();
+    assert!((ratio / quotient - 1.0).abs() < 2e-3, "the times are printed rounded: {row:?}");
+    let svg = std::fs::read_to_string(stem.with_extension("svg")).unwrap();
+    assert!(svg.contains("mi300x-8rank-comm-bench: car_1shot") && svg.contains("comm_ops_benchmark: auto"));
+    // `plot` reads the CSV too; a file that is neither format is refused by its name and line.
+    let o = Command::new(BIN).args(["plot", REFERENCE, "--output", stem.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "size;time\n").unwrap();
+    let o = Command::new(BIN).args(["plot", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("bad.csv: line 1: expected comm_bench.py's CSV"), "{}", text(&o));
+}
