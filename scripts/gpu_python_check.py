@@ -127,6 +127,39 @@ class Check:
                 ):
                     self.fail(f"eager {dtype} x {n}: in place differs from out of place")
 
+    def prepared(self):
+        """Prepared calls on torch tensors: checked once, then issued on fresh inputs copied into the same tensors,
+        eagerly and captured in a graph; the same bits as the plain call."""
+        torch = self.torch
+        for dtype in self.dtypes:
+            for n in self.sizes[::4]:
+                x = torch.empty(n, dtype=self.dtypes[dtype], device=self.device)
+                y = torch.empty_like(x)
+                call = self.comm.prepare_all_reduce(x, out=y)
+                seed = self.next_seed()
+                x.copy_(self.inputs(seed, self.rank, n, dtype))
+                y.fill_(float("nan"))
+                self.align()
+                assert call() is y
+                self.verify(y, self.reference(seed, n, dtype), dtype, f"prepared {dtype} x {n}")
+                plain = torch.empty_like(y)
+                self.align()
+                self.comm.all_reduce(x, out=plain)
+                bits = torch.int16 if y.element_size() == 2 else torch.int32
+                if not torch.equal(plain.view(bits), y.view(bits)):
+                    self.fail(f"prepared {dtype} x {n}: differs from the plain call")
+                g = torch.cuda.CUDAGraph()
+                self.align()
+                with torch.cuda.graph(g):
+                    call()
+                seed = self.next_seed()
+                x.copy_(self.inputs(seed, self.rank, n, dtype))
+                y.fill_(float("nan"))
+                self.align()
+                g.replay()
+                self.verify(y, self.reference(seed, n, dtype), dtype, f"prepared graph {dtype} x {n}")
+                del g
+
     def graph(self):
         """One graph per size, captured on torch's capture stream; each replay runs on fresh inputs."""
         torch = self.torch
@@ -250,7 +283,7 @@ class Check:
     def run(self, only=None):
         scenarios = ["eager", "reduce_scatter", "refusals"]
         if not self.host:
-            scenarios += ["graph", "registered", "register"]
+            scenarios += ["graph", "prepared", "registered", "register"]
         else:
             scenarios += ["registered"]
         if only:

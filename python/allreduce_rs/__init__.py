@@ -17,6 +17,7 @@ from ._native import (
     DEFAULT_CAPACITY_BYTES,
     Communicator,
     Placement,
+    PreparedCall,
     RankDevice,
     RegisteredBuffer,
     __version__,
@@ -35,6 +36,7 @@ from .errors import (
 __all__ = [
     "Communicator",
     "RegisteredBuffer",
+    "PreparedCall",
     "Placement",
     "RankDevice",
     "new_job_id",

@@ -129,6 +129,19 @@ class Communicator:
         elements, divisible by the world size ``W``) in ``out`` (``n / W`` elements, disjoint from ``input``).
         Returns ``out``. Devices, streams and errors as :meth:`all_reduce`."""
 
+    def prepare_all_reduce(
+        self, tensor: T, out: Optional[T] = None, *, algorithm: Optional[str] = None
+    ) -> "PreparedCall":
+        """``all_reduce(tensor, out, algorithm=...)`` checked once and bound, for a loop that reduces the same
+        buffers every step: ``call = comm.prepare_all_reduce(x, out=y)``, then ``call()`` issues it on torch's
+        current stream (or ``call(stream=...)``) and returns ``y``, reading no tensor attribute again (the cost of
+        reading them is most of a plain call's Python overhead). The call holds the tensors' storage and always
+        reduces the memory they had when prepared, even if a tensor is later re-pointed (``set_``, ``resize_``).
+        Collective when called, as the plain call. Raises as :meth:`all_reduce`, at prepare time."""
+
+    def prepare_reduce_scatter(self, input: TensorLike, out: T) -> "PreparedCall":
+        """``reduce_scatter(input, out)`` checked once and bound, as :meth:`prepare_all_reduce`."""
+
     def register(self, tensor: TensorLike) -> int:
         """Shares the memory of ``tensor`` (a CUDA / ROCm tensor of this device) with every peer, so calls whose
         input or output lies inside it read and write it in place on every rank (as vLLM registers its
@@ -222,6 +235,14 @@ class Communicator:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has run."""
+
+class PreparedCall:
+    """One all_reduce or reduce_scatter checked once (:meth:`Communicator.prepare_all_reduce`,
+    :meth:`Communicator.prepare_reduce_scatter`) and issued by calling it."""
+
+    def __call__(self, *, stream: Optional[StreamLike] = None) -> Any:
+        """Issues the call (collective) on ``stream`` (default: torch's current stream of the device) and returns
+        the tensor that holds the result. Raises AllreduceError once the communicator is closed."""
 
 class RegisteredBuffer:
     """A view of one of a communicator's registered buffers, exported through DLPack (``torch.from_dlpack``,

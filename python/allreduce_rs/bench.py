@@ -9,7 +9,8 @@ graph of them; host driver: ``time.perf_counter``); the slowest rank's time per 
 host time spent issuing the calls (``issue_us``: what the Python path adds per eager call).
 
 Methods: ``py`` (``all_reduce(x, out=y)``), ``py_inplace`` (``all_reduce(x)``), ``py+reg`` (input and output in the
-registered buffers, through DLPack), ``py_rs`` (``reduce_scatter``; ``--op reduce_scatter``). ``--output FILE``
+registered buffers, through DLPack), ``py_prepared`` (``prepare_all_reduce(x, out=y)`` once, then the prepared
+call), ``py_rs`` (``reduce_scatter``; ``--op reduce_scatter``). ``--output FILE``
 writes the rows as JSON in comm-bench's row format (method, count, bytes, status, time_ms, repeats_ms, issue_us).
 """
 
@@ -22,7 +23,7 @@ from typing import Callable, Dict, List, Optional
 
 import allreduce_rs as ar
 
-ALLREDUCE_METHODS = ["py", "py_inplace", "py+reg"]
+ALLREDUCE_METHODS = ["py", "py_inplace", "py+reg", "py_prepared"]
 
 
 def comm_bench_sizes(min_exp: float, max_exp: float, steps: int, align: int) -> List[int]:
@@ -195,6 +196,9 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
 
         def call():
             comm.all_reduce(x, out=y)
+
+        if method == "py_prepared":
+            call = comm.prepare_all_reduce(x, out=y)
 
         lo, hi = 0, count
     arrays.align()

@@ -5,7 +5,7 @@ use crate::args::{self, Arg, Memory};
 use crate::dlpack::{self, View};
 use crate::errors::{from_error, AllreduceError, ArgumentError, CapacityError};
 use allreduce::{Algorithm, Communicator, DType, DevicePtr, DriverKind, Mode, Options};
-use collective::VEC_BYTES;
+use collective::{Op, VEC_BYTES};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -216,6 +216,97 @@ impl PyCommunicator {
         Ok(())
     }
 
+    /// An allreduce's tensors, checked: `out` is `None` for an in-place call (no `out`, or `out` is `tensor`).
+    fn all_reduce_args<'py>(
+        &self,
+        tensor: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Arg<'py>, Option<Arg<'py>>)> {
+        let input = args::describe(tensor, "tensor")?;
+        self.check(&input, "tensor")?;
+        let output = match out {
+            None if !input.writable => {
+                return Err(ArgumentError::new_err("tensor: read-only, so it cannot be reduced in place; pass out="))
+            }
+            None => None,
+            Some(o) => {
+                let o = args::describe(o, "out")?;
+                self.check(&o, "out")?;
+                same_shape(&input, &o, input.count, "the tensor's")?;
+                if !o.writable {
+                    return Err(ArgumentError::new_err("out: read-only"));
+                }
+                if o.ptr == input.ptr {
+                    None
+                } else if o.overlaps(&input) {
+                    return Err(ArgumentError::new_err(
+                        "out overlaps tensor without being the same memory: pass the same tensor, or disjoint ones",
+                    ));
+                } else {
+                    Some(o)
+                }
+            }
+        };
+        Ok((input, output))
+    }
+
+    /// A reduce-scatter's input and output, checked.
+    fn reduce_scatter_args<'py>(
+        &self,
+        input: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyAny>,
+    ) -> PyResult<(Arg<'py>, Arg<'py>)> {
+        let input = args::describe(input, "input")?;
+        self.check(&input, "input")?;
+        let output = args::describe(out, "out")?;
+        self.check(&output, "out")?;
+        if !input.count.is_multiple_of(self.world) {
+            return Err(ArgumentError::new_err(format!(
+                "input: {} elements do not divide among {} ranks",
+                input.count, self.world
+            )));
+        }
+        same_shape(&input, &output, input.count / self.world, "a shard of the input's")?;
+        if !output.writable {
+            return Err(ArgumentError::new_err("out: read-only"));
+        }
+        if output.overlaps(&input) {
+            return Err(ArgumentError::new_err("out overlaps input: a reduce-scatter needs disjoint buffers"));
+        }
+        Ok((input, output))
+    }
+
+    /// Issues one checked call (`all_reduce_args` / `reduce_scatter_args`) on stream `handle`.
+    fn issue(
+        &self,
+        op: Op,
+        algo: Option<Algorithm>,
+        input: &Arg<'_>,
+        output: Option<&Arg<'_>>,
+        handle: u64,
+    ) -> PyResult<Algorithm> {
+        self.with(|state| {
+            if self.driver == DriverKind::Host {
+                return PyCommunicator::host_call(state, op, algo, input, output);
+            }
+            let out = output.map_or(input.ptr, |o| o.ptr);
+            // SAFETY: checked by the *_args functions: device memory of this communicator's device holding `count`
+            // elements (a shard's for a reduce-scatter's output), 16-byte aligned, identical or disjoint; alive
+            // while torch holds the tensors (a PreparedCall holds their storage), whose caching allocator reuses
+            // their memory only in the order of the stream they were made on (the current stream, unless the
+            // caller passed another and recorded it, as for any side-stream work). That every rank makes the same
+            // calls is the caller's part, as with torch.distributed.
+            let (input, out, count, dtype) = (DevicePtr(input.ptr), DevicePtr(out), input.count, input.dtype);
+            unsafe {
+                match op {
+                    Op::AllReduce => state.comm.all_reduce_with(algo, input, out, count, dtype, handle),
+                    Op::ReduceScatter => state.comm.reduce_scatter(input, out, count, dtype, handle),
+                }
+            }
+            .map_err(from_error)
+        })
+    }
+
     /// The stream a device call is enqueued on: `stream` (a handle, or an object with `cuda_stream`), else torch's
     /// current stream of this device. On the host driver calls run to completion on this thread and take none.
     fn stream_handle(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
@@ -245,7 +336,7 @@ impl PyCommunicator {
     /// algorithm, through the raw call on the host stream (16-byte alignment required).
     fn host_call(
         state: &mut State,
-        op: collective::Op,
+        op: Op,
         algo: Option<Algorithm>,
         input: &Arg<'_>,
         output: Option<&Arg<'_>>,
@@ -279,7 +370,7 @@ impl PyCommunicator {
 /// The slice calls on `input` / `output` as `[T]`.
 fn host_slices<T: allreduce::Scalar>(
     state: &mut State,
-    op: collective::Op,
+    op: Op,
     input: &Arg<'_>,
     output: Option<&Arg<'_>>,
 ) -> PyResult<Algorithm> {
@@ -288,18 +379,18 @@ fn host_slices<T: allreduce::Scalar>(
     // where written; nothing else runs while this thread holds the GIL through the call.
     let result = unsafe {
         match (op, output) {
-            (collective::Op::AllReduce, None) => {
+            (Op::AllReduce, None) => {
                 state.comm.all_reduce_host_in_place(std::slice::from_raw_parts_mut(input.ptr as *mut T, input.count))
             }
-            (collective::Op::AllReduce, Some(o)) => state.comm.all_reduce_host(
+            (Op::AllReduce, Some(o)) => state.comm.all_reduce_host(
                 std::slice::from_raw_parts(input.ptr as *const T, input.count),
                 std::slice::from_raw_parts_mut(o.ptr as *mut T, o.count),
             ),
-            (collective::Op::ReduceScatter, Some(o)) => state.comm.reduce_scatter_host(
+            (Op::ReduceScatter, Some(o)) => state.comm.reduce_scatter_host(
                 std::slice::from_raw_parts(input.ptr as *const T, input.count),
                 std::slice::from_raw_parts_mut(o.ptr as *mut T, o.count),
             ),
-            (collective::Op::ReduceScatter, None) => unreachable!("reduce_scatter always has an output"),
+            (Op::ReduceScatter, None) => unreachable!("reduce_scatter always has an output"),
         }
     };
     result.map_err(from_error)
@@ -364,55 +455,10 @@ impl PyCommunicator {
         stream: Option<&Bound<'py, PyAny>>,
         algorithm: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let algo = algorithm
-            .map(|name| {
-                Algorithm::from_name(name).filter(|a| Algorithm::CANDIDATES.contains(a)).ok_or_else(|| {
-                    let names: Vec<&str> = Algorithm::CANDIDATES.iter().map(|a| a.name()).collect();
-                    ArgumentError::new_err(format!("algorithm {name:?}: not one of {}", names.join(", ")))
-                })
-            })
-            .transpose()?;
-        let input = args::describe(tensor, "tensor")?;
-        self.check(&input, "tensor")?;
-        let output = match out {
-            None if !input.writable => {
-                return Err(ArgumentError::new_err("tensor: read-only, so it cannot be reduced in place; pass out="))
-            }
-            None => None,
-            Some(o) => {
-                let o = args::describe(o, "out")?;
-                self.check(&o, "out")?;
-                same_shape(&input, &o, input.count, "the tensor's")?;
-                if !o.writable {
-                    return Err(ArgumentError::new_err("out: read-only"));
-                }
-                if o.ptr == input.ptr {
-                    None
-                } else if o.overlaps(&input) {
-                    return Err(ArgumentError::new_err(
-                        "out overlaps tensor without being the same memory: pass the same tensor, or disjoint ones",
-                    ));
-                } else {
-                    Some(o)
-                }
-            }
-        };
+        let algo = algorithm_named(algorithm)?;
+        let (input, output) = self.all_reduce_args(tensor, out)?;
         let handle = self.stream_handle(py, stream)?;
-        self.with(|state| {
-            if self.driver == DriverKind::Host {
-                return PyCommunicator::host_call(state, collective::Op::AllReduce, algo, &input, output.as_ref());
-            }
-            let out = output.as_ref().map_or(input.ptr, |o| o.ptr);
-            // SAFETY: checked above: device memory of this communicator's device holding `count` elements, 16-byte
-            // aligned, identical or disjoint; alive while torch holds the tensors, whose caching allocator reuses
-            // their memory only in the order of the stream they were made on (the current stream, unless the
-            // caller passed another and recorded it, as for any side-stream work). That every rank makes the
-            // same calls is the caller's part, as with torch.distributed.
-            unsafe {
-                state.comm.all_reduce_with(algo, DevicePtr(input.ptr), DevicePtr(out), input.count, input.dtype, handle)
-            }
-            .map_err(from_error)
-        })?;
+        self.issue(Op::AllReduce, algo, &input, output.as_ref(), handle)?;
         Ok(output.map_or(input.obj, |o| o.obj))
     }
 
@@ -426,35 +472,35 @@ impl PyCommunicator {
         out: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let input = args::describe(input, "input")?;
-        self.check(&input, "input")?;
-        let output = args::describe(out, "out")?;
-        self.check(&output, "out")?;
-        if !input.count.is_multiple_of(self.world) {
-            return Err(ArgumentError::new_err(format!(
-                "input: {} elements do not divide among {} ranks",
-                input.count, self.world
-            )));
-        }
-        same_shape(&input, &output, input.count / self.world, "a shard of the input's")?;
-        if !output.writable {
-            return Err(ArgumentError::new_err("out: read-only"));
-        }
-        if output.overlaps(&input) {
-            return Err(ArgumentError::new_err("out overlaps input: a reduce-scatter needs disjoint buffers"));
-        }
+        let (input, output) = self.reduce_scatter_args(input, out)?;
         let handle = self.stream_handle(py, stream)?;
-        self.with(|state| {
-            if self.driver == DriverKind::Host {
-                return PyCommunicator::host_call(state, collective::Op::ReduceScatter, None, &input, Some(&output));
-            }
-            // SAFETY: as in all_reduce, with disjoint buffers of n and n / W elements.
-            unsafe {
-                state.comm.reduce_scatter(DevicePtr(input.ptr), DevicePtr(output.ptr), input.count, input.dtype, handle)
-            }
-            .map_err(from_error)
-        })?;
+        self.issue(Op::ReduceScatter, None, &input, Some(&output), handle)?;
         Ok(output.obj)
+    }
+
+    /// all_reduce(tensor, out, algorithm=...) checked once and bound: the returned PreparedCall issues it with
+    /// `call()` (or `call(stream=...)`), reading no tensor attribute again, for a hot loop that reduces the same
+    /// buffers each step. It keeps the tensors' storage alive and always reduces the memory they had when prepared.
+    #[pyo3(signature = (tensor, out = None, *, algorithm = None))]
+    fn prepare_all_reduce(
+        slf: &Bound<'_, Self>,
+        tensor: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
+        algorithm: Option<&str>,
+    ) -> PyResult<PreparedCall> {
+        let algo = algorithm_named(algorithm)?;
+        let (input, output) = slf.get().all_reduce_args(tensor, out)?;
+        PreparedCall::new(slf, Op::AllReduce, algo, &input, output.as_ref())
+    }
+
+    /// reduce_scatter(input, out) checked once and bound, as prepare_all_reduce.
+    fn prepare_reduce_scatter(
+        slf: &Bound<'_, Self>,
+        input: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<PreparedCall> {
+        let (input, output) = slf.get().reduce_scatter_args(input, out)?;
+        PreparedCall::new(slf, Op::ReduceScatter, None, &input, Some(&output))
     }
 
     /// Registers the memory of `tensor` (a CUDA / ROCm tensor of this device) with every peer, so calls on tensors
@@ -791,5 +837,116 @@ impl PyRankDevice {
             "RankDevice(rank={}, local_rank={}, host={:?}, ordinal={}, bus_id={:?}, visible={})",
             self.rank, self.local_rank, self.host, self.ordinal, self.bus_id, self.visible
         )
+    }
+}
+
+/// The algorithm called `name`, when given: one of the allreduce candidates.
+fn algorithm_named(name: Option<&str>) -> PyResult<Option<Algorithm>> {
+    name.map(|name| {
+        Algorithm::from_name(name).filter(|a| Algorithm::CANDIDATES.contains(a)).ok_or_else(|| {
+            let names: Vec<&str> = Algorithm::CANDIDATES.iter().map(|a| a.name()).collect();
+            ArgumentError::new_err(format!("algorithm {name:?}: not one of {}", names.join(", ")))
+        })
+    })
+    .transpose()
+}
+
+/// A tensor of a prepared call, as described when it was prepared.
+struct Held {
+    obj: Py<PyAny>,
+    ptr: u64,
+    count: usize,
+    dtype: DType,
+    memory: Memory,
+    writable: bool,
+}
+
+impl Held {
+    fn of(arg: &Arg<'_>) -> Held {
+        Held {
+            obj: arg.obj.clone().unbind(),
+            ptr: arg.ptr,
+            count: arg.count,
+            dtype: arg.dtype,
+            memory: arg.memory.clone(),
+            writable: arg.writable,
+        }
+    }
+
+    fn arg<'py>(&self, py: Python<'py>) -> Arg<'py> {
+        Arg {
+            obj: self.obj.bind(py).clone(),
+            ptr: self.ptr,
+            count: self.count,
+            dtype: self.dtype,
+            memory: self.memory.clone(),
+            writable: self.writable,
+        }
+    }
+}
+
+/// One all_reduce or reduce_scatter, checked once by Communicator.prepare_all_reduce / prepare_reduce_scatter;
+/// `call()` issues it again (on torch's current stream, or `stream=`) and returns the output tensor. Holding the
+/// tensors' storage, it reduces the memory they had when prepared even if a tensor is later re-pointed
+/// (`set_`, `resize_`, `.data =`).
+#[pyclass(module = "allreduce_rs", name = "PreparedCall", frozen)]
+pub struct PreparedCall {
+    comm: Py<PyCommunicator>,
+    op: Op,
+    algo: Option<Algorithm>,
+    input: Held,
+    output: Option<Held>,
+    /// The storages behind the tensors (`untyped_storage()`), kept so their memory cannot be freed or reused.
+    _storage: Vec<Py<PyAny>>,
+}
+
+impl PreparedCall {
+    fn new(
+        comm: &Bound<'_, PyCommunicator>,
+        op: Op,
+        algo: Option<Algorithm>,
+        input: &Arg<'_>,
+        output: Option<&Arg<'_>>,
+    ) -> PyResult<PreparedCall> {
+        let py = comm.py();
+        let mut storage = Vec::new();
+        for arg in std::iter::once(input).chain(output) {
+            // A torch tensor's memory belongs to its storage; a host array's to the array, held as `obj`.
+            if let Ok(s) = arg.obj.call_method0(pyo3::intern!(py, "untyped_storage")) {
+                storage.push(s.unbind());
+            }
+        }
+        Ok(PreparedCall {
+            comm: comm.clone().unbind(),
+            op,
+            algo,
+            input: Held::of(input),
+            output: output.map(Held::of),
+            _storage: storage,
+        })
+    }
+}
+
+#[pymethods]
+impl PreparedCall {
+    /// Issues the call (collective, as the call it was prepared from) and returns the tensor that holds the result.
+    #[pyo3(signature = (*, stream = None))]
+    fn __call__<'py>(&self, py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let comm = self.comm.get();
+        let handle = comm.stream_handle(py, stream)?;
+        let input = self.input.arg(py);
+        let output = self.output.as_ref().map(|o| o.arg(py));
+        comm.issue(self.op, self.algo, &input, output.as_ref(), handle)?;
+        Ok(output.map_or(input.obj, |o| o.obj))
+    }
+
+    fn __repr__(&self) -> String {
+        let what = match self.op {
+            Op::AllReduce if self.output.is_none() => "all_reduce in place",
+            Op::AllReduce => "all_reduce",
+            Op::ReduceScatter => "reduce_scatter",
+        };
+        let algo = self.algo.map_or("auto".to_string(), |a| a.name().to_string());
+        format!("PreparedCall({what}, {} elements of {}, algorithm={algo})", self.input.count, self.input.dtype)
     }
 }

@@ -50,6 +50,7 @@ fn new_job_id() -> String {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyCommunicator>()?;
     m.add_class::<comm::RegisteredBuffer>()?;
+    m.add_class::<comm::PreparedCall>()?;
     m.add_class::<comm::PyPlacement>()?;
     m.add_class::<comm::PyRankDevice>()?;
     m.add_function(wrap_pyfunction!(launch_job, m)?)?;

@@ -121,6 +121,57 @@ def sums():
     return rank
 
 
+def prepared():
+    """Prepared calls: checked once, issued many times on fresh inputs written into the same arrays, the same bits as
+    the plain call; refusals at prepare time; a call after close refused."""
+    comm = host_comm()
+    rank, world = comm.rank, comm.world_size
+    calls = Calls()
+    for dtype in DTYPES:
+        count = 3000
+        x, out = np.empty(count, dtype), np.empty(count, dtype)
+        inplace = np.empty(count, dtype)
+        shard = np.empty(count // world, dtype) if count % world == 0 else None
+        ar_out = comm.prepare_all_reduce(x, out=out)
+        ar_in = comm.prepare_all_reduce(inplace)
+        forced = comm.prepare_all_reduce(x, out=out, algorithm=ALGORITHMS[-1])
+        assert "all_reduce" in repr(ar_out) and "in place" in repr(ar_in), (repr(ar_out), repr(ar_in))
+        for _ in range(3):
+            seed = calls.seed()
+            x[:] = inputs(seed, rank, count, dtype)
+            out[:] = np.nan
+            assert ar_out() is out
+            check_sum(out, reference(seed, world, count, dtype), dtype, world, f"prepared {dtype.name}")
+            same_on_every_rank(comm, out, f"prepared {dtype.name}")
+            inplace[:] = x
+            assert ar_in() is inplace
+            assert inplace.tobytes() == out.tobytes(), f"prepared {dtype.name}: in place differs"
+            plain = comm.all_reduce(x, out=np.empty(count, dtype))
+            assert plain.tobytes() == out.tobytes(), f"prepared {dtype.name}: differs from the plain call"
+            out[:] = np.nan
+            forced()
+            assert comm.last_algorithm == ALGORITHMS[-1]
+            assert out.tobytes() == plain.tobytes(), f"prepared {dtype.name}: forced algorithm differs"
+        if shard is not None:
+            rs = comm.prepare_reduce_scatter(x, shard)
+            seed = calls.seed()
+            x[:] = inputs(seed, rank, count, dtype)
+            assert rs() is shard
+            lo = rank * (count // world)
+            want = reference(seed, world, count, dtype)[lo : lo + count // world]
+            check_sum(shard, want, dtype, world, f"prepared reduce_scatter {dtype.name}")
+    A = ar.ArgumentError
+    expect(A, lambda: comm.prepare_all_reduce(np.zeros(8, np.float64)), "dtype float64")
+    expect(A, lambda: comm.prepare_all_reduce(np.zeros(8, np.float32), out=np.zeros(9, np.float32)), "out: 9")
+    expect(A, lambda: comm.prepare_all_reduce(np.zeros(8, np.float32), algorithm="nope"), "algorithm")
+    expect(A, lambda: comm.prepare_reduce_scatter(np.zeros(world * 4 + 1, np.float32), np.zeros(4, np.float32)), "divide")
+    expect(ar.CapacityError, lambda: comm.prepare_all_reduce(np.zeros(CAPACITY // 4 + 1, np.float32)), "capacity")
+    late = comm.prepare_all_reduce(np.zeros(64, np.float32))
+    comm.close()
+    expect(ar.AllreduceError, late, "closed")
+    return rank
+
+
 def facts():
     """What a communicator says about itself."""
     comm = host_comm()
