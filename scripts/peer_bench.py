@@ -86,7 +86,7 @@ def round_up(a: int, b: int) -> int:
 def comm_bench_sizes(min_exp: float, max_exp: float, steps: int, align: int) -> list[int]:
     """comm_bench.py's N list: round_up(int(2**x), align) for `steps` points of x evenly spaced in [min, max].
 
-    Computed in float64, as comm-bench (crates/bench/src/sizes.rs) does; comm_bench.py's torch.logspace is float32,
+    Computed in float64, as comm-bench (crates/comm-bench/src/sizes.rs) does; comm_bench.py's torch.logspace is float32,
     which gives the same list for the default sweep (run_rank cross-checks it against torch.logspace and warns).
     """
     lo, hi = float(min_exp), float(max_exp)

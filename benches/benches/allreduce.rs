@@ -12,7 +12,7 @@ use allreduce_benches::{
     env_flag, methods as method_list, sizes, Command, Entry, Summary, COPY, METHODS_ENV, QUICK_ENV, RANKS_ENV,
 };
 use allreduce_benches::{SUMMARY_ENV, SUMMARY_SAMPLES};
-use bench::BenchError;
+use comm_bench::BenchError;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use gpu::{DeviceBuffer, DriverKind, Gpu, MemKind, Stream};
 use ipc::Rendezvous;
@@ -224,7 +224,7 @@ impl<'a> Job<'a> {
     fn lead(&mut self, runnable: &[(usize, usize)]) -> HashMap<(usize, usize), Vec<f64>> {
         let quick = env_flag(QUICK_ENV);
         // bench links plotters with ab_glyph, so criterion's plots need a registered font too.
-        bench::plot::register_fonts();
+        comm_bench::plot::register_fonts();
         let c = Criterion::default();
         let c = if quick {
             c.warm_up_time(Duration::from_millis(300))

@@ -3,7 +3,7 @@
 //! `__array_interface__` (numpy, ml_dtypes' bfloat16). Layouts the kernels cannot take are refused here, by name.
 
 use crate::errors::ArgumentError;
-use collective::DType;
+use collective_core::DType;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;

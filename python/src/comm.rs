@@ -5,7 +5,7 @@ use crate::args::{self, Arg, Memory};
 use crate::dlpack::{self, View};
 use crate::errors::{from_error, AllreduceError, ArgumentError, CapacityError};
 use allreduce::{Algorithm, Communicator, DType, DevicePtr, DriverKind, Mode, Options};
-use collective::{Op, VEC_BYTES};
+use collective_core::{Op, VEC_BYTES};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -97,13 +97,7 @@ fn options(
     tune_table: Option<PathBuf>,
 ) -> PyResult<Options> {
     let seconds = |what: &str, s: Option<f64>| -> PyResult<Option<Duration>> {
-        s.map(|s| {
-            Duration::try_from_secs_f64(s)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| ArgumentError::new_err(format!("{what}={s}: a positive number of seconds")))
-        })
-        .transpose()
+        s.map(|s| deadline::seconds(s).map_err(|e| ArgumentError::new_err(format!("{what}: {e}")))).transpose()
     };
     Ok(Options {
         backend: backend.parse().map_err(|e: gpu::GpuError| ArgumentError::new_err(e.to_string()))?,

@@ -2,7 +2,7 @@
 //! when the consumer asks for DLPack 1.x) whose deleter keeps the buffer's owner alive until the consumer's tensor
 //! is gone, so `torch.from_dlpack` and `numpy.from_dlpack` view the buffer without a copy.
 
-use collective::DType;
+use collective_core::DType;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::ffi::{c_void, CStr};

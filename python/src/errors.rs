@@ -2,7 +2,7 @@
 //! arguments, ranks that disagree, a peer that is gone (named), something the driver cannot do, the launcher.
 
 use allreduce::Error;
-use collective::CollectiveError;
+use collective_core::CollectiveError;
 use gpu::GpuError;
 use ipc::IpcError;
 use pyo3::PyErr;

@@ -48,7 +48,7 @@ pub fn kernel_check(args: Args) -> Result<(), String> {
     })?;
     for lib in libraries(&kernels)? {
         let lib = lib.as_str();
-        // The run-time compilers get kernels/include's headers by the same include names (collective::KERNEL_HEADERS).
+        // The run-time compilers get kernels/include's headers by the same include names (collective_core::KERNEL_HEADERS).
         let cu = kernels.join(format!("{lib}.cu"));
         let body = read(&cu)?;
         let include = kernels.join("include");

@@ -26,7 +26,7 @@ enum Task {
     /// Compile kernels/*.cu for NVIDIA (clang, PTX for sm_80) and AMD (code objects for gfx90a and gfx940) as a
     /// check that needs no GPU toolkit.
     KernelCheck(kernels::Args),
-    /// Quick criterion run compared with perf/baseline-<driver>-<machine>.json (time relative to a device copy).
+    /// Quick criterion run compared with perf/baseline-DRIVER-MACHINE.json (time relative to a device copy).
     PerfGate(perf_gate::Args),
 }
 
@@ -58,7 +58,7 @@ fn cargo() -> Command {
 }
 
 fn bundle() -> Result<(), String> {
-    run(cargo().args(["build", "--release", "-p", "bench", "--bin", "comm-bench"]))?;
+    run(cargo().args(["build", "--release", "-p", "comm-bench", "--bin", "comm-bench"]))?;
     run(cargo().args(["build", "--release", "-p", "gpu", "--example", "gpu_smoke", "--example", "cuda_foreign"]))?;
     run(cargo().args(["build", "--release", "-p", "allreduce-examples", "--features", "cuda", "--bins"]))?;
     let dist = root().join("dist");
@@ -95,7 +95,8 @@ fn bundle() -> Result<(), String> {
     std::fs::copy(&example, dist.join("row_parallel.py")).map_err(|e| format!("copy {}: {e}", example.display()))?;
     // The test binaries that run on a GPU node: comm-bench's GPU sweep (COMM_BENCH=dist/comm-bench REQUIRE_GPU=1
     // dist/gpu_tests) and the communicator's driver-independent tests (ARX_TEST_BACKEND=cuda dist/communicator_tests).
-    for (package, test, to) in [("bench", "gpu", "gpu_tests"), ("allreduce", "communicator", "communicator_tests")] {
+    for (package, test, to) in [("comm-bench", "gpu", "gpu_tests"), ("allreduce", "communicator", "communicator_tests")]
+    {
         let json = output(cargo().args([
             "test",
             "--release",
@@ -163,7 +164,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Bundle => bundle(),
         Task::Bench { args } => {
-            run(cargo().args(["run", "--release", "-p", "bench", "--bin", "comm-bench", "--"]).args(args))
+            run(cargo().args(["run", "--release", "-p", "comm-bench", "--bin", "comm-bench", "--"]).args(args))
         }
         Task::KernelCheck(args) => kernels::kernel_check(args),
         Task::PerfGate(args) => perf_gate::run(&args),

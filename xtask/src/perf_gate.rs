@@ -1,5 +1,5 @@
 //! `cargo xtask perf-gate`: a short run of the criterion benches (`ARX_BENCH_QUICK=1`) compared with
-//! `perf/baseline-<driver>-<machine>.json`. Raw times depend on the machine, so the gate compares each method's time
+//! `perf/baseline-DRIVER-MACHINE.json`. Raw times depend on the machine, so the gate compares each method's time
 //! divided by a plain device copy of the same bytes timed by the same ranks in the same run; a method whose
 //! ratio grew by more than the threshold fails the gate. Even those ratios do not carry between processor models
 //! (on the host driver, an AMD EPYC's were half an Intel Xeon's at 1024 elements and 2.5 times them at 1M), so
@@ -15,7 +15,7 @@ pub struct Args {
     /// Largest allowed slowdown against the baseline, as a fraction (0.25: 25% slower relative to the copy).
     #[arg(long, default_value_t = 0.25, value_parser = parse_threshold)]
     threshold: f64,
-    /// Write this run's ratios to perf/baseline-<driver>-<machine>.json instead of comparing.
+    /// Write this run's ratios to perf/baseline-DRIVER-MACHINE.json instead of comparing.
     #[arg(long)]
     update_baseline: bool,
     /// Judge this summary (a previous run's ARX_BENCH_SUMMARY file) instead of running the benches.
@@ -81,7 +81,7 @@ struct Machine {
     os: String,
 }
 
-/// `perf/baseline-<driver>-<machine>.json`.
+/// `perf/baseline-DRIVER-MACHINE.json`.
 #[derive(Serialize, Deserialize)]
 struct Baseline {
     driver: String,

@@ -2,7 +2,7 @@
 //! output poisoned with NaN before the run, a float64 reference computed from every rank's input, a per-element
 //! bound, and bitwise equality of the allreduce result across ranks.
 
-use collective::{DType, Op};
+use collective_core::{DType, Op};
 use gpu::{DeviceBuffer, DevicePtr, Gpu, HostLaunch, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -110,7 +110,7 @@ pub fn variant_checksum(world: usize, lo: usize, hi: usize, k: u64) -> u64 {
 static CHECK_LIBRARY: KernelLibrary = KernelLibrary {
     name: "check",
     source: include_str!("../../../kernels/check.cu"),
-    headers: collective::KERNEL_HEADERS,
+    headers: collective_core::KERNEL_HEADERS,
     host: &[("arx_fold_bf16", fold_bf16), ("arx_fold_fp16", fold_fp16), ("arx_fold_fp32", fold_fp32)],
 };
 

@@ -8,7 +8,7 @@ use crate::placement::{decode_links, encode_links, Placement, RankDevice};
 use crate::timing::{Timer, TimingOptions};
 use crate::tune::{self, Algorithm, LoadedTable, Mode, TableKey, TableSource, TuneTable};
 use crate::{Error, Scalar};
-use collective::{Collective, DType, Op, Team, MAX_RANKS, VEC_BYTES};
+use collective_core::{Collective, DType, Op, Team, MAX_RANKS, VEC_BYTES};
 use gpu::{Backend, DeviceBuffer, DevicePtr, DriverKind, Gpu, MemKind, ShareHandle, Stream};
 use ipc::{Rendezvous, RendezvousOptions};
 use launch::RankInfo;
@@ -726,10 +726,10 @@ impl Collective for Calls<'_> {
         output: DevicePtr,
         count: usize,
         stream: &Stream,
-    ) -> Result<(), collective::CollectiveError> {
+    ) -> Result<(), collective_core::CollectiveError> {
         let err = |e: Error| match e {
             Error::Collective(c) => c,
-            other => collective::CollectiveError::BadArgs(other.to_string()),
+            other => collective_core::CollectiveError::BadArgs(other.to_string()),
         };
         // SAFETY: the caller's contract; `stream` is one of this device's streams, live for the call.
         unsafe {

@@ -2,7 +2,7 @@
 //! symmetric-memory designs, built once, and per call the algorithm the tune table of the call's mode names.
 
 use crate::tune::{Algorithm, LoadedTable, Mode};
-use collective::{Collective, CollectiveError, DType, Op, Team};
+use collective_core::{Collective, CollectiveError, DType, Op, Team};
 use gpu::{DeviceBuffer, DevicePtr, Stream};
 use symm::tuned::{CallBuffers, Design, SymmTuned, TunedOptions};
 

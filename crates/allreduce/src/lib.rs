@@ -30,7 +30,7 @@ pub mod sizes;
 pub mod timing;
 pub mod tune;
 
-pub use collective::{Collective, DType, Op};
+pub use collective_core::{Collective, DType, Op};
 pub use comm::{Calls, Communicator, Options};
 pub use gpu::{Backend, DevicePtr, DriverKind};
 pub use launch::RankInfo;
@@ -47,7 +47,7 @@ pub enum Error {
     #[error(transparent)]
     Ipc(#[from] ipc::IpcError),
     #[error(transparent)]
-    Collective(#[from] collective::CollectiveError),
+    Collective(#[from] collective_core::CollectiveError),
     #[error(transparent)]
     Launch(#[from] launch::LaunchError),
     #[error(

@@ -3,7 +3,7 @@
 
 use crate::engine::Engine;
 use crate::tune::LoadedTable;
-use collective::{Collective, CollectiveError, LaunchRule, Op, Team};
+use collective_core::{Collective, CollectiveError, LaunchRule, Op, Team};
 use symm::tuned::{Design, Staging, SymmTuned, TunedOptions};
 
 /// Every method, with the op it runs and the comm_bench.py column it fills (if any).
@@ -245,8 +245,8 @@ pub fn build(name: &str, team: Team<'_>, opts: &BuildOptions) -> Result<Box<dyn 
         "symm_2shot_tuned_ipc" => tuned_on(Design::TwoShotTuned, Staging::Ipc),
         "nccl" | "nccl_symm" | "nccl_rs" | "nccl_symm_rs" => {
             let op = op_of(name).map_err(CollectiveError::BadArgs)?;
-            let opts = rccl::NcclOptions { op, symmetric: name.contains("symm"), capacity_bytes };
-            Ok(Box::new(rccl::Nccl::new(team, opts)?))
+            let opts = nccl::NcclOptions { op, symmetric: name.contains("symm"), capacity_bytes };
+            Ok(Box::new(nccl::Nccl::new(team, opts)?))
         }
         "communicator" => Err(CollectiveError::BadArgs(
             "communicator is a Communicator's own call path: time it through Communicator::split".into(),

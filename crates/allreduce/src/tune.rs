@@ -4,6 +4,7 @@
 //! back to a built-in default for the driver, saying so.
 
 use crate::Error;
+pub use collective_core::Mode;
 use gpu::DriverKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -57,25 +58,6 @@ impl Algorithm {
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// How calls reach the device: launched one by one, or replayed from a captured graph (ranks start their kernels
-/// closer together there, which moves the best hand-over points).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Eager,
-    Graph,
-}
-
-impl Mode {
-    pub const ALL: [Mode; 2] = [Mode::Eager, Mode::Graph];
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Eager => "eager",
-            Mode::Graph => "graph",
-        }
     }
 }
 

@@ -4,8 +4,8 @@
 //! kernels' `K` bits.
 
 use crate::CarParams;
-use collective::host_sync::{cas_barrier, flag_barrier, next_epoch};
-use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
+use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
+use collective_core::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
 use deadline::Deadline;
 use gpu::{HostKernel, HostLaunch};
 use std::time::Duration;
@@ -33,7 +33,7 @@ kernels! {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum CarKernel {
     BarrierOnly,
     OneShot,
     TwoShot,
@@ -54,37 +54,37 @@ struct Knobs {
 }
 
 fn barrier_only(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_barrier_only", Kind::BarrierOnly, Knobs::default())
+    run(l, "car_barrier_only", CarKernel::BarrierOnly, Knobs::default())
 }
 fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_1shot", Kind::OneShot, Knobs::default())
+    run(l, "car_1shot", CarKernel::OneShot, Knobs::default())
 }
 fn two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_2shot", Kind::TwoShot, Knobs::default())
+    run(l, "car_2shot", CarKernel::TwoShot, Knobs::default())
 }
 fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_rs", Kind::ReduceScatter, Knobs::default())
+    run(l, "car_rs", CarKernel::ReduceScatter, Knobs::default())
 }
 fn one_shot_round(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_1shot_round", Kind::OneShot, Knobs { round: true, ..Knobs::default() })
+    run(l, "car_1shot_round", CarKernel::OneShot, Knobs { round: true, ..Knobs::default() })
 }
 fn one_shot_table(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_1shot_ptrtable", Kind::OneShot, Knobs { table: true, ..Knobs::default() })
+    run(l, "car_1shot_ptrtable", CarKernel::OneShot, Knobs { table: true, ..Knobs::default() })
 }
 fn one_shot_push(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_1shot_push", Kind::OneShot, Knobs { push: true, ..Knobs::default() })
+    run(l, "car_1shot_push", CarKernel::OneShot, Knobs { push: true, ..Knobs::default() })
 }
 fn one_shot_one_block(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_1shot_oneblock", Kind::OneShot, Knobs { one_block: true, ..Knobs::default() })
+    run(l, "car_1shot_oneblock", CarKernel::OneShot, Knobs { one_block: true, ..Knobs::default() })
 }
 fn one_shot_cas(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_1shot_cas", Kind::OneShot, Knobs { cas: true, ..Knobs::default() })
+    run(l, "car_1shot_cas", CarKernel::OneShot, Knobs { cas: true, ..Knobs::default() })
 }
 fn one_shot_same_half(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_1shot_broken_samehalf", Kind::OneShot, Knobs { same_half: true, ..Knobs::default() })
+    run(l, "car_1shot_broken_samehalf", CarKernel::OneShot, Knobs { same_half: true, ..Knobs::default() })
 }
 fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, "car_2shot_3bar", Kind::TwoShot, Knobs { exit: true, ..Knobs::default() })
+    run(l, "car_2shot_3bar", CarKernel::TwoShot, Knobs { exit: true, ..Knobs::default() })
 }
 
 struct Call<'a> {
@@ -142,7 +142,7 @@ impl Call<'_> {
     }
 }
 
-fn run(l: &HostLaunch<'_>, name: &str, kind: Kind, knobs: Knobs) -> Result<(), String> {
+fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<(), String> {
     let p: CarParams = l.params()?;
     let world = p.world as usize;
     let flags = if knobs.table {
@@ -184,8 +184,8 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: Kind, knobs: Knobs) -> Result<(), S
         let views = call.views(epoch);
         let mine = views[call.rank];
         match kind {
-            Kind::BarrierOnly => call.barrier(b, 0, epoch)?,
-            Kind::OneShot if knobs.push => {
+            CarKernel::BarrierOnly => call.barrier(b, 0, epoch)?,
+            CarKernel::OneShot if knobs.push => {
                 let r = block_range(0, count, b, grid, vec);
                 for &peer in &views {
                     call.copy(p.input, peer + call.rank as u64 * p.slot_bytes, r);
@@ -194,15 +194,15 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: Kind, knobs: Knobs) -> Result<(), S
                 let slots: Vec<u64> = (0..call.world).map(|s| mine + s as u64 * p.slot_bytes).collect();
                 call.reduce(&slots, r, at(p.output, r.0));
             }
-            Kind::OneShot => {
+            CarKernel::OneShot => {
                 let r = block_range(0, count, b, grid, vec);
                 call.copy(p.input, mine, r);
                 call.barrier(b, 0, epoch)?;
                 call.reduce(&views, r, at(p.output, r.0));
             }
-            Kind::TwoShot | Kind::ReduceScatter => {
+            CarKernel::TwoShot | CarKernel::ReduceScatter => {
                 let shard =
-                    if kind == Kind::TwoShot { shard_elems(count, call.world, vec) } else { count / call.world };
+                    if kind == CarKernel::TwoShot { shard_elems(count, call.world, vec) } else { count / call.world };
                 let sub = |s: usize| {
                     let (lo, hi) = shard_range(count, shard, s);
                     block_range(lo, hi, b, grid, vec)
@@ -212,7 +212,7 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: Kind, knobs: Knobs) -> Result<(), S
                 }
                 call.barrier(b, 0, epoch)?;
                 let (lo, hi) = sub(call.rank);
-                if kind == Kind::ReduceScatter {
+                if kind == CarKernel::ReduceScatter {
                     // The output holds `shard` elements; [lo, hi) lies in this rank's shard.
                     call.reduce(&views, (lo, hi), at(p.output, lo - call.rank * shard));
                     continue;

@@ -5,13 +5,13 @@
 //! fence. Data buffers have two halves chosen by epoch parity, which (with the entry barrier of every call) means no
 //! call overwrites a half that a peer may still read.
 //!
-//! The device kernels are `kernels/car.cu`; [`host`] holds their Rust twins for the host driver.
+//! The device kernels are `kernels/car.cu`; the module `host` holds their Rust twins for the host driver.
 
 mod host;
 
-use collective::host_sync::FLAG_SLOTS;
-pub use collective::Algo;
-use collective::{
+use collective_core::host_sync::FLAG_SLOTS;
+pub use collective_core::Algo;
+use collective_core::{
     check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "car",
     source: include_str!("../../../kernels/car.cu"),
-    headers: collective::KERNEL_HEADERS,
+    headers: collective_core::KERNEL_HEADERS,
     host: host::KERNELS,
 };
 

@@ -13,12 +13,19 @@ pub const TIMEOUT_ENV: &str = "ALLREDUCE_TIMEOUT_S";
 /// How long set-up (cold kernel compiles on every rank, buffer exchange) may wait for a peer, in seconds.
 pub const SETUP_TIMEOUT_ENV: &str = "ALLREDUCE_SETUP_TIMEOUT_S";
 
-/// A timeout given in seconds: a finite number in (0, 86400].
-pub fn parse_seconds(s: &str) -> Result<Duration, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
-        _ => Err(format!("{s:?} is not a number of seconds in (0, 86400]")),
+/// A timeout of `v` seconds: a finite number in (0, 86400]. Every timeout in the workspace goes through here.
+pub fn seconds(v: f64) -> Result<Duration, String> {
+    if v.is_finite() && v > 0.0 && v <= 86_400.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(format!("{v} is not a number of seconds in (0, 86400]"))
     }
+}
+
+/// A timeout given in seconds as text, checked as [`seconds`].
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let v = s.trim().parse::<f64>().map_err(|_| format!("{s:?} is not a number of seconds in (0, 86400]"))?;
+    seconds(v).map_err(|_| format!("{s:?} is not a number of seconds in (0, 86400]"))
 }
 
 /// The seconds in environment variable `var`, if it is set.

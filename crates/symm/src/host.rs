@@ -1,10 +1,10 @@
 //! Host twins of `kernels/symm.cu`: torch's compare-and-swap handshake on the shared signal pads, one channel per
-//! block, with std atomics (`collective::host_sync::cas_barrier`). Blocks run one after another in the same order
+//! block, with std atomics (`collective_core::host_sync::cas_barrier`). Blocks run one after another in the same order
 //! on every rank.
 
 use crate::SymmParams;
-use collective::host_sync::cas_barrier;
-use collective::{block_range, shard_elems, shard_range, DType, HostElem};
+use collective_core::host_sync::cas_barrier;
+use collective_core::{block_range, shard_elems, shard_range, DType, HostElem};
 use deadline::Deadline;
 use gpu::{HostKernel, HostLaunch};
 use std::time::Duration;
@@ -25,7 +25,7 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum SymmKernel {
     OneShot,
     TwoShot,
     /// Two-shot with the copy-in inside the kernel: block b copies its part of every shard before it signals.
@@ -34,16 +34,16 @@ enum Kind {
 }
 
 fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::OneShot)
+    run(l, SymmKernel::OneShot)
 }
 fn two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::TwoShot)
+    run(l, SymmKernel::TwoShot)
 }
 fn two_shot_fused(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::TwoShotFused)
+    run(l, SymmKernel::TwoShotFused)
 }
 fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
-    run(l, Kind::ReduceScatter)
+    run(l, SymmKernel::ReduceScatter)
 }
 
 fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> Result<(), String> {
@@ -51,7 +51,7 @@ fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> R
     unsafe { cas_barrier(&p.pads[..p.world as usize], p.rank as usize, channel, deadline, what) }
 }
 
-fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
+fn run(l: &HostLaunch<'_>, kind: SymmKernel) -> Result<(), String> {
     let p: SymmParams = l.params()?;
     let dtype = DType::from_code(p.dtype)?;
     let deadline = Deadline::after(Duration::from_nanos(p.timeout_ns));
@@ -59,19 +59,19 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
     let (rank, world) = (p.rank as usize, p.world as usize);
     let srcs: Vec<*const u8> = p.bufs[..world].iter().map(|&a| a as *const u8).collect();
     let name = match kind {
-        Kind::OneShot => "symm_1shot",
-        Kind::TwoShot => "symm_2shot",
-        Kind::TwoShotFused => "symm_2shot_fused",
-        Kind::ReduceScatter => "symm_rs",
+        SymmKernel::OneShot => "symm_1shot",
+        SymmKernel::TwoShot => "symm_2shot",
+        SymmKernel::TwoShotFused => "symm_2shot_fused",
+        SymmKernel::ReduceScatter => "symm_rs",
     };
     for b in 0..grid {
         let what = |n: usize| format!("{name} rank {rank} block {b} barrier {n}");
-        if kind == Kind::OneShot {
+        if kind == SymmKernel::OneShot {
             let (lo, hi) = block_range(0, count, b, grid, vec);
             // SAFETY: the input and this rank's buffer hold `count` elements.
             unsafe { HostElem::copy(dtype, p.input as *const u8, p.bufs[rank] as *mut u8, lo, hi) };
         }
-        if kind == Kind::TwoShotFused {
+        if kind == SymmKernel::TwoShotFused {
             let shard = shard_elems(count, world, vec);
             for s in 0..world {
                 let (lo, hi) = shard_range(count, shard, s);
@@ -82,12 +82,12 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
         }
         barrier(&p, b, &deadline, &what(0))?;
         match kind {
-            Kind::OneShot => {
+            SymmKernel::OneShot => {
                 let (lo, hi) = block_range(0, count, b, grid, vec);
                 // SAFETY: every buffer holds `count` elements, the output too.
                 unsafe { HostElem::reduce(dtype, &srcs, lo, hi, (p.output as *mut u8).add(lo * size)) };
             }
-            Kind::TwoShot | Kind::TwoShotFused => {
+            SymmKernel::TwoShot | SymmKernel::TwoShotFused => {
                 let shard = shard_elems(count, world, vec);
                 let sub = |s: usize| {
                     let (lo, hi) = shard_range(count, shard, s);
@@ -103,7 +103,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                     unsafe { HostElem::copy(dtype, p.bufs[s] as *const u8, p.output as *mut u8, lo, hi) };
                 }
             }
-            Kind::ReduceScatter => {
+            SymmKernel::ReduceScatter => {
                 let shard = count / world;
                 let (lo, hi) = shard_range(count, shard, rank);
                 let (lo, hi) = block_range(lo, hi, b, grid, vec);
@@ -112,7 +112,7 @@ fn run(l: &HostLaunch<'_>, kind: Kind) -> Result<(), String> {
                 unsafe { HostElem::reduce(dtype, &srcs, lo, hi, dst) };
             }
         }
-        let last = if matches!(kind, Kind::TwoShot | Kind::TwoShotFused) { 2 } else { 1 };
+        let last = if matches!(kind, SymmKernel::TwoShot | SymmKernel::TwoShotFused) { 2 } else { 1 };
         barrier(&p, b, &deadline, &what(last))?;
     }
     Ok(())

@@ -3,8 +3,8 @@
 //! ones with index j = b (mod grid), as with one thread per block on the device.
 
 use crate::tuned::{ll_flag, TunedParams};
-use collective::host_sync::{flag_barrier, next_epoch};
-use collective::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
+use collective_core::host_sync::{flag_barrier, next_epoch};
+use collective_core::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
 use deadline::{wait_all, Deadline};
 use gpu::{HostKernel, HostLaunch};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -6,14 +6,14 @@
 //! kernel (`one_shot_all_reduce_copy_out`) and two-shot and reduce-scatter take a separate, timed memcpy;
 //! `symm_2shot_fused` (the copy-in ablation) is two-shot with that copy inside the kernel.
 //!
-//! The device kernels are `kernels/symm.cu`; [`host`] holds their Rust twins for the host driver.
+//! The device kernels are `kernels/symm.cu`; the module `host` holds their Rust twins for the host driver.
 
 mod host;
 mod host_tuned;
 pub mod tuned;
 
-pub use collective::Algo;
-use collective::{
+pub use collective_core::Algo;
+use collective_core::{
     check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, Module, Stream};
@@ -23,7 +23,7 @@ use std::collections::HashMap;
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "symm",
     source: include_str!("../../../kernels/symm.cu"),
-    headers: collective::KERNEL_HEADERS,
+    headers: collective_core::KERNEL_HEADERS,
     host: host::KERNELS,
 };
 

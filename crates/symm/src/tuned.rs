@@ -11,17 +11,19 @@
 //!   whose arrival also says that the sender has finished reading every input.
 //! - `symm_1shot_tuned`: `symm_ll` up to [`LL_HANDOVER_GRAPH_BYTES`] in a graph capture ([`LL_HANDOVER_EAGER_BYTES`]
 //!   when launched eagerly), `symm_epoch_1shot` up to [`EPOCH_MAX_BYTES`], then `symm_zc_1shot`; `symm_2shot_tuned`:
-//!   `symm_ll` likewise, `symm_epoch_1shot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], then `symm_zc_2shot`. The thresholds
-//!   and launch rules come from the H200 sweeps in results/h200-mps. Every rank must issue a call the same way (all
-//!   capturing or none), as they must call with the same size: ranks that disagree fail at the kernels' deadline.
+//!   `symm_ll` likewise, `symm_epoch_1shot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], then `symm_zc_2shot`. Where the
+//!   thresholds and launch rules come from: docs/symm-vs-car.md, "Thresholds of the tuned designs". Every rank must
+//!   issue a call the same way (all capturing or none), as they must call with the same size: ranks that disagree
+//!   fail at the kernels' deadline.
 //!
 //! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
 //! (and the output out of it) on the stream.
 
 use crate::host_tuned;
-use collective::host_sync::FLAG_SLOTS;
-use collective::{
-    check_args, Collective, CollectiveError, DType, LaunchRule, Op, Sharing, Team, LINE_BYTES, MAX_BLOCKS, MAX_RANKS,
+use collective_core::host_sync::FLAG_SLOTS;
+use collective_core::{
+    check_args, Collective, CollectiveError, DType, LaunchRule, Mode, Op, Sharing, Team, LINE_BYTES, MAX_BLOCKS,
+    MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 
@@ -29,27 +31,25 @@ use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims
 pub static LIBRARY: KernelLibrary = KernelLibrary {
     name: "symm_tuned",
     source: include_str!("../../../kernels/symm_tuned.cu"),
-    headers: collective::KERNEL_HEADERS,
+    headers: collective_core::KERNEL_HEADERS,
     host: host_tuned::KERNELS,
 };
 
 /// Largest message the packet (LL) path carries.
 pub const LL_MAX_BYTES: usize = 96 << 10;
-/// Largest message the tuned methods send through `symm_ll` in a graph capture; above it, `symm_epoch_1shot`
-/// (measured: results/h200-mps/band-final and band-confirm, graph mode, 8 ranks: packets ahead at 43 KiB, the
-/// epoch one-shot at 72 KiB).
+/// Largest message the tuned methods send through `symm_ll` in a graph capture; above it the packets' doubled bytes
+/// cost more than `symm_epoch_1shot`'s barrier.
 pub const LL_HANDOVER_GRAPH_BYTES: usize = 48 << 10;
-/// The same hand-over for eager launches. Eager kernels start further apart across ranks, and packets let the early
-/// ranks' data move while the late ones launch, so they stay ahead to larger sizes than in a graph (measured:
-/// results/h200-mps/handover-eager, eager mode, 8 ranks: packets ahead at 72 KiB, even at 80, behind from 88).
+/// The same hand-over for eager launches, higher: eager kernels start further apart across ranks, and packets let the
+/// early ranks' data move while the late ones launch.
 pub const LL_HANDOVER_EAGER_BYTES: usize = 76 << 10;
-// `Design::depends_on_issue` takes the window between them in this order, and packets carry no more than the area.
+// `Design::depends_on_mode` takes the window between them in this order, and packets carry no more than the area.
 const _: () = assert!(LL_HANDOVER_GRAPH_BYTES <= LL_HANDOVER_EAGER_BYTES && LL_HANDOVER_EAGER_BYTES <= LL_MAX_BYTES);
-/// Largest message `symm_1shot_tuned` sends through `symm_epoch_1shot` (one barrier); above it, zero-copy one-shot
-/// (measured: results/h200-mps/handover, 8 ranks: epoch ahead at 551 KiB, zero-copy at 918 KiB).
+/// Largest message `symm_1shot_tuned` sends through `symm_epoch_1shot` (one barrier); above it the zero-copy one-shot's
+/// saved copy-in outweighs its second barrier.
 pub const EPOCH_MAX_BYTES: usize = 640 << 10;
-/// Largest message `symm_2shot_tuned` sends through `symm_epoch_1shot`; above it, zero-copy two-shot (measured:
-/// results/h200-mps, graph mode, 8 ranks).
+/// Largest message `symm_2shot_tuned` sends through `symm_epoch_1shot`; above it zero-copy two-shot, whose reads
+/// scale with the shard rather than the message.
 pub const TWO_SHOT_EPOCH_MAX_BYTES: usize = 256 << 10;
 
 /// The packet flag of an epoch, in a packet's high word: `epoch mod (2^32 - 1) + 1`, never 0, so a zeroed slot never
@@ -87,33 +87,18 @@ pub enum Design {
     ZeroCopyTwoShot,
     /// Zero-copy two-shot whose second phase is flag-and-data packets: one barrier.
     ZeroCopyTwoShotLl,
-    /// `Ll` up to the hand-over of [`Issue`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
+    /// `Ll` up to the hand-over of the call's [`Mode`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
     OneShotTuned,
-    /// `Ll` up to the hand-over of [`Issue`], `EpochOneShot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], else zero-copy
+    /// `Ll` up to the hand-over of the call's [`Mode`], `EpochOneShot` up to [`TWO_SHOT_EPOCH_MAX_BYTES`], else zero-copy
     /// two-shot.
     TwoShotTuned,
 }
 
-/// How a call is issued: the tuned designs hand over from packets at a size that depends on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Issue {
-    Eager,
-    /// Into a graph capture (replayed later).
-    Captured,
-}
-
-impl Issue {
-    /// Largest message the tuned designs send as packets when issued this way.
-    pub fn ll_handover_bytes(self) -> usize {
-        match self {
-            Issue::Eager => LL_HANDOVER_EAGER_BYTES,
-            Issue::Captured => LL_HANDOVER_GRAPH_BYTES,
-        }
-    }
-
-    /// How `stream` issues work; asking costs a driver call, so the launch path asks only when the answer matters.
-    fn of(stream: &Stream) -> Result<Issue, CollectiveError> {
-        Ok(if stream.is_capturing()? { Issue::Captured } else { Issue::Eager })
+/// Largest message the tuned designs send as packets in calls issued in `mode`.
+pub fn ll_handover_bytes(mode: Mode) -> usize {
+    match mode {
+        Mode::Eager => LL_HANDOVER_EAGER_BYTES,
+        Mode::Graph => LL_HANDOVER_GRAPH_BYTES,
     }
 }
 
@@ -131,21 +116,21 @@ impl Design {
     }
 
     /// Whether the kernel for a message of `bytes` depends on how the call is issued.
-    fn depends_on_issue(self, bytes: usize) -> bool {
+    fn depends_on_mode(self, bytes: usize) -> bool {
         matches!(self, Design::OneShotTuned | Design::TwoShotTuned)
             && bytes > LL_HANDOVER_GRAPH_BYTES
             && bytes <= LL_HANDOVER_EAGER_BYTES
     }
 
-    /// The kernel for a message of `bytes` issued as `issue`.
-    fn kernel(self, bytes: usize, issue: Issue) -> Stem {
+    /// The kernel for a message of `bytes` issued in `mode`.
+    fn kernel(self, bytes: usize, mode: Mode) -> Stem {
         match self {
             Design::Ll => Stem::Ll,
             Design::EpochOneShot => Stem::EpochOneShot,
             Design::ZeroCopyOneShot => Stem::ZeroCopyOneShot,
             Design::ZeroCopyTwoShot => Stem::ZeroCopyTwoShot,
             Design::ZeroCopyTwoShotLl => Stem::ZeroCopyTwoShotLl,
-            Design::OneShotTuned | Design::TwoShotTuned if bytes <= issue.ll_handover_bytes() => Stem::Ll,
+            Design::OneShotTuned | Design::TwoShotTuned if bytes <= ll_handover_bytes(mode) => Stem::Ll,
             Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => Stem::EpochOneShot,
             Design::OneShotTuned => Stem::ZeroCopyOneShot,
             Design::TwoShotTuned if bytes <= TWO_SHOT_EPOCH_MAX_BYTES => Stem::EpochOneShot,
@@ -188,9 +173,8 @@ fn rule(kind: DriverKind, kernel: Stem, bytes: usize) -> LaunchRule {
         // One packet (4 bytes) per thread: a single pass, so no thread waits for peers twice.
         (_, Stem::Ll) => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
         (_, Stem::ZeroCopyTwoShotLl) => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
-        // The launch-shape sweep (results/h200-mps/ablation): up to ~120 KiB, 4 to 16 blocks beat car's rule (one
-        // block per 16 KiB); around 200 KiB car's rule is as good, and up to ~600 KiB 16 blocks beat its 20 to 32
-        // (car_1shot@4x512 and @16x512 against car_1shot). So every size the tuned one-shot sends here gets 16.
+        // Few blocks, whatever the size: every extra block is one more waiter at the barrier, and the launch-shape
+        // sweep found 16 as fast as car's one block per 16 KiB at every size the tuned one-shot sends here.
         (_, Stem::EpochOneShot) if bytes <= 160 << 10 => {
             LaunchRule { threads: 512, bytes_per_block: 1 << 10, max_grid: 16 }
         }
@@ -340,7 +324,7 @@ impl SymmTuned {
         }
         let fixed = match opts.rule {
             Some(asked) => {
-                let first = design.kernel(0, Issue::Eager) as usize * DType::ALL.len();
+                let first = design.kernel(0, Mode::Eager) as usize * DType::ALL.len();
                 let cap = team.resident_cap(name, &kernels[first], asked.threads)?;
                 asked.check_requested(name, cap, world)?;
                 Some((asked, cap))
@@ -404,8 +388,8 @@ impl SymmTuned {
     /// The kernel `design` runs for `bytes` on `stream`: asking whether the stream captures costs a driver call,
     /// so only the sizes whose kernel depends on it ask.
     pub fn kernel_for(&self, design: Design, bytes: usize, stream: &Stream) -> Result<&'static str, CollectiveError> {
-        let issue = if design.depends_on_issue(bytes) { Issue::of(stream)? } else { Issue::Eager };
-        Ok(design.kernel(bytes, issue).name())
+        let mode = if design.depends_on_mode(bytes) { Mode::of(stream)? } else { Mode::Eager };
+        Ok(design.kernel(bytes, mode).name())
     }
 
     /// Runs any of the designs on these buffers (what `auto` picks per size), as `Collective::run` runs its own.
@@ -426,8 +410,8 @@ impl SymmTuned {
     ) -> Result<(), CollectiveError> {
         check_args(Op::AllReduce, dtype, count, self.base.world as usize, self.capacity_for(design))?;
         let bytes = count * dtype.size();
-        let issue = if design.depends_on_issue(bytes) { Issue::of(stream)? } else { Issue::Eager };
-        let stem = design.kernel(bytes, issue);
+        let mode = if design.depends_on_mode(bytes) { Mode::of(stream)? } else { Mode::Eager };
+        let stem = design.kernel(bytes, mode);
         let s = stem as usize;
         let plan = match self.fixed {
             Some((asked, cap)) if design == self.design => asked.plan(bytes, cap),
@@ -522,17 +506,17 @@ mod tests {
         for stem in Stem::ALL {
             assert!(source.contains(&format!("ARX_INSTANTIATE({}, ", stem.name())), "{stem:?} has no kernel");
         }
-        for issue in [Issue::Eager, Issue::Captured] {
-            let handover = issue.ll_handover_bytes();
+        for mode in [Mode::Eager, Mode::Graph] {
+            let handover = ll_handover_bytes(mode);
             for design in [Design::OneShotTuned, Design::TwoShotTuned] {
-                assert_eq!(design.kernel(handover, issue), Stem::Ll, "{design:?} {issue:?}");
-                assert_eq!(design.kernel(handover + 1, issue), Stem::EpochOneShot, "{design:?} {issue:?}");
+                assert_eq!(design.kernel(handover, mode), Stem::Ll, "{design:?} {mode:?}");
+                assert_eq!(design.kernel(handover + 1, mode), Stem::EpochOneShot, "{design:?} {mode:?}");
             }
-            assert_eq!(Design::OneShotTuned.kernel(EPOCH_MAX_BYTES + 1, issue), Stem::ZeroCopyOneShot);
-            assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES, issue), Stem::EpochOneShot);
-            assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES + 1, issue), Stem::ZeroCopyTwoShot);
-            assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1, issue), Stem::ZeroCopyTwoShotLl);
-            assert_eq!(Design::Ll.kernel(LL_MAX_BYTES, issue), Stem::Ll);
+            assert_eq!(Design::OneShotTuned.kernel(EPOCH_MAX_BYTES + 1, mode), Stem::ZeroCopyOneShot);
+            assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES, mode), Stem::EpochOneShot);
+            assert_eq!(Design::TwoShotTuned.kernel(TWO_SHOT_EPOCH_MAX_BYTES + 1, mode), Stem::ZeroCopyTwoShot);
+            assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1, mode), Stem::ZeroCopyTwoShotLl);
+            assert_eq!(Design::Ll.kernel(LL_MAX_BYTES, mode), Stem::Ll);
         }
     }
 
@@ -553,11 +537,11 @@ mod tests {
     fn only_sizes_between_the_two_handovers_ask_how_the_call_is_issued() {
         for design in [Design::OneShotTuned, Design::TwoShotTuned] {
             for bytes in [1, LL_HANDOVER_GRAPH_BYTES, LL_HANDOVER_EAGER_BYTES, EPOCH_MAX_BYTES] {
-                let differs = design.kernel(bytes, Issue::Eager) != design.kernel(bytes, Issue::Captured);
-                assert_eq!(design.depends_on_issue(bytes), differs, "{design:?} at {bytes} bytes");
+                let differs = design.kernel(bytes, Mode::Eager) != design.kernel(bytes, Mode::Graph);
+                assert_eq!(design.depends_on_mode(bytes), differs, "{design:?} at {bytes} bytes");
             }
-            assert!(design.depends_on_issue(LL_HANDOVER_GRAPH_BYTES + 1));
+            assert!(design.depends_on_mode(LL_HANDOVER_GRAPH_BYTES + 1));
         }
-        assert!(!Design::EpochOneShot.depends_on_issue(LL_HANDOVER_GRAPH_BYTES + 1));
+        assert!(!Design::EpochOneShot.depends_on_mode(LL_HANDOVER_GRAPH_BYTES + 1));
     }
 }

@@ -13,7 +13,7 @@ ARX_DEV u16 f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
     return (u16)(u >> 16);
 }
 
-// DT: 0 bf16, 1 fp16, 2 fp32 (collective::DType::code).
+// DT: 0 bf16, 1 fp16, 2 fp32 (collective_core::DType::code).
 template <int DT> struct Elem;
 template <> struct Elem<0> {
     enum { SIZE = 2, VEC = 8 };

@@ -1,4 +1,4 @@
-// The work partition (== crates/collective: shard_elems, shard_range, block_range), on 128-byte lines.
+// The work partition (== crates/collective-core: shard_elems, shard_range, block_range), on 128-byte lines.
 #ifndef ARX_PARTITION_H
 #define ARX_PARTITION_H
 

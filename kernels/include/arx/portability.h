@@ -2,9 +2,9 @@
 // release, acquire, relaxed and CAS; staging stores; timer; trap; bit casts and fp16 conversions). Self-contained (no
 // vendor headers), so NVRTC and hipRTC compile it with no include path of their own.
 //
-// Invariants shared with the Rust side (crates/collective, crates/car, crates/symm):
+// Invariants shared with the Rust side (crates/collective-core, crates/car, crates/symm):
 //  - parameter blocks are passed by value as one struct whose layout matches the #[repr(C)] Rust struct;
-//  - the work partition (partition.h) equals collective::{shard_elems, ...};
+//  - the work partition (partition.h) equals collective_core::{shard_elems, ...};
 //  - sums run in rank order 0..W-1 with f32 accumulation (reduce.h), so every rank and driver gets the same bits.
 #ifndef ARX_PORTABILITY_H
 #define ARX_PORTABILITY_H
@@ -17,7 +17,7 @@ struct alignas(16) vec16 { u32 w[4]; };
 
 #define ARX_MAX_RANKS 8
 #define ARX_MAX_BLOCKS 64
-#define ARX_PHASES 3  // barriers per call that the epoch flags can tell apart (== collective::host_sync::PHASES)
+#define ARX_PHASES 3  // barriers per call that the epoch flags can tell apart (== collective_core::host_sync::PHASES)
 #define ARX_DEV static __device__ __forceinline__
 #define ARX_KERNEL extern "C" __global__
 

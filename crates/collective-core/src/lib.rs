@@ -28,6 +28,32 @@ pub const VEC_BYTES: usize = 16;
 pub const LINE_BYTES: usize = 128;
 const LINE_VECS: usize = LINE_BYTES / VEC_BYTES;
 
+/// How calls reach the device: launched one by one, or replayed from a captured graph (ranks start their kernels
+/// closer together there, which moves the best hand-over points).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Eager,
+    Graph,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 2] = [Mode::Eager, Mode::Graph];
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::Graph => "graph",
+        }
+    }
+}
+
+impl Mode {
+    /// How `stream` issues work: into a graph capture or eagerly (a driver call).
+    pub fn of(stream: &Stream) -> Result<Mode, CollectiveError> {
+        Ok(if stream.is_capturing()? { Mode::Graph } else { Mode::Eager })
+    }
+}
+
 /// Element type of a collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {

@@ -1,5 +1,5 @@
 //! Model checks (loom) of the two host barrier protocols, running the very functions the host kernels call
-//! (`collective::host_sync`, built under `--cfg loom` so its atomics and waits are loom's):
+//! (`collective_core::host_sync`, built under `--cfg loom` so its atomics and waits are loom's):
 //!
 //! * car's one-shot: copy my slice into buffer half `epoch & 1`, epoch-flag barrier, read every rank's half, and
 //!   no exit barrier: the next call writes the other half, and the call after that writes this half again only
@@ -13,12 +13,12 @@
 //! loom's deadlock report. Two variants break the protocol on purpose (same half every call; no exit
 //! handshake) and must be caught.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=/work/target-loom cargo test --release -p collective --test
+//! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=/work/target-loom cargo test --release -p collective-core --test
 //! loom_protocols` (LOOM_MAX_PREEMPTIONS overrides the default bound of 2).
 #![cfg(loom)]
 
-use collective::host_sync::{cas_barrier, flag_barrier, next_epoch};
-use collective::{MAX_BLOCKS, MAX_RANKS};
+use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
+use collective_core::{MAX_BLOCKS, MAX_RANKS};
 use deadline::Deadline;
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicU32, AtomicU64};

@@ -1,9 +1,9 @@
 //! `comm-bench`: launches its ranks (or runs as one, under our launcher, torchrun, mpirun, MPICH/Intel MPI or srun) and
 //! sweeps.
 
-use bench::cli::{BenchArgs, Cli, Command};
-use bench::BenchError;
 use clap::Parser;
+use comm_bench::cli::{BenchArgs, Cli, Command};
+use comm_bench::BenchError;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
         Some(Command::Soak(args)) => soak(&args),
         Some(Command::Plot { files, methods, relative_to, output, read }) => {
-            let opts = bench::plot::PlotOptions { methods, relative_to };
+            let opts = comm_bench::plot::PlotOptions { methods, relative_to };
             if output.is_some() && files.len() > 1 {
                 Err(BenchError::Config("--output names one plot: give one file".into()))
             } else {
@@ -57,14 +57,14 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
-fn read_run(path: &Path, read: &bench::cli::ReadArgs) -> Result<bench::runs::Run, BenchError> {
-    bench::runs::load(path, read.report, read.world as usize).map_err(BenchError::Config)
+fn read_run(path: &Path, read: &comm_bench::cli::ReadArgs) -> Result<comm_bench::runs::Run, BenchError> {
+    comm_bench::runs::load(path, read.report, read.world as usize).map_err(BenchError::Config)
 }
 
 fn plot(
     file: &Path,
-    opts: &bench::plot::PlotOptions,
-    read: &bench::cli::ReadArgs,
+    opts: &comm_bench::plot::PlotOptions,
+    read: &comm_bench::cli::ReadArgs,
     output: Option<&Path>,
 ) -> Result<(), BenchError> {
     let run = read_run(file, read)?;
@@ -72,7 +72,7 @@ fn plot(
         Some(o) => o.to_path_buf(),
         None => file.parent().unwrap_or(Path::new(".")).join("comm_ops_benchmark"),
     };
-    let (svg, png) = bench::plot::plot_runs(&[run], opts, &stem).map_err(BenchError::Config)?;
+    let (svg, png) = comm_bench::plot::plot_runs(&[run], opts, &stem).map_err(BenchError::Config)?;
     println!("plotted {} and {}", svg.display(), png.display());
     Ok(())
 }
@@ -81,21 +81,21 @@ fn compare(
     files: &[PathBuf],
     methods: Option<Vec<String>>,
     output: &Path,
-    read: &bench::cli::ReadArgs,
+    read: &comm_bench::cli::ReadArgs,
 ) -> Result<(), BenchError> {
     let runs = files.iter().map(|f| read_run(f, read)).collect::<Result<Vec<_>, _>>()?;
     for other in &runs[1..] {
-        print!("{}", bench::compare::render(&runs[0], other, methods.as_deref()).map_err(BenchError::Config)?);
+        print!("{}", comm_bench::compare::render(&runs[0], other, methods.as_deref()).map_err(BenchError::Config)?);
     }
-    let opts = bench::plot::PlotOptions { methods, relative_to: None };
-    let (svg, png) = bench::plot::plot_runs(&runs, &opts, output).map_err(BenchError::Config)?;
+    let opts = comm_bench::plot::PlotOptions { methods, relative_to: None };
+    let (svg, png) = comm_bench::plot::plot_runs(&runs, &opts, output).map_err(BenchError::Config)?;
     println!("# plotted {} and {}", svg.display(), png.display());
     Ok(())
 }
 
-fn soak(args: &bench::soak::SoakArgs) -> Result<(), BenchError> {
+fn soak(args: &comm_bench::soak::SoakArgs) -> Result<(), BenchError> {
     match launch::detect()? {
-        Some(info) => bench::soak::run_rank(args, &info),
+        Some(info) => comm_bench::soak::run_rank(args, &info),
         None => relaunch(world(args.num_ranks, driver_kind(args.backend)?)),
     }
 }
@@ -118,28 +118,28 @@ fn relaunch(world: usize) -> Result<(), BenchError> {
 fn bench(args: &BenchArgs) -> Result<(), BenchError> {
     args.validate().map_err(BenchError::Config)?;
     if args.export_csv {
-        bench::paths::writable_dir(&args.output_dir).map_err(BenchError::Config)?;
+        comm_bench::paths::writable_dir(&args.output_dir).map_err(BenchError::Config)?;
     }
     if let Some(tune) = &args.tune {
-        bench::paths::writable_file(tune).map_err(BenchError::Config)?;
+        comm_bench::paths::writable_file(tune).map_err(BenchError::Config)?;
     }
     let Some(info) = launch::detect()? else {
         let (cfg, kind) = (args.config(), driver_kind(args.backend)?);
         let world = world(args.num_ranks, kind);
         if kind == gpu::DriverKind::Host {
-            let need = bench::memory::estimate(&cfg.methods, cfg.capacity_bytes(), world);
-            bench::memory::check(need).map_err(BenchError::Config)?;
+            let need = comm_bench::memory::estimate(&cfg.methods, cfg.capacity_bytes(), world);
+            comm_bench::memory::check(need).map_err(BenchError::Config)?;
         }
         return relaunch(world);
     };
-    let Some(outcome) = bench::run::run_rank(&args.config(), &info)? else {
+    let Some(outcome) = comm_bench::run::run_rank(&args.config(), &info)? else {
         return Ok(());
     };
-    print!("{}", bench::summary::render(&outcome));
+    print!("{}", comm_bench::summary::render(&outcome));
     if args.export_csv {
         let (csv, json) = outcome.export(&args.output_dir, args.op).map_err(BenchError::Config)?;
         println!("# wrote {} and {}", csv.display(), json.display());
-        match bench::plot::plot(&outcome, &args.output_dir) {
+        match comm_bench::plot::plot(&outcome, &args.output_dir) {
             Ok((svg, png)) => println!("# plotted {} and {}", svg.display(), png.display()),
             Err(e) => println!("# no plot: {e}"),
         }
@@ -147,11 +147,11 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
     if let Some(path) = &args.tune {
         store_tune_table(args, &outcome, path)?;
     }
-    let failed = outcome.rows.iter().filter(|r| matches!(r.status, bench::report::Status::Failed(_))).count();
+    let failed = outcome.rows.iter().filter(|r| matches!(r.status, comm_bench::report::Status::Failed(_))).count();
     if failed > 0 {
         return Err(BenchError::Config(format!("{failed} measurement(s) failed their check")));
     }
-    if !bench::summary::measured_any(&outcome) {
+    if !comm_bench::summary::measured_any(&outcome) {
         return Err(BenchError::Config("nothing could be measured: every method was left out or skipped".into()));
     }
     Ok(())
@@ -161,7 +161,7 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
 /// machine (comm-bench's `auto` included) find it by its key.
 fn store_tune_table(
     args: &BenchArgs,
-    outcome: &bench::report::Outcome,
+    outcome: &comm_bench::report::Outcome,
     path: &std::path::Path,
 ) -> Result<(), BenchError> {
     use allreduce::tune::{Algorithm, TableKey, TuneTable};
@@ -177,13 +177,13 @@ fn store_tune_table(
     let times: Vec<(usize, Algorithm, f64)> = outcome
         .rows
         .iter()
-        .filter(|r| r.status == bench::report::Status::Passed)
+        .filter(|r| r.status == comm_bench::report::Status::Passed)
         .filter_map(|r| Some((r.bytes, Algorithm::from_name(&r.method)?, r.time_ms?)))
         .collect();
     let table = TuneTable::from_times(&times, key.clone(), on.clone())?;
     table.store(path)?;
     println!("# wrote the tune table {} ({on}):", path.display());
-    print!("{}", bench::report::tune_table_text(&table));
+    print!("{}", comm_bench::report::tune_table_text(&table));
     if let Some(dir) = allreduce::tune::cache_dir() {
         let cached = dir.join(key.file_name());
         table.store(&cached)?;

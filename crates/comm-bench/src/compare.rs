@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 /// elements, i.e. 25% at comm_bench.py's smallest, 1024).
 const MATCH_WITHIN: f64 = 1.3;
 
-/// For each of `base`'s counts, `other`'s nearest count (by ratio), if one is within [`MATCH_WITHIN`].
+/// For each of `base`'s counts, `other`'s nearest count (by ratio), if one is within `MATCH_WITHIN`.
 pub fn nearest(base: &[usize], other: &[usize]) -> Vec<(usize, Option<usize>)> {
     let distance = |a: usize, b: usize| (a as f64 / b as f64).ln().abs();
     base.iter()

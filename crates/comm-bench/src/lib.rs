@@ -25,7 +25,7 @@ pub enum BenchError {
     #[error(transparent)]
     Ipc(#[from] ipc::IpcError),
     #[error(transparent)]
-    Collective(#[from] collective::CollectiveError),
+    Collective(#[from] collective_core::CollectiveError),
     #[error(transparent)]
     Launch(#[from] launch::LaunchError),
     #[error(transparent)]

@@ -20,12 +20,12 @@ pub fn host_name() -> String {
 /// for on a driver that has one.
 pub fn provenance(driver: DriverKind, methods: &[String]) -> Provenance {
     let flavor = match driver {
-        DriverKind::Cuda => Some(rccl_sys::Flavor::Nccl),
-        DriverKind::Hip => Some(rccl_sys::Flavor::Rccl),
+        DriverKind::Cuda => Some(nccl_sys::Flavor::Nccl),
+        DriverKind::Hip => Some(nccl_sys::Flavor::Rccl),
         DriverKind::Host => None,
     };
     let library = flavor.filter(|_| methods.iter().any(|m| m.starts_with("nccl"))).map(|f| {
-        rccl_sys::NcclLib::load(f).map_or_else(
+        nccl_sys::NcclLib::load(f).map_or_else(
             |e| format!("{f}: not loaded ({e})"),
             |lib| {
                 let (major, minor, patch) = lib.version();

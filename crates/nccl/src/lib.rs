@@ -5,10 +5,10 @@
 //! caller's buffers are copied in and out on the same stream, so the method accepts any device pointers like
 //! the others do.
 
-use collective::{check_args, Collective, CollectiveError, DType, Op, Team};
+use collective_core::{check_args, Collective, CollectiveError, DType, Op, Team};
 use gpu::{DevicePtr, DriverKind, GpuError, Stream};
 use ipc::Rendezvous;
-use rccl_sys::{
+use nccl_sys::{
     ncclCommWindowDeregisterFn, ncclCommWindowRegisterFn, ncclComm_t, ncclDataType_t, ncclMemAllocFn, ncclMemFreeFn,
     ncclResult_t, ncclStream_t, ncclUniqueId, ncclWindow_t, Flavor, NcclError, NcclLib, NCCL_WIN_COLL_SYMMETRIC,
 };
@@ -39,9 +39,9 @@ pub fn method_name(op: Op, symmetric: bool) -> &'static str {
 /// NCCL's code for `dtype`.
 pub fn nccl_dtype(dtype: DType) -> ncclDataType_t {
     match dtype {
-        DType::Bf16 => rccl_sys::ncclBfloat16,
-        DType::F16 => rccl_sys::ncclFloat16,
-        DType::F32 => rccl_sys::ncclFloat32,
+        DType::Bf16 => nccl_sys::ncclBfloat16,
+        DType::F16 => nccl_sys::ncclFloat16,
+        DType::F32 => nccl_sys::ncclFloat32,
     }
 }
 
@@ -218,7 +218,7 @@ impl Nccl {
 
     /// The error a failed asynchronous operation left on the communicator, if any.
     fn async_error(&self) -> Result<(), NcclError> {
-        let mut pending: ncclResult_t = rccl_sys::ncclSuccess;
+        let mut pending: ncclResult_t = nccl_sys::ncclSuccess;
         // SAFETY: `comm` is live; the call writes one status.
         let status = unsafe { (self.lib.ncclCommGetAsyncError)(self.comm, &mut pending) };
         self.lib.check(status, "ncclCommGetAsyncError")?;
@@ -267,7 +267,7 @@ impl Collective for Nccl {
         let (send, recv) = (send.0 as usize as *const c_void, recv.0 as usize as *mut c_void);
         let handle = stream.handle() as usize as ncclStream_t;
         let dt = nccl_dtype(dtype);
-        let sum = rccl_sys::ncclSum;
+        let sum = nccl_sys::ncclSum;
         // SAFETY: check_args bounded `count` by the capacity; the buffers are device memory of this GPU and the
         // stream is its driver's handle (CUstream / hipStream_t).
         let (status, call) = unsafe {

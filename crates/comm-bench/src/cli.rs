@@ -240,10 +240,10 @@ impl BenchArgs {
         if let Some(path) = &self.tune_table {
             allreduce::TuneTable::load(path).map_err(|e| e.to_string())?;
         }
-        if let Some(n) = self.num_ranks.filter(|&n| n as usize > collective::MAX_RANKS) {
+        if let Some(n) = self.num_ranks.filter(|&n| n as usize > collective_core::MAX_RANKS) {
             return Err(format!(
                 "--num_ranks {n}: the communicator's algorithms run 1 to {} ranks (one node)",
-                collective::MAX_RANKS
+                collective_core::MAX_RANKS
             ));
         }
         if self.min_size > self.max_size {

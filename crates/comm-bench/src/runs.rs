@@ -45,7 +45,7 @@ fn bus_factor(all_reduce: bool, world: usize) -> f64 {
 impl Run {
     /// A run of ours; with `report`, each figure is recombined from every rank's times where the JSON has them.
     pub fn from_outcome(o: &Outcome, label: &str, report: Option<Report>) -> Run {
-        let factor = bus_factor(o.op == collective::Op::AllReduce.name(), o.world);
+        let factor = bus_factor(o.op == collective_core::Op::AllReduce.name(), o.world);
         let points = o
             .rows
             .iter()
@@ -92,7 +92,7 @@ impl Run {
             let stem = pair[0].strip_suffix("_time").filter(|s| pair[1].strip_suffix("_bwidth") == Some(*s));
             let stem = stem.ok_or_else(|| format!("line 1: {shape}, found {} and {}", pair[0], pair[1]))?;
             let ours = allreduce::methods::METHODS.iter().find(|m| m.2 == Some(stem));
-            methods.push((ours.map_or(stem, |m| m.0), ours.is_none_or(|m| m.1 == collective::Op::AllReduce)));
+            methods.push((ours.map_or(stem, |m| m.0), ours.is_none_or(|m| m.1 == collective_core::Op::AllReduce)));
         }
         let mut points = Vec::new();
         for (i, line) in lines {

@@ -4,7 +4,7 @@
 use crate::ceilings::Ceilings;
 use crate::config::{Report, SweepConfig};
 use allreduce::methods::{csv_column, csv_columns};
-use collective::Op;
+use collective_core::Op;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
