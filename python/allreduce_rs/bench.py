@@ -239,6 +239,12 @@ def main(args: Optional[List[str]] = None) -> int:
     p.add_argument("--graph", action="store_true", help="time replays of a captured graph of the calls")
     p.add_argument("--capacity_bytes", type=int, help="the communicator's capacity [the largest message]")
     p.add_argument("--timeout_s", type=float)
+    p.add_argument(
+        "--side_stream",
+        action="store_true",
+        help="issue on a torch.cuda.Stream of its own rather than torch's default (the legacy NULL stream), as "
+        "comm-bench issues on its own stream",
+    )
     p.add_argument("--output", help="write the rows to this JSON file (rank 0)")
     opts = p.parse_args(args)
     elem = 4 if opts.dtype == "fp32" else 2
@@ -269,6 +275,10 @@ def main(args: Optional[List[str]] = None) -> int:
         print(f"# table: {comm.table_source('graph' if opts.graph else 'eager')}")
         header = f"{'N':>10} {'bytes':>10}" + "".join(f" {m + ' us':>14} {'issue us':>9}" for m in methods)
         print(header + "  algorithm")
+    if opts.side_stream and not arrays.host:
+        import torch
+
+        torch.cuda.set_stream(torch.cuda.Stream())
     rows = []
     for count in counts:
         line = f"{count:>10} {count * elem:>10}"
