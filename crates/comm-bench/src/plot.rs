@@ -163,10 +163,16 @@ pub fn plot_runs(runs: &[Run], opts: &PlotOptions, stem: &Path) -> Result<(PathB
     Ok((svg, png))
 }
 
-/// The axis range around `values` on a log scale, padded so end points do not sit on the frame.
-fn log_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
-    let (lo, hi) = values.fold((f64::INFINITY, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    lo / 1.5..hi * 1.5
+/// Whether a log axis can show `v`.
+fn loggable(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
+/// The axis range around the loggable `values` on a log scale, padded so end points do not sit on the frame;
+/// `None` when there are none (a log axis over zeros never finishes laying out its ticks).
+fn log_range(values: impl Iterator<Item = f64>) -> Option<std::ops::Range<f64>> {
+    let (lo, hi) = values.filter(|&v| loggable(v)).fold((f64::INFINITY, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    (hi > 0.0).then(|| lo / 1.5..hi * 1.5)
 }
 
 /// `1 KiB`, `16 MiB`: tick labels a person reads faster than `1048576`.
@@ -226,8 +232,11 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let points = || series.iter().flat_map(|s| s.points.iter());
-    let x = log_range(points().map(|p| p.0));
-    let y = log_range(points().map(&value));
+    let (Some(x), Some(y)) = (log_range(points().map(|p| p.0)), log_range(points().map(&value))) else {
+        // Nothing to draw: a one-rank run moves no bytes between ranks, so its bus bandwidth is zero.
+        let caption = format!("{y_desc}: no positive values to plot");
+        return area.draw(&Text::new(caption, (20, 40), ("sans-serif", 16))).map_err(err);
+    };
     let mut chart = ChartBuilder::on(area)
         .margin(16)
         .x_label_area_size(48)
@@ -249,7 +258,8 @@ where
         .map_err(err)?;
     for (i, s) in series.iter().enumerate() {
         let (color, kind, dashed) = style(i);
-        let pts: Vec<(f64, f64)> = s.points.iter().map(|p| (p.0, value(p))).collect();
+        let pts: Vec<(f64, f64)> =
+            s.points.iter().map(|p| (p.0, value(p))).filter(|&(x, y)| loggable(x) && loggable(y)).collect();
         if dashed {
             chart.draw_series(DashedLineSeries::new(pts.iter().copied(), 8, 5, color.stroke_width(2))).map_err(err)?;
         } else {
@@ -271,6 +281,10 @@ mod tests {
     use clap::Parser;
 
     fn outcome() -> Outcome {
+        outcome_of(2)
+    }
+
+    fn outcome_of(world: usize) -> Outcome {
         let args = Cli::try_parse_from(["comm-bench"]).unwrap().bench.config();
         let info = gpu::DeviceInfo {
             kind: gpu::DriverKind::Host,
@@ -291,12 +305,12 @@ mod tests {
                     repeats_ms: vec![ms],
                     rank0_ms: ms,
                     issue_ms: vec![ms],
-                    ranks_ms: vec![vec![ms, ms]],
+                    ranks_ms: vec![vec![ms; world]],
                 };
-                rows.push(Row::new(method, &args, count, 2, Status::Passed).timed(t, Report::Max));
+                rows.push(Row::new(method, &args, count, world, Status::Passed).timed(t, Report::Max));
             }
         }
-        rows.push(Row::new("nccl", &args, 1024, 2, Status::Skipped("no library".into())));
+        rows.push(Row::new("nccl", &args, 1024, world, Status::Skipped("no library".into())));
         let ceilings = crate::ceilings::Ceilings {
             copy_bytes: 1 << 20,
             copy_gbs: 10.0,
@@ -307,7 +321,7 @@ mod tests {
         };
         let notes =
             RunNotes { tune_table: "test".into(), ceilings, unavailable: Vec::new(), provenance: Default::default() };
-        Outcome::new(&info, 2, &args, notes, rows)
+        Outcome::new(&info, world, &args, notes, rows)
     }
 
     fn run() -> Run {
@@ -326,6 +340,16 @@ mod tests {
         assert!(svg_text.contains("time per call (us)") && svg_text.contains("bus bandwidth (GB/s)"));
         let png_bytes = std::fs::read(&png).unwrap();
         assert!(png_bytes.starts_with(b"\x89PNG") && png_bytes.len() > 10_000, "{} bytes", png_bytes.len());
+    }
+
+    #[test]
+    fn a_one_rank_run_plots_its_times_and_says_it_has_no_bus_bandwidth() {
+        // One rank moves no bytes between ranks: every busbw is 0, which a log axis cannot lay out (it used to spin).
+        let dir = tempfile::tempdir().unwrap();
+        let (svg, _) = plot(&outcome_of(1), dir.path()).unwrap();
+        let svg = std::fs::read_to_string(svg).unwrap();
+        assert!(svg.contains("time per call (us)") && svg.contains("car_2shot"));
+        assert!(svg.contains("bus bandwidth (GB/s): no positive values to plot"));
     }
 
     /// The x coordinate of every SVG text element that reads `name`.
