@@ -141,14 +141,34 @@ mod tests {
         assert!(Command::decode(&[0u8; 32]).unwrap_err().contains("kind 0"));
     }
 
-    /// `cargo bench -p allreduce-benches -- --warm-up-time 1` hands its options to every bench target; libtest,
-    /// which would bench this library, refuses criterion's.
+    /// `cargo bench -- --warm-up-time 1` hands criterion's options to every bench target of the workspace's default
+    /// members; libtest, which benches a library or binary unless told not to, refuses them. So every library and
+    /// binary of every member says `bench = false`, and criterion's `[[bench]]` targets are the only ones left.
     #[test]
-    fn the_library_is_not_benchmarked_by_libtest() {
-        let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
-        let lib = manifest.split("[lib]").nth(1).expect("a [lib] section");
-        let section = lib.split("\n[").next().unwrap();
-        assert!(section.lines().any(|l| l.replace(' ', "") == "bench=false"), "[lib] needs bench = false");
+    fn only_criterion_benches_are_benchmarked() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        let members = workspace.split("members = [").nth(1).unwrap().split(']').next().unwrap();
+        let sections = |manifest: &str, header: &str| -> Vec<String> {
+            manifest.split(header).skip(1).map(|s| s.split("\n[").next().unwrap().to_string()).collect()
+        };
+        let benched = |section: &str| !section.lines().any(|l| l.replace(' ', "") == "bench=false");
+        let mut checked = 0;
+        for member in members.split(',').map(|m| m.trim().trim_matches('"')).filter(|m| !m.is_empty()) {
+            let dir = root.join(member);
+            let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+            if dir.join("src/lib.rs").exists() || manifest.contains("\n[lib]") {
+                let lib = sections(&manifest, "\n[lib]");
+                assert!(lib.len() == 1 && !benched(&lib[0]), "{member}: [lib] needs bench = false");
+            }
+            let bins = sections(&manifest, "\n[[bin]]");
+            assert!(bins.iter().all(|b| !benched(b)), "{member}: every [[bin]] needs bench = false");
+            let discovered = dir.join("src/main.rs").exists() as usize
+                + std::fs::read_dir(dir.join("src/bin")).map_or(0, |d| d.count());
+            assert!(bins.len() >= discovered, "{member}: declare each binary, with bench = false");
+            checked += 1;
+        }
+        assert!(checked >= 10, "read {checked} members");
     }
 
     #[test]
