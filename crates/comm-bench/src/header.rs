@@ -49,9 +49,10 @@ pub fn print(
     let t = &cfg.timing;
     println!("# {} on {}", provenance.tool, provenance.host);
     println!(
-        "# {} ranks, {} driver ({}, {}, {} device(s) visible){}",
+        "# {} ranks, {} driver ({}; {}, {}, {} device(s) visible){}",
         comm.world(),
         i.kind,
+        i.driver_version,
         i.name,
         i.arch,
         i.count,

@@ -295,6 +295,7 @@ mod tests {
             multiprocessors: 2,
             size_align: 256,
             bus_id: "host".into(),
+            driver_version: "host".into(),
         };
         let mut rows = Vec::new();
         for (k, method) in ["car_1shot", "symm_1shot", "car_2shot"].iter().enumerate() {

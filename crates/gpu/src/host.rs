@@ -100,6 +100,7 @@ impl HostDriver {
                 multiprocessors: cores,
                 size_align: 256,
                 bus_id: "host".into(),
+                driver_version: "host".into(),
             },
             prefix: if shm_prefix.is_empty() { format!("/arx-p{}", std::process::id()) } else { shm_prefix.into() },
             mems: Mutex::default(),

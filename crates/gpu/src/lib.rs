@@ -87,6 +87,9 @@ pub struct DeviceInfo {
     /// The PCI bus id, lower case (`0000:1b:00.0`), so ranks can tell which of them share a device; `host` on the
     /// host driver, whose ranks all share the one "device".
     pub bus_id: String,
+    /// The driver's own version, for reports: `CUDA 13.0` (the kernel driver's CUDA version), `HIP 6.4.43482`,
+    /// `host`.
+    pub driver_version: String,
 }
 
 /// How an allocation may be shared.

@@ -123,6 +123,9 @@ impl Cuda {
         let major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mut version: c_int = 0;
+        // SAFETY: writes one int.
+        ck("cuDriverGetVersion", unsafe { cu::cuDriverGetVersion(&mut version) })?;
         let mut ctx: cu::CUcontext = null_mut();
         // SAFETY: writes one context; released in Drop.
         ck("cuDevicePrimaryCtxRetain", unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, device) })?;
@@ -137,6 +140,7 @@ impl Cuda {
                 multiprocessors: sms.max(1) as usize,
                 size_align: 256,
                 bus_id,
+                driver_version: format!("CUDA {}.{}", version / 1000, version % 1000 / 10),
             },
             device,
             ctx,

@@ -186,6 +186,7 @@ impl Hip {
                 multiprocessors: cus.max(1) as usize,
                 size_align: 512,
                 bus_id,
+                driver_version: format!("HIP {}.{}.{}", rt.version.0, rt.version.1, rt.version.2),
             },
             ordinal: dev_ord,
             device,
