@@ -50,7 +50,8 @@ fn rendezvous_header_accepts_only_well_formed() {
     let mut rng = StdRng::seed_from_u64(1);
     let mut accepted = 0;
     for i in 0..ITERS {
-        let (world, slot_bytes, uid) = (rng.random_range(1..=8u32), rng.random_range(0..=8192u64), rng.random_range(0..3u32));
+        let (world, slot_bytes, uid) =
+            (rng.random_range(1..=8u32), rng.random_range(0..=8192u64), rng.random_range(0..3u32));
         let mut bytes = if i % 4 == 0 {
             (0..rng.random_range(0..64)).map(|_| rng.random()).collect()
         } else {
@@ -60,7 +61,11 @@ fn rendezvous_header_accepts_only_well_formed() {
         let expected = if rng.random_bool(0.7) {
             ExpectedHeader { world: world as usize, slot_bytes: slot_bytes as usize, uid }
         } else {
-            ExpectedHeader { world: rng.random_range(0..10), slot_bytes: rng.random_range(0..8192), uid: rng.random_range(0..3) }
+            ExpectedHeader {
+                world: rng.random_range(0..10),
+                slot_bytes: rng.random_range(0..8192),
+                uid: rng.random_range(0..3),
+            }
         };
         // The segment's size: mostly the layout's, sometimes random.
         let layout_len = segment_len(expected.world, expected.slot_bytes).ok();
