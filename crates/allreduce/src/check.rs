@@ -5,7 +5,7 @@
 use collective_core::{DType, Op};
 use gpu::{DeviceBuffer, DevicePtr, Gpu, HostLaunch, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
 /// Byte the output is filled with before a checked run: 0xFFFF is a NaN in bf16 and fp16, 0xFFFFFFFF in fp32.
@@ -14,7 +14,7 @@ pub const POISON: u8 = 0xFF;
 /// Rank `rank`'s input for the check seeded `seed`, as f32 values already rounded to `dtype`.
 pub fn input_values(seed: u64, rank: usize, count: usize, dtype: DType) -> Vec<f32> {
     let mut rng = SmallRng::seed_from_u64(seed ^ (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let raw: Vec<f32> = (0..count).map(|_| rng.gen::<f32>()).collect();
+    let raw: Vec<f32> = (0..count).map(|_| rng.random::<f32>()).collect();
     dtype.decode(&dtype.encode(&raw)).into_iter().map(|v| v as f32).collect()
 }
 

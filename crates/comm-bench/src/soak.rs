@@ -10,7 +10,7 @@ use clap::Args;
 use gpu::MemKind;
 use launch::RankInfo;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug, Clone)]
@@ -119,11 +119,11 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
         let n = (args.calls - done).min(batch as u64) as usize;
         let calls: Vec<Call> = (0..n)
             .map(|_| {
-                let method = rng.gen_range(0..built.len());
-                let dtype = DType::ALL[rng.gen_range(0..3)];
+                let method = rng.random_range(0..built.len());
+                let dtype = DType::ALL[rng.random_range(0..3)];
                 // Within the method's own limit too (symm_ll's packet area is smaller than --max_count).
                 let most = max.min(built[method].1.capacity_bytes() / dtype.size()).max(1);
-                let mut count = rng.gen_range(1..=most);
+                let mut count = rng.random_range(1..=most);
                 if built[method].0 == Op::ReduceScatter {
                     count = (count / world).max(1) * world;
                     if count > most {

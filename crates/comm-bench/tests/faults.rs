@@ -2,7 +2,7 @@
 //! at a random point of a sweep. Every other rank must give up within the deadline naming the lost rank, the
 //! launcher must exit non-zero, and nothing may be left behind: no process, no /dev/shm segment.
 
-use rand::Rng;
+use rand::RngExt;
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -70,8 +70,8 @@ fn inject(signal: nix::sys::signal::Signal) {
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .expect("a rank's environment names its job");
     // Somewhere in setup, the ceilings or the sweep.
-    std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(100..1500)));
-    let victim = ranks[rand::thread_rng().gen_range(0..world)];
+    std::thread::sleep(Duration::from_millis(rand::rng().random_range(100..1500)));
+    let victim = ranks[rand::rng().random_range(0..world)];
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim), signal).unwrap();
     let injected = Instant::now();
     let out = job.wait_with_output().unwrap();

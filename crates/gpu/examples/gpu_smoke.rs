@@ -9,7 +9,7 @@ use gpu::{
     open, Backend, DriverKind, DriverOptions, Gpu, GpuError, HostLaunch, KernelLibrary, LaunchDims, MemKind,
     ShareHandle,
 };
-use rand::RngCore;
+use rand::Rng;
 use std::process::ExitCode;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -161,7 +161,7 @@ fn memory(gpu: &Gpu) -> Res<()> {
     let a = gpu.alloc(BYTES, MemKind::Device)?;
     let b = gpu.alloc(BYTES, MemKind::Ipc { uncached: false })?;
     let mut data = vec![0u8; BYTES];
-    rand::thread_rng().fill_bytes(&mut data);
+    rand::rng().fill_bytes(&mut data);
     s.upload(&a, 0, &data)?;
     // SAFETY: this smoke test's own buffers and kernels, sized for the call.
     unsafe { s.copy(b.ptr(), a.ptr(), BYTES)? };
@@ -242,7 +242,7 @@ fn kernels(gpu: &Gpu) -> Res<()> {
 
     let buf = gpu.alloc(BYTES, MemKind::Device)?;
     let mut data = vec![0u8; BYTES];
-    rand::thread_rng().fill_bytes(&mut data);
+    rand::rng().fill_bytes(&mut data);
     s.upload(&buf, 0, &data)?;
     let grid = (BYTES.div_ceil(block as usize)).min(resident.min(4096)) as u32;
     let dims = LaunchDims { grid, block, shared_bytes: 0 };
@@ -315,7 +315,7 @@ fn vmm(gpu: &Gpu) -> Res<()> {
     let w = gpu.vmm_import_fd(fd, BYTES)?;
     check(v.ptr() != w.ptr(), "the import is a second mapping")?;
     let mut data = vec![0u8; BYTES];
-    rand::thread_rng().fill_bytes(&mut data);
+    rand::rng().fill_bytes(&mut data);
     s.upload(&v, 0, &data)?;
     let mut out = vec![0u8; BYTES];
     s.download(&w, 0, &mut out)?;
@@ -371,7 +371,7 @@ fn caller_owned(gpu: &Gpu) -> Res<()> {
     // VMM handles can be imported in the same process, so this one is checked end to end.
     let v = gpu.vmm_create(BYTES)?;
     let mut data = vec![0u8; 5000];
-    rand::thread_rng().fill_bytes(&mut data);
+    rand::rng().fill_bytes(&mut data);
     own.upload(&v, 8192, &data)?;
     let r = gpu.share_range(v.ptr().offset(8192), data.len())?;
     check(r.base == v.ptr() && r.offset == 8192 && r.alloc_bytes >= BYTES, "share_range of a VMM allocation")?;

@@ -10,9 +10,9 @@ use nix::fcntl::OFlag;
 use nix::sys::mman::{self, MapFlags, ProtFlags};
 use nix::sys::stat::{fstat, Mode};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::num::NonZeroUsize;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -135,7 +135,7 @@ impl HostDriver {
 
     /// Opens a file for mapping and checks it is ours and large enough.
     fn check_file(fd: &OwnedFd, bytes: usize, what: &str) -> Result<()> {
-        let st = fstat(fd.as_raw_fd()).map_err(|e| GpuError::sys("fstat", e))?;
+        let st = fstat(fd).map_err(|e| GpuError::sys("fstat", e))?;
         if st.st_uid != nix::unistd::geteuid().as_raw() {
             return Err(GpuError::BadArgs(format!("{what} belongs to uid {}, not to us", st.st_uid)));
         }
@@ -260,8 +260,7 @@ impl Driver for HostDriver {
     }
 
     fn vmm_create(&self, bytes: usize) -> Result<RawMem> {
-        let name = CString::new("arx-vmm").expect("no NUL");
-        let fd = nix::sys::memfd::memfd_create(&name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
+        let fd = nix::sys::memfd::memfd_create(c"arx-vmm", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
             .map_err(|e| GpuError::sys("memfd_create", e))?;
         nix::unistd::ftruncate(&fd, bytes as i64).map_err(|e| GpuError::sys("ftruncate", e))?;
         let kept = dup(&fd)?;

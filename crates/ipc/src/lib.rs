@@ -26,7 +26,7 @@ use nix::sys::socket::{
 };
 use nix::sys::stat::{fstat, FileStat, Mode};
 use nix::unistd::{ftruncate, geteuid, getpid};
-use rand::RngCore;
+use rand::TryRng;
 
 /// Environment variable through which a launcher hands every rank the same job id.
 pub const JOB_ENV: &str = "ALLREDUCE_JOB_ID";
@@ -88,7 +88,7 @@ impl JobId {
     /// A fresh id of 32 hex digits, unguessable so other jobs cannot collide with it.
     pub fn random() -> JobId {
         let mut bytes = [0u8; 16];
-        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        rand::rngs::SysRng.try_fill_bytes(&mut bytes).expect("the OS random source failed");
         JobId(bytes.iter().map(|b| format!("{b:02x}")).collect())
     }
 
@@ -674,7 +674,7 @@ impl Rendezvous {
     }
 
     /// Moves every queued datagram into the inbox, refusing any that is malformed or not from our user.
-    fn drain(&self, cmsg: &mut Vec<u8>) -> Result<(), IpcError> {
+    fn drain(&self, cmsg: &mut [u8]) -> Result<(), IpcError> {
         let uid = geteuid().as_raw();
         loop {
             let mut buf = [0u8; FD_MSG_LEN];
@@ -771,7 +771,7 @@ fn attach(name: &str, layout: &Layout, label: &str, deadline: &Deadline) -> Resu
             Err(e) => Err(sys(format!("shm_open({name})"))(e)),
         }
     })?;
-    let stat = |fd: &OwnedFd| fstat(fd.as_raw_fd()).map_err(sys(format!("fstat({name})")));
+    let stat = |fd: &OwnedFd| fstat(fd).map_err(sys(format!("fstat({name})")));
     let check_owner = |st: &FileStat| {
         let uid = geteuid().as_raw();
         if st.st_uid != uid {

@@ -1,8 +1,8 @@
 use super::*;
-use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::stat::fchmod;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -41,8 +41,8 @@ fn assert_clean(job: &JobId) {
 
 fn blob(seed: u64) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let len = rng.gen_range(0..=4096);
-    (0..len).map(|_| rng.gen()).collect()
+    let len = rng.random_range(0..=4096);
+    (0..len).map(|_| rng.random()).collect()
 }
 
 #[test]
@@ -171,7 +171,7 @@ fn spoiled_segments_are_refused() {
         ("magic is 0x1, expected", |_, h| h.magic.store(1, Ordering::Relaxed)),
         ("version is 9, expected 1", |_, h| h.version.store(9, Ordering::Relaxed)),
         ("world is 3, expected 2", |_, h| h.world.store(3, Ordering::Relaxed)),
-        ("mode 644 gives group/other access", |fd, _| fchmod(fd.as_raw_fd(), Mode::from_bits_truncate(0o644)).unwrap()),
+        ("mode 644 gives group/other access", |fd, _| fchmod(fd, Mode::from_bits_truncate(0o644)).unwrap()),
     ];
     for (want, tweak) in cases {
         let job = JobId::random();
@@ -212,7 +212,7 @@ fn fds_reach_every_peer() {
         ranks(world, |rank| {
             let rdv = Rendezvous::join(&job, rank, world, opts(10_000)).unwrap();
             for call in 0..3 {
-                let fd = memfd_create(c"arx-test", MemFdCreateFlag::MFD_CLOEXEC).unwrap();
+                let fd = memfd_create(c"arx-test", MFdFlags::MFD_CLOEXEC).unwrap();
                 File::from(fd.try_clone().unwrap()).write_all(format!("rank {rank} call {call}").as_bytes()).unwrap();
                 let got = rdv.all_gather_fds("memfd", &[fd.as_fd()]).unwrap();
                 for (r, fds) in got.into_iter().enumerate() {

@@ -4,7 +4,7 @@
 
 use ipc::{parse_fd_header, segment_len, slot_payload, validate_header, ExpectedHeader, FD_MSG_LEN, HEADER_FIELDS_LEN};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 const ITERS: usize = 100_000;
 const MAGIC: u64 = u64::from_be_bytes(*b"ARXRDV\0\0");
@@ -13,14 +13,14 @@ const FD_MAGIC: u64 = u64::from_be_bytes(*b"ARXFDS\0\0");
 
 /// Flips a few random bytes (or none), so inputs stay near the valid one and reach the later checks.
 fn mutate(rng: &mut StdRng, bytes: &mut Vec<u8>) {
-    for _ in 0..rng.gen_range(0..3) {
-        if !bytes.is_empty() && rng.gen_bool(0.8) {
-            let i = rng.gen_range(0..bytes.len());
-            bytes[i] = rng.gen();
-        } else if rng.gen_bool(0.5) {
-            bytes.truncate(rng.gen_range(0..=bytes.len()));
+    for _ in 0..rng.random_range(0..3) {
+        if !bytes.is_empty() && rng.random_bool(0.8) {
+            let i = rng.random_range(0..bytes.len());
+            bytes[i] = rng.random();
+        } else if rng.random_bool(0.5) {
+            bytes.truncate(rng.random_range(0..=bytes.len()));
         } else {
-            bytes.push(rng.gen());
+            bytes.push(rng.random());
         }
     }
 }
@@ -50,23 +50,28 @@ fn rendezvous_header_accepts_only_well_formed() {
     let mut rng = StdRng::seed_from_u64(1);
     let mut accepted = 0;
     for i in 0..ITERS {
-        let (world, slot_bytes, uid) = (rng.gen_range(1..=8u32), rng.gen_range(0..=8192u64), rng.gen_range(0..3u32));
+        let (world, slot_bytes, uid) =
+            (rng.random_range(1..=8u32), rng.random_range(0..=8192u64), rng.random_range(0..3u32));
         let mut bytes = if i % 4 == 0 {
-            (0..rng.gen_range(0..64)).map(|_| rng.gen()).collect()
+            (0..rng.random_range(0..64)).map(|_| rng.random()).collect()
         } else {
-            header_bytes(world, slot_bytes, uid, rng.gen())
+            header_bytes(world, slot_bytes, uid, rng.random())
         };
         mutate(&mut rng, &mut bytes);
-        let expected = if rng.gen_bool(0.7) {
+        let expected = if rng.random_bool(0.7) {
             ExpectedHeader { world: world as usize, slot_bytes: slot_bytes as usize, uid }
         } else {
-            ExpectedHeader { world: rng.gen_range(0..10), slot_bytes: rng.gen_range(0..8192), uid: rng.gen_range(0..3) }
+            ExpectedHeader {
+                world: rng.random_range(0..10),
+                slot_bytes: rng.random_range(0..8192),
+                uid: rng.random_range(0..3),
+            }
         };
         // The segment's size: mostly the layout's, sometimes random.
         let layout_len = segment_len(expected.world, expected.slot_bytes).ok();
         let seg_len = match layout_len {
-            Some(n) if rng.gen_bool(0.8) => n,
-            _ => rng.gen_range(0..1 << 20),
+            Some(n) if rng.random_bool(0.8) => n,
+            _ => rng.random_range(0..1 << 20),
         };
         let got = validate_header("x", &bytes, seg_len, &expected);
         let well_formed = bytes.len() >= HEADER_FIELDS_LEN
@@ -98,13 +103,13 @@ fn slot_length_larger_than_the_slot_is_refused() {
     let mut rng = StdRng::seed_from_u64(2);
     let mut accepted = 0;
     for i in 0..ITERS {
-        let slot_bytes = rng.gen_range(0..256usize);
+        let slot_bytes = rng.random_range(0..256usize);
         let mut slot: Vec<u8> = if i % 4 == 0 {
-            (0..rng.gen_range(0..300)).map(|_| rng.gen()).collect()
+            (0..rng.random_range(0..300)).map(|_| rng.random()).collect()
         } else {
-            let len = rng.gen_range(0..=slot_bytes + 2) as u64;
+            let len = rng.random_range(0..=slot_bytes + 2) as u64;
             let mut s = len.to_ne_bytes().to_vec();
-            s.extend((0..slot_bytes).map(|_| rng.gen::<u8>()));
+            s.extend((0..slot_bytes).map(|_| rng.random::<u8>()));
             s
         };
         mutate(&mut rng, &mut slot);
@@ -128,19 +133,19 @@ fn fd_datagram_header_accepts_only_well_formed() {
     let mut rng = StdRng::seed_from_u64(3);
     let mut accepted = 0;
     for i in 0..ITERS {
-        let world = rng.gen_range(1..=8usize);
-        let me = rng.gen_range(0..world);
+        let world = rng.random_range(1..=8usize);
+        let me = rng.random_range(0..world);
         let mut msg: Vec<u8> = if i % 4 == 0 {
-            (0..rng.gen_range(0..40)).map(|_| rng.gen()).collect()
+            (0..rng.random_range(0..40)).map(|_| rng.random()).collect()
         } else {
             let mut m = FD_MAGIC.to_le_bytes().to_vec();
-            m.extend((rng.gen_range(0..world + 1) as u32).to_le_bytes());
-            m.extend(rng.gen::<u32>().to_le_bytes());
-            m.extend(rng.gen::<u64>().to_le_bytes());
+            m.extend((rng.random_range(0..world + 1) as u32).to_le_bytes());
+            m.extend(rng.random::<u32>().to_le_bytes());
+            m.extend(rng.random::<u64>().to_le_bytes());
             m
         };
         mutate(&mut rng, &mut msg);
-        let truncated = rng.gen_bool(0.1);
+        let truncated = rng.random_bool(0.1);
         let le32 = |at: usize| u32::from_le_bytes(msg[at..at + 4].try_into().unwrap()) as usize;
         let well_formed = msg.len() == FD_MSG_LEN
             && !truncated
