@@ -1,5 +1,6 @@
-//! What a sweep needs of the host driver's memory, checked before any rank starts: there every "device" buffer is
-//! host memory, and a sweep beyond it is OOM-killed half-way (`--max_size 30` asks for gigabytes per buffer).
+//! What a sweep needs of memory, checked before it allocates: on the host driver before any rank starts (every
+//! "device" buffer is host memory, and a sweep beyond it is OOM-killed half-way: `--max_size 30` asks for gigabytes
+//! per buffer); on a GPU by every rank once its communicator is up, against the device's free memory.
 
 use std::path::Path;
 
@@ -35,6 +36,27 @@ pub fn estimate(methods: &[String], capacity: usize, world: usize) -> Need {
     let (own, shm) = methods.iter().map(|m| buffers(m)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     let per_rank = |caps: usize| (caps * capacity * world) as u64;
     Need { memory: per_rank(BENCH_BUFFERS + ENGINE_BUFFERS + own), shm: per_rank(ENGINE_BUFFERS / 2 + shm) }
+}
+
+/// Device bytes the sweep still allocates on one device once the communicators are up (their engines are already in
+/// the device's free memory): the benchmark's buffers and each method's own, for the `ranks` ranks that share it.
+pub fn device_need(methods: &[String], capacity: usize, ranks: usize) -> u64 {
+    let own: usize = methods.iter().map(|m| buffers(m).0).sum();
+    ((BENCH_BUFFERS + own) * capacity * ranks) as u64
+}
+
+/// Refuses a sweep whose device allocations would not fit in the device's `free` bytes (of `total`).
+pub fn check_device(need: u64, free: u64, total: u64, ranks: usize) -> Result<(), String> {
+    if need <= free {
+        return Ok(());
+    }
+    Err(format!(
+        "this sweep needs about {} more of device memory ({ranks} rank(s) on this device) and {} of {} is free: \
+         lower --max_size (or -e), --num_ranks or the --methods list",
+        gib(need),
+        gib(free),
+        gib(total)
+    ))
 }
 
 /// MemAvailable from /proc/meminfo, in bytes.
@@ -82,6 +104,16 @@ fn check_against(need: Need, memory: Option<u64>, shm: Option<u64>) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_need_counts_the_ranks_on_the_device_and_refuses_past_free_memory() {
+        let methods = vec!["auto".to_string(), "car_1shot".to_string(), "symm_zc_2shot".to_string()];
+        // Five benchmark buffers, car's two and the tuned design's four, per rank, at 1 GiB each.
+        assert_eq!(device_need(&methods, 1 << 30, 8), 11 * 8 << 30);
+        assert!(check_device(10 << 30, 10 << 30, 80 << 30, 1).is_ok());
+        let e = check_device(88 << 30, 60 << 30, 141 << 30, 8).unwrap_err();
+        assert!(e.contains("88.0 GiB") && e.contains("60.0 GiB of 141.0 GiB") && e.contains("8 rank(s)"), "{e}");
+    }
 
     #[test]
     fn estimates_scale_with_ranks_and_methods_and_refuse_what_is_not_free() {

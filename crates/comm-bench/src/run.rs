@@ -66,6 +66,12 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
     let names = &cfg.methods;
     allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(gpu.kind(), &sizes))?;
     let capacity = sizes.iter().max().copied().unwrap_or(1) * cfg.dtype.size();
+    // Every communicator is up (the configuration was agreed), so free memory already holds every rank's engine.
+    if let Some((free, total)) = gpu.memory()? {
+        let ranks = comm.placement().ranks_per_device;
+        let need = crate::memory::device_need(names, capacity, ranks);
+        crate::memory::check_device(need, free, total, ranks).map_err(BenchError::Config)?;
+    }
 
     let build = methods::BuildOptions {
         capacity_bytes: capacity,

@@ -139,9 +139,23 @@ fn run(args: Args) -> Res<()> {
     }
     let info = gpu.info();
     println!(
-        "driver {} on {} (ordinal {} of {}, {}, {} multiprocessors, bus {})",
-        info.kind, info.name, info.ordinal, info.count, info.arch, info.multiprocessors, info.bus_id
+        "driver {} ({}) on {} (ordinal {} of {}, {}, {} multiprocessors, bus {})",
+        info.kind,
+        info.driver_version,
+        info.name,
+        info.ordinal,
+        info.count,
+        info.arch,
+        info.multiprocessors,
+        info.bus_id
     );
+    match gpu.memory()? {
+        Some((free, total)) => {
+            println!("  device memory: {} of {} MiB free", free >> 20, total >> 20);
+            check(0 < free && free <= total, "free device memory within the total")?;
+        }
+        None => check(info.kind == gpu::DriverKind::Host, "only the host driver reports no device memory")?,
+    }
     for note in &opened.notes {
         println!("  passed over {note}");
     }

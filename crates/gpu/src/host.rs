@@ -206,6 +206,10 @@ impl Driver for HostDriver {
         &self.info
     }
 
+    fn memory(&self) -> Result<Option<(u64, u64)>> {
+        Ok(None)
+    }
+
     fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem> {
         match kind {
             MemKind::Device => {

@@ -164,6 +164,9 @@ pub struct PeerLink {
 /// The driver interface. Every call's status is checked and turned into a [`GpuError`] naming the call.
 pub trait Driver: Send + Sync {
     fn info(&self) -> &DeviceInfo;
+    /// Free and total bytes of the device's memory now; `None` on the host driver, whose "device" memory is the
+    /// process's.
+    fn memory(&self) -> Result<Option<(u64, u64)>>;
 
     fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem>;
     fn ipc_export(&self, mem: &RawMem) -> Result<Vec<u8>>;
@@ -292,6 +295,10 @@ pub struct Gpu(Arc<dyn Driver>);
 impl Gpu {
     pub fn info(&self) -> &DeviceInfo {
         self.0.info()
+    }
+    /// Free and total bytes of the device's memory now (`None` on the host driver).
+    pub fn memory(&self) -> Result<Option<(u64, u64)>> {
+        self.0.memory()
     }
     pub fn kind(&self) -> DriverKind {
         self.0.info().kind

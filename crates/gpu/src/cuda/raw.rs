@@ -82,6 +82,12 @@ impl Raw for Cuda {
         // SAFETY: the context is retained until Drop.
         ck("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(self.ctx) })
     }
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two sizes; the caller made the context current.
+        ck("cuMemGetInfo", unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok((free as u64, total as u64))
+    }
     fn compiler(&self) -> std::result::Result<&Nvrtc, &str> {
         self.nvrtc.as_ref().map_err(String::as_str)
     }

@@ -154,6 +154,11 @@ impl<R: Raw> Driver for Device<R> {
         self.raw.info()
     }
 
+    fn memory(&self) -> Result<Option<(u64, u64)>> {
+        self.raw.make_current()?;
+        self.raw.mem_info().map(Some)
+    }
+
     fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem> {
         self.raw.make_current()?;
         let size = match kind {

@@ -102,6 +102,8 @@ pub(crate) trait Raw: Send + Sync + Sized {
     fn info(&self) -> &DeviceInfo;
     /// Makes this device (its context) current on the calling thread.
     fn make_current(&self) -> Result<()>;
+    /// Free and total bytes of the current device's memory.
+    fn mem_info(&self) -> Result<(u64, u64)>;
     /// The run-time compiler, or why it is not here.
     fn compiler(&self) -> std::result::Result<&Self::Compiler, &str>;
     /// What `compiler` builds for this device.

@@ -47,6 +47,12 @@ impl Raw for Hip {
         // SAFETY: the ordinal was checked against the device count at open.
         self.ck("hipSetDevice", unsafe { (self.api().hipSetDevice)(self.ordinal) })
     }
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two sizes; the caller made the device current.
+        self.ck("hipMemGetInfo", unsafe { (self.api().hipMemGetInfo)(&mut free, &mut total) })?;
+        Ok((free as u64, total as u64))
+    }
     fn compiler(&self) -> std::result::Result<&super::Hiprtc, &str> {
         self.rtc.as_ref().map_err(String::as_str)
     }

@@ -197,6 +197,7 @@ table! {
         hipInit: fn(c_uint) -> hipError_t;
         hipGetDeviceCount: fn(*mut c_int) -> hipError_t;
         hipSetDevice: fn(c_int) -> hipError_t;
+        hipMemGetInfo: fn(*mut usize, *mut usize) -> hipError_t;
         hipDeviceGet: fn(*mut hipDevice_t, c_int) -> hipError_t;
         hipDeviceGetName: fn(*mut c_char, c_int, hipDevice_t) -> hipError_t;
         hipDeviceGetAttribute: fn(*mut c_int, c_int, c_int) -> hipError_t;
