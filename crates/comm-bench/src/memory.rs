@@ -109,7 +109,7 @@ mod tests {
     fn device_need_counts_the_ranks_on_the_device_and_refuses_past_free_memory() {
         let methods = vec!["auto".to_string(), "car_1shot".to_string(), "symm_zc_2shot".to_string()];
         // Five benchmark buffers, car's two and the tuned design's four, per rank, at 1 GiB each.
-        assert_eq!(device_need(&methods, 1 << 30, 8), 11 * 8 << 30);
+        assert_eq!(device_need(&methods, 1 << 30, 8), (11 * 8) << 30);
         assert!(check_device(10 << 30, 10 << 30, 80 << 30, 1).is_ok());
         let e = check_device(88 << 30, 60 << 30, 141 << 30, 8).unwrap_err();
         assert!(e.contains("88.0 GiB") && e.contains("60.0 GiB of 141.0 GiB") && e.contains("8 rank(s)"), "{e}");
