@@ -62,8 +62,13 @@ step soak "$here/comm-bench" soak --backend "$BACKEND" --num_ranks "$ranks" --ma
 step tune_graph "${bench[@]}" --graph --tune "$out/tune-graph.json"
 step tune_eager "${bench[@]}" --tune "$out/tune-eager.json"
 # NCCL / RCCL: multicast off (labelled), and as the node configures it only when asked.
-step nccl_no_nvls "${bench[@]}" --methods nccl,nccl_symm --export_csv --output_dir "$out/nccl_no_nvls"
-if [ "$with_nvls" = --with-nvls ]; then
+if [ "$gpus" -lt "$ranks" ]; then
+    # NCCL refuses two ranks on one GPU, and comm-bench fails a run that measured nothing.
+    echo "## nccl_no_nvls: skipped (NCCL needs a GPU per rank: $ranks ranks on $gpus GPU(s))"
+else
+    step nccl_no_nvls "${bench[@]}" --methods nccl,nccl_symm --export_csv --output_dir "$out/nccl_no_nvls"
+fi
+if [ "$with_nvls" = --with-nvls ] && [ "$gpus" -ge "$ranks" ]; then
     step nccl_node_default env -u NCCL_NVLS_ENABLE "${bench[@]}" --methods nccl,nccl_symm --export_csv \
         --output_dir "$out/nccl_node_default"
 fi
