@@ -20,9 +20,9 @@ pub enum Memory {
     Other(String),
 }
 
-/// A call's tensor, as the checks and the call need it.
-pub struct Arg<'py> {
-    pub obj: Bound<'py, PyAny>,
+/// A call's tensor, as the checks and the call need it (owned, so a prepared call keeps it as it is).
+pub struct Arg {
+    pub obj: Py<PyAny>,
     pub ptr: u64,
     pub count: usize,
     pub dtype: DType,
@@ -30,13 +30,13 @@ pub struct Arg<'py> {
     pub writable: bool,
 }
 
-impl Arg<'_> {
+impl Arg {
     pub fn bytes(&self) -> usize {
         self.count * self.dtype.size()
     }
 
     /// Whether the byte ranges of `self` and `other` share any byte.
-    pub fn overlaps(&self, other: &Arg<'_>) -> bool {
+    pub fn overlaps(&self, other: &Arg) -> bool {
         self.ptr < other.ptr + other.bytes() as u64 && other.ptr < self.ptr + self.bytes() as u64
     }
 }
@@ -103,7 +103,7 @@ pub fn dtype_of(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
 
 /// Reads `obj` (named `what` in errors) as a call's tensor; refuses a dtype other than bf16 / fp16 / fp32, a
 /// non-contiguous layout, an empty tensor, and objects that are neither torch tensors nor host arrays.
-pub fn describe<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Arg<'py>> {
+pub fn describe<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Arg> {
     let py = obj.py();
     if let Some(torch) = torch(py)? {
         if obj.is_instance(torch.tensor.bind(py))? {
@@ -124,7 +124,7 @@ pub fn describe<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Arg<'py>> 
     )))
 }
 
-fn from_torch<'py>(obj: &Bound<'py, PyAny>, torch: &Torch, what: &str) -> PyResult<Arg<'py>> {
+fn from_torch<'py>(obj: &Bound<'py, PyAny>, torch: &Torch, what: &str) -> PyResult<Arg> {
     let py = obj.py();
     let dt = obj.getattr(intern!(py, "dtype"))?;
     let Some(dtype) = torch.dtypes.iter().find(|(d, _)| d.bind(py).is(&dt)).map(|d| d.1) else {
@@ -155,10 +155,10 @@ fn from_torch<'py>(obj: &Bound<'py, PyAny>, torch: &Torch, what: &str) -> PyResu
     let count: usize = obj.call_method0(intern!(py, "numel"))?.extract()?;
     nonempty(what, count)?;
     let ptr: u64 = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
-    Ok(Arg { obj: obj.clone(), ptr, count, dtype, memory, writable: true })
+    Ok(Arg { obj: obj.clone().unbind(), ptr, count, dtype, memory, writable: true })
 }
 
-fn from_array_interface<'py>(obj: &Bound<'py, PyAny>, ai: &Bound<'py, PyAny>, what: &str) -> PyResult<Arg<'py>> {
+fn from_array_interface<'py>(obj: &Bound<'py, PyAny>, ai: &Bound<'py, PyAny>, what: &str) -> PyResult<Arg> {
     let ai = ai.cast::<PyDict>()?;
     let get = |key: &str| -> PyResult<Bound<'py, PyAny>> {
         ai.get_item(key)?.ok_or_else(|| ArgumentError::new_err(format!("{what}: __array_interface__ lacks {key:?}")))
@@ -198,7 +198,7 @@ fn from_array_interface<'py>(obj: &Bound<'py, PyAny>, ai: &Bound<'py, PyAny>, wh
         ArgumentError::new_err(format!("{what}: __array_interface__ gives its data as a buffer object, not an address"))
     })?;
     let (ptr, readonly): (u64, bool) = data.extract()?;
-    Ok(Arg { obj: obj.clone(), ptr, count, dtype, memory: Memory::Host, writable: !readonly })
+    Ok(Arg { obj: obj.clone().unbind(), ptr, count, dtype, memory: Memory::Host, writable: !readonly })
 }
 
 fn dtype_name(obj: &Bound<'_, PyAny>) -> Option<String> {

@@ -168,7 +168,7 @@ impl PyCommunicator {
     }
 
     /// Refuses a tensor this communicator's driver cannot reach, or one larger than the capacity.
-    fn check(&self, arg: &Arg<'_>, what: &str) -> PyResult<()> {
+    fn check(&self, arg: &Arg, what: &str) -> PyResult<()> {
         let wrong_place = |there: String| {
             let here = match self.driver {
                 DriverKind::Host => "host memory (numpy arrays, CPU tensors)".to_string(),
@@ -215,7 +215,7 @@ impl PyCommunicator {
         &self,
         tensor: &Bound<'py, PyAny>,
         out: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Arg<'py>, Option<Arg<'py>>)> {
+    ) -> PyResult<(Arg, Option<Arg>)> {
         let input = args::describe(tensor, "tensor")?;
         self.check(&input, "tensor")?;
         let output = match out {
@@ -245,11 +245,7 @@ impl PyCommunicator {
     }
 
     /// A reduce-scatter's input and output, checked.
-    fn reduce_scatter_args<'py>(
-        &self,
-        input: &Bound<'py, PyAny>,
-        out: &Bound<'py, PyAny>,
-    ) -> PyResult<(Arg<'py>, Arg<'py>)> {
+    fn reduce_scatter_args<'py>(&self, input: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>) -> PyResult<(Arg, Arg)> {
         let input = args::describe(input, "input")?;
         self.check(&input, "input")?;
         let output = args::describe(out, "out")?;
@@ -275,8 +271,8 @@ impl PyCommunicator {
         &self,
         op: Op,
         algo: Option<Algorithm>,
-        input: &Arg<'_>,
-        output: Option<&Arg<'_>>,
+        input: &Arg,
+        output: Option<&Arg>,
         handle: u64,
     ) -> PyResult<Algorithm> {
         self.with(|state| {
@@ -332,8 +328,8 @@ impl PyCommunicator {
         state: &mut State,
         op: Op,
         algo: Option<Algorithm>,
-        input: &Arg<'_>,
-        output: Option<&Arg<'_>>,
+        input: &Arg,
+        output: Option<&Arg>,
     ) -> PyResult<Algorithm> {
         let (count, dtype) = (input.count, input.dtype);
         if let Some(a) = algo {
@@ -346,8 +342,9 @@ impl PyCommunicator {
             }
             let out = output.map_or(input.ptr, |o| o.ptr);
             let stream = state.host_stream.as_ref().expect("the host driver has a stream").handle();
-            // SAFETY: on the host driver device memory is process memory; the arrays are alive (referenced by the
-            // caller's frame) and untouched while this thread, holding the GIL, runs the call to completion.
+            // SAFETY: on the host driver device memory is process memory; the arrays are alive (held by the
+            // caller, or by a PreparedCall) and untouched while this thread, holding the GIL, runs the call to
+            // completion.
             return unsafe {
                 state.comm.all_reduce_with(algo, DevicePtr(input.ptr), DevicePtr(out), count, dtype, stream)
             }
@@ -365,12 +362,12 @@ impl PyCommunicator {
 fn host_slices<T: allreduce::Scalar>(
     state: &mut State,
     op: Op,
-    input: &Arg<'_>,
-    output: Option<&Arg<'_>>,
+    input: &Arg,
+    output: Option<&Arg>,
 ) -> PyResult<Algorithm> {
     // SAFETY: the checks made these host memory of `count` elements of T, element-aligned, non-null (at least one
-    // element), alive (the caller holds the objects), distinct or identical (never partly overlapping), and writable
-    // where written; nothing else runs while this thread holds the GIL through the call.
+    // element), alive (held by the caller, or by a PreparedCall), distinct or identical (never partly overlapping),
+    // and writable where written; nothing else runs while this thread holds the GIL through the call.
     let result = unsafe {
         match (op, output) {
             (Op::AllReduce, None) => {
@@ -453,7 +450,7 @@ impl PyCommunicator {
         let (input, output) = self.all_reduce_args(tensor, out)?;
         let handle = self.stream_handle(py, stream)?;
         self.issue(Op::AllReduce, algo, &input, output.as_ref(), handle)?;
-        Ok(output.map_or(input.obj, |o| o.obj))
+        Ok(output.map_or(input.obj, |o| o.obj).into_bound(py))
     }
 
     /// Reduce-scatter: rank r receives elements [r * n / W, (r + 1) * n / W) of the sum of every rank's `input`
@@ -469,7 +466,7 @@ impl PyCommunicator {
         let (input, output) = self.reduce_scatter_args(input, out)?;
         let handle = self.stream_handle(py, stream)?;
         self.issue(Op::ReduceScatter, None, &input, Some(&output), handle)?;
-        Ok(output.obj)
+        Ok(output.obj.into_bound(py))
     }
 
     /// all_reduce(tensor, out, algorithm=...) checked once and bound: the returned PreparedCall issues it with
@@ -484,7 +481,7 @@ impl PyCommunicator {
     ) -> PyResult<PreparedCall> {
         let algo = algorithm_named(algorithm)?;
         let (input, output) = slf.get().all_reduce_args(tensor, out)?;
-        PreparedCall::new(slf, Op::AllReduce, algo, &input, output.as_ref())
+        PreparedCall::new(slf, Op::AllReduce, algo, input, output)
     }
 
     /// reduce_scatter(input, out) checked once and bound, as prepare_all_reduce.
@@ -494,7 +491,7 @@ impl PyCommunicator {
         out: &Bound<'_, PyAny>,
     ) -> PyResult<PreparedCall> {
         let (input, output) = slf.get().reduce_scatter_args(input, out)?;
-        PreparedCall::new(slf, Op::ReduceScatter, None, &input, Some(&output))
+        PreparedCall::new(slf, Op::ReduceScatter, None, input, Some(output))
     }
 
     /// Registers the memory of `tensor` (a CUDA / ROCm tensor of this device) with every peer, so calls on tensors
@@ -673,7 +670,7 @@ impl PyCommunicator {
 }
 
 /// Refuses an output whose dtype or element count is not the call's.
-fn same_shape(input: &Arg<'_>, out: &Arg<'_>, want: usize, whose: &str) -> PyResult<()> {
+fn same_shape(input: &Arg, out: &Arg, want: usize, whose: &str) -> PyResult<()> {
     if out.dtype != input.dtype {
         return Err(ArgumentError::new_err(format!(
             "out: dtype {} differs from the input's {}",
@@ -845,40 +842,6 @@ fn algorithm_named(name: Option<&str>) -> PyResult<Option<Algorithm>> {
     .transpose()
 }
 
-/// A tensor of a prepared call, as described when it was prepared.
-struct Held {
-    obj: Py<PyAny>,
-    ptr: u64,
-    count: usize,
-    dtype: DType,
-    memory: Memory,
-    writable: bool,
-}
-
-impl Held {
-    fn of(arg: &Arg<'_>) -> Held {
-        Held {
-            obj: arg.obj.clone().unbind(),
-            ptr: arg.ptr,
-            count: arg.count,
-            dtype: arg.dtype,
-            memory: arg.memory.clone(),
-            writable: arg.writable,
-        }
-    }
-
-    fn arg<'py>(&self, py: Python<'py>) -> Arg<'py> {
-        Arg {
-            obj: self.obj.bind(py).clone(),
-            ptr: self.ptr,
-            count: self.count,
-            dtype: self.dtype,
-            memory: self.memory.clone(),
-            writable: self.writable,
-        }
-    }
-}
-
 /// One all_reduce or reduce_scatter, checked once by Communicator.prepare_all_reduce / prepare_reduce_scatter;
 /// `call()` issues it again (on torch's current stream, or `stream=`) and returns the output tensor. Holding the
 /// tensors' storage, it reduces the memory they had when prepared even if a tensor is later re-pointed
@@ -888,8 +851,8 @@ pub struct PreparedCall {
     comm: Py<PyCommunicator>,
     op: Op,
     algo: Option<Algorithm>,
-    input: Held,
-    output: Option<Held>,
+    input: Arg,
+    output: Option<Arg>,
     /// The storages behind the tensors (`untyped_storage()`), kept so their memory cannot be freed or reused.
     _storage: Vec<Py<PyAny>>,
 }
@@ -899,25 +862,18 @@ impl PreparedCall {
         comm: &Bound<'_, PyCommunicator>,
         op: Op,
         algo: Option<Algorithm>,
-        input: &Arg<'_>,
-        output: Option<&Arg<'_>>,
+        input: Arg,
+        output: Option<Arg>,
     ) -> PyResult<PreparedCall> {
         let py = comm.py();
         let mut storage = Vec::new();
-        for arg in std::iter::once(input).chain(output) {
+        for arg in std::iter::once(&input).chain(output.as_ref()) {
             // A torch tensor's memory belongs to its storage; a host array's to the array, held as `obj`.
-            if let Ok(s) = arg.obj.call_method0(pyo3::intern!(py, "untyped_storage")) {
+            if let Ok(s) = arg.obj.bind(py).call_method0(pyo3::intern!(py, "untyped_storage")) {
                 storage.push(s.unbind());
             }
         }
-        Ok(PreparedCall {
-            comm: comm.clone().unbind(),
-            op,
-            algo,
-            input: Held::of(input),
-            output: output.map(Held::of),
-            _storage: storage,
-        })
+        Ok(PreparedCall { comm: comm.clone().unbind(), op, algo, input, output, _storage: storage })
     }
 }
 
@@ -928,10 +884,8 @@ impl PreparedCall {
     fn __call__<'py>(&self, py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
         let comm = self.comm.get();
         let handle = comm.stream_handle(py, stream)?;
-        let input = self.input.arg(py);
-        let output = self.output.as_ref().map(|o| o.arg(py));
-        comm.issue(self.op, self.algo, &input, output.as_ref(), handle)?;
-        Ok(output.map_or(input.obj, |o| o.obj))
+        comm.issue(self.op, self.algo, &self.input, self.output.as_ref(), handle)?;
+        Ok(self.output.as_ref().unwrap_or(&self.input).obj.bind(py).clone())
     }
 
     fn __repr__(&self) -> String {

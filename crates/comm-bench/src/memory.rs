@@ -31,9 +31,14 @@ fn buffers(method: &str) -> (usize, usize) {
     }
 }
 
+/// All `methods`' own buffers per rank, and how many of them live in /dev/shm.
+fn methods_buffers(methods: &[String]) -> (usize, usize) {
+    methods.iter().map(|m| buffers(m)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
 /// The estimate for `world` ranks of `methods` at `capacity` bytes per buffer.
 pub fn estimate(methods: &[String], capacity: usize, world: usize) -> Need {
-    let (own, shm) = methods.iter().map(|m| buffers(m)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let (own, shm) = methods_buffers(methods);
     let per_rank = |caps: usize| (caps * capacity * world) as u64;
     Need { memory: per_rank(BENCH_BUFFERS + ENGINE_BUFFERS + own), shm: per_rank(ENGINE_BUFFERS / 2 + shm) }
 }
@@ -41,8 +46,7 @@ pub fn estimate(methods: &[String], capacity: usize, world: usize) -> Need {
 /// Device bytes the sweep still allocates on one device once the communicators are up (their engines are already in
 /// the device's free memory): the benchmark's buffers and each method's own, for the `ranks` ranks that share it.
 pub fn device_need(methods: &[String], capacity: usize, ranks: usize) -> u64 {
-    let own: usize = methods.iter().map(|m| buffers(m).0).sum();
-    ((BENCH_BUFFERS + own) * capacity * ranks) as u64
+    ((BENCH_BUFFERS + methods_buffers(methods).0) * capacity * ranks) as u64
 }
 
 /// Refuses a sweep whose device allocations would not fit in the device's `free` bytes (of `total`).

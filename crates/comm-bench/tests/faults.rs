@@ -44,13 +44,12 @@ fn alive(pid: i32) -> bool {
     }
 }
 
-fn inject(signal: nix::sys::signal::Signal) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let before = shm_segments();
-    let world = 4;
+/// A running host-driver job of `world` ranks with `args`: the launcher, its ranks' pids, and the prefix of this
+/// job's /dev/shm segments (other test runs on the machine may hold segments of their own meanwhile).
+fn launch_job(world: usize, args: &[&str]) -> (std::process::Child, Vec<i32>, String) {
     let job = Command::new(BIN)
-        .args(["--backend", "host", "--num_ranks", &world.to_string(), "--timeout_s", "3", "--setup_timeout_s", "3"])
-        .args(["--counts", "1000,65536,300000", "--num_iters", "50", "--repeats", "1000"])
+        .args(["--backend", "host", "--num_ranks", &world.to_string()])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -62,13 +61,32 @@ fn inject(signal: nix::sys::signal::Signal) {
         ranks = children(job.id());
     }
     assert_eq!(ranks.len(), world, "the launcher did not start {world} ranks");
-    // Only this job's segments count: other test runs on the machine may hold segments of their own meanwhile.
     let environ = std::fs::read(format!("/proc/{}/environ", ranks[0])).unwrap_or_default();
     let job_id = environ
         .split(|&b| b == 0)
         .find_map(|v| v.strip_prefix(b"ALLREDUCE_JOB_ID="))
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .expect("a rank's environment names its job");
+    (job, ranks, format!("arx-{job_id}-"))
+}
+
+fn inject(signal: nix::sys::signal::Signal) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let before = shm_segments();
+    let world = 4;
+    let args = [
+        "--timeout_s",
+        "3",
+        "--setup_timeout_s",
+        "3",
+        "--counts",
+        "1000,65536,300000",
+        "--num_iters",
+        "50",
+        "--repeats",
+        "1000",
+    ];
+    let (job, ranks, ours) = launch_job(world, &args);
     // Somewhere in setup, the ceilings or the sweep.
     std::thread::sleep(Duration::from_millis(rand::rng().random_range(100..1500)));
     let victim = ranks[rand::rng().random_range(0..world)];
@@ -88,7 +106,6 @@ fn inject(signal: nix::sys::signal::Signal) {
     for pid in ranks {
         assert!(!alive(pid), "rank process {pid} outlived the job");
     }
-    let ours = format!("arx-{job_id}-");
     let left: Vec<String> = shm_segments().difference(&before).filter(|n| n.starts_with(&ours)).cloned().collect();
     assert!(left.is_empty(), "left in /dev/shm: {left:?}\n{text}");
 }
@@ -114,28 +131,10 @@ fn every_stop_signal_to_comm_bench_leaves_nothing_behind() {
     use nix::sys::signal::Signal;
     for signal in [Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGINT, Signal::SIGTERM] {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        let world = 3;
-        let job = Command::new(BIN)
-            .args(["--backend", "host", "--num_ranks", &world.to_string(), "--counts", "1000,65536"])
-            .args(["--num_iters", "50", "--repeats", "1000", "--methods", "car_1shot,symm_1shot"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let args =
+            ["--counts", "1000,65536", "--num_iters", "50", "--repeats", "1000", "--methods", "car_1shot,symm_1shot"];
+        let (job, ranks, ours) = launch_job(3, &args);
         let start = Instant::now();
-        let mut ranks = Vec::new();
-        while ranks.len() < world && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(20));
-            ranks = children(job.id());
-        }
-        assert_eq!(ranks.len(), world, "the launcher did not start {world} ranks");
-        let environ = std::fs::read(format!("/proc/{}/environ", ranks[0])).unwrap_or_default();
-        let job_id = environ
-            .split(|&b| b == 0)
-            .find_map(|v| v.strip_prefix(b"ALLREDUCE_JOB_ID="))
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .expect("a rank's environment names its job");
-        let ours = format!("arx-{job_id}-");
         // Into the sweep, where every rank holds its segments.
         while !shm_segments().iter().any(|n| n.starts_with(&ours)) && start.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(20));
