@@ -11,6 +11,9 @@
 //    every input and its pushes are done, so the caller may reuse its input and read its output once the kernel ends.
 //  - symm_epoch_1shot: car's one-shot protocol on symmetric memory (copy-in fused per block into a staging half
 //    chosen by epoch parity, one epoch-flag barrier): one barrier instead of two, for the sizes between the two.
+//  - *_table: the zero-copy kernels with every rank's input and output read from a device table (`peer_table`)
+//    instead of the parameters: a graph captured on the caller's own buffers fixes its parameters before any peer
+//    has mapped them, and the communicator fills the table once the capture ends (as vLLM's graph buffers).
 // Sums run in rank order 0..W-1 with f32 accumulation, so every rank gets the same bits.
 
 #include "arx/instantiate.h"
@@ -33,7 +36,19 @@ struct TunedParams {
     u32 world;
     u32 dtype;
     u32 reserved;
+    u64 peer_table;              // the *_table kernels: u64 [inputs ARX_MAX_RANKS][outputs ARX_MAX_RANKS]
 };
+
+// The parameters with every rank's input and output taken from the peer table (constant indices: registers).
+ARX_DEV TunedParams with_peer_table(TunedParams p) {
+    const u64* t = (const u64*)p.peer_table;
+#pragma unroll
+    for (u32 r = 0; r < ARX_MAX_RANKS; ++r) {
+        p.inputs[r] = t[r];
+        p.outputs[r] = t[ARX_MAX_RANKS + r];
+    }
+    return p;
+}
 
 // Zeroes the slots of this rank's area of `epoch`'s parity that this thread reads (j = first mod stride, every
 // source), and the ones nobody reads this call, when the flags wrap before the area's next use (call epoch + 2).
@@ -199,8 +214,15 @@ template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
     ll_clean(p, epoch);
 }
 
+template <int DT> ARX_DEV void symm_zc_1shot_table(TunedParams p) { symm_zc_1shot<DT>(with_peer_table(p)); }
+template <int DT> ARX_DEV void symm_zc_2shot_table(TunedParams p) { symm_zc_2shot<DT>(with_peer_table(p)); }
+template <int DT> ARX_DEV void symm_zc_2shot_ll_table(TunedParams p) { symm_zc_2shot_ll<DT>(with_peer_table(p)); }
+
 ARX_INSTANTIATE(symm_ll, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll, TunedParams)
 ARX_INSTANTIATE(symm_epoch_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot, TunedParams)
+ARX_INSTANTIATE(symm_zc_1shot_table, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_table, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_ll_table, TunedParams)

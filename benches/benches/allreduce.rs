@@ -7,7 +7,7 @@
 use allreduce::check::{agree_verdict, input_values, reference, tolerance, POISON};
 use allreduce::methods;
 use allreduce::timing::{Timer, TimingOptions};
-use allreduce::{Collective, Communicator, DType, Mode, Op, Options};
+use allreduce::{Collective, Communicator, DType, Op, Options};
 use allreduce_benches::{
     env_flag, methods as method_list, sizes, Command, Entry, Summary, COPY, METHODS_ENV, QUICK_ENV, RANKS_ENV,
 };
@@ -131,11 +131,8 @@ impl<'a> Job<'a> {
         }
         let capacity = sizes.iter().max().copied().unwrap_or(1) * DTYPE.size();
         let (mut names, mut targets) = (vec![COPY.to_string()], vec![Target::Copy]);
-        let opts = methods::BuildOptions {
-            capacity_bytes: capacity,
-            tables: [Mode::Eager, Mode::Graph].map(|m| comm.engine_table(m).clone()),
-            car_uncached: true,
-        };
+        let opts =
+            methods::BuildOptions { capacity_bytes: capacity, tables: comm.tables().clone(), car_uncached: true };
         for name in &list {
             let m = methods::build(name, comm.team(), &opts).map_err(|e| e.to_string());
             // Every rank learns whether every rank built it, so all skip it together.

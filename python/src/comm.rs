@@ -4,7 +4,7 @@
 use crate::args::{self, Arg, Memory};
 use crate::dlpack::{self, View};
 use crate::errors::{from_error, AllreduceError, ArgumentError, CapacityError};
-use allreduce::{Algorithm, Communicator, DType, DevicePtr, DriverKind, Mode, Options};
+use allreduce::{Algorithm, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency, TuneRequest};
 use collective_core::{Op, VEC_BYTES};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -50,7 +50,7 @@ pub struct PyCommunicator {
     placement: allreduce::Placement,
     notes: Vec<String>,
     /// `table_source` of the eager and graph tables, fixed at construction.
-    sources: [String; 2],
+    sources: [[String; 3]; 2],
     /// Live DLPack views of the registered buffers.
     views: Arc<AtomicUsize>,
 }
@@ -141,7 +141,7 @@ impl PyCommunicator {
             ordinal: i.ordinal,
             device_name: i.name,
             notes: comm.notes().to_vec(),
-            sources: Mode::ALL.map(|m| comm.table_source(m).to_string()),
+            sources: Mode::ALL.map(|m| Residency::ALL.map(|r| comm.table_source(m, r).to_string())),
             placement,
             views: Arc::new(AtomicUsize::new(0)),
             state: Mutex::new(Some(State { comm, host_stream, registered: Vec::new() })),
@@ -269,6 +269,7 @@ impl PyCommunicator {
     /// Issues one checked call (`all_reduce_args` / `reduce_scatter_args`) on stream `handle`.
     fn issue(
         &self,
+        py: Python<'_>,
         op: Op,
         algo: Option<Algorithm>,
         input: &Arg,
@@ -286,14 +287,20 @@ impl PyCommunicator {
             // their memory only in the order of the stream they were made on (the current stream, unless the
             // caller passed another and recorded it, as for any side-stream work). That every rank makes the same
             // calls is the caller's part, as with torch.distributed.
-            let (input, out, count, dtype) = (DevicePtr(input.ptr), DevicePtr(out), input.count, input.dtype);
-            unsafe {
+            let (ptr, out, count, dtype) = (DevicePtr(input.ptr), DevicePtr(out), input.count, input.dtype);
+            let algo = unsafe {
                 match op {
-                    Op::AllReduce => state.comm.all_reduce_with(algo, input, out, count, dtype, handle),
-                    Op::ReduceScatter => state.comm.reduce_scatter(input, out, count, dtype, handle),
+                    Op::AllReduce => state.comm.all_reduce_with(algo, ptr, out, count, dtype, handle),
+                    Op::ReduceScatter => state.comm.reduce_scatter(ptr, out, count, dtype, handle),
                 }
             }
-            .map_err(from_error)
+            .map_err(from_error)?;
+            // A recorded capture's calls may read these tensors in place from every peer at each replay: kept alive
+            // with the communicator, as end_graph_capture requires.
+            if state.comm.recording_graph_capture() {
+                state.registered.extend(std::iter::once(input).chain(output).map(|a| a.obj.clone_ref(py)));
+            }
+            Ok(algo)
         })
     }
 
@@ -449,7 +456,7 @@ impl PyCommunicator {
         let algo = algorithm_named(algorithm)?;
         let (input, output) = self.all_reduce_args(tensor, out)?;
         let handle = self.stream_handle(py, stream)?;
-        self.issue(Op::AllReduce, algo, &input, output.as_ref(), handle)?;
+        self.issue(py, Op::AllReduce, algo, &input, output.as_ref(), handle)?;
         Ok(output.map_or(input.obj, |o| o.obj).into_bound(py))
     }
 
@@ -465,7 +472,7 @@ impl PyCommunicator {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (input, output) = self.reduce_scatter_args(input, out)?;
         let handle = self.stream_handle(py, stream)?;
-        self.issue(Op::ReduceScatter, None, &input, Some(&output), handle)?;
+        self.issue(py, Op::ReduceScatter, None, &input, Some(&output), handle)?;
         Ok(output.obj.into_bound(py))
     }
 
@@ -538,15 +545,23 @@ impl PyCommunicator {
         registered(slf, Which::Output, dtype, count)
     }
 
-    /// Measures every algorithm on this machine (eager and graph), checked first, and stores the fastest per size
-    /// in the tune cache, where later communicators find them. Collective. Returns the files written.
-    #[pyo3(signature = (dtype = None))]
-    fn tune(&self, py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<PathBuf>> {
-        let dtype = dtype.map_or(Ok(DType::Bf16), args::dtype_of)?;
+    /// Measures every algorithm on this machine (eager and graph, on your tensors, on the registered buffers and on
+    /// registered tensors), checked first, and stores the fastest per size in the tune cache, where later
+    /// communicators find them. `counts`: the element counts to measure [default: comm_bench.py's sizes up to the
+    /// capacity]. Collective. Returns the files written.
+    #[pyo3(signature = (dtype = None, counts = None))]
+    fn tune(
+        &self,
+        py: Python<'_>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        counts: Option<Vec<usize>>,
+    ) -> PyResult<Vec<PathBuf>> {
+        let mut req = TuneRequest::new(dtype.map_or(Ok(DType::Bf16), args::dtype_of)?);
+        req.counts = counts;
         self.with(|state| {
             let comm = &mut state.comm;
-            let tables = py.detach(move || comm.tune(dtype)).map_err(from_error)?;
-            Ok(tables.into_iter().map(|t| t.1).collect())
+            let report = py.detach(move || comm.tune_with(&req)).map_err(from_error)?;
+            Ok(report.tables.into_iter().map(|t| t.1).collect())
         })
     }
 
@@ -569,10 +584,46 @@ impl PyCommunicator {
         Ok(all.iter().map(|b| PyBytes::new(py, b)).collect())
     }
 
-    /// Where the table that calls issued in `mode` ("eager" or "graph") follow came from.
-    #[pyo3(signature = (mode = "eager"))]
-    fn table_source(&self, mode: &str) -> PyResult<String> {
-        Ok(self.sources[mode_of(mode)? as usize].clone())
+    /// Where the table came from that calls issued in `mode` ("eager" or "graph") on buffers in `residency`
+    /// ("caller": your own tensors; "registered": the registered buffers; "caller_registered": tensors shared with
+    /// `register` or by a graph capture) follow.
+    #[pyo3(signature = (mode = "eager", residency = "caller"))]
+    fn table_source(&self, mode: &str, residency: &str) -> PyResult<String> {
+        let r = Residency::from_name(residency).ok_or_else(|| {
+            ArgumentError::new_err(format!(
+                "residency {residency:?}: expected \"caller\", \"registered\" or \"caller_registered\""
+            ))
+        })?;
+        Ok(self.sources[mode_of(mode)? as usize][r as usize].clone())
+    }
+
+    /// Begins recording a CUDA graph capture on your own tensors (use `graph_capture()` around
+    /// `torch.cuda.graph`): calls captured until `end_graph_capture` read every rank's tensors in place at replay,
+    /// once the end has shared them. Collective; call it before the capture begins.
+    fn begin_graph_capture(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(|state| {
+            let comm = &mut state.comm;
+            py.detach(move || comm.begin_graph_capture()).map_err(from_error)
+        })
+    }
+
+    /// Ends the recording once the capture has ended: every rank shares and maps the captured calls' tensors (which
+    /// the communicator keeps alive from then on). Collective; returns how many calls were registered. Replay the
+    /// graph only after it returns.
+    fn end_graph_capture(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(|state| {
+            let comm = &mut state.comm;
+            // SAFETY: the captured calls' tensors are held in `state.registered` (issue keeps them while a capture
+            // is recorded), so their memory stays allocated while the communicator lives; the caller replays only
+            // after this returns (documented).
+            py.detach(move || unsafe { comm.end_graph_capture() }).map_err(from_error)
+        })
+    }
+
+    /// A context manager for `with comm.graph_capture(): with torch.cuda.graph(g): ...`: begins recording on
+    /// entry and registers the captured tensors on exit, so every replay runs zero-copy on them.
+    fn graph_capture(slf: &Bound<'_, Self>) -> GraphCapture {
+        GraphCapture { comm: slf.clone().unbind() }
     }
 
     /// Ends the communicator: a barrier with every peer (they may still read this rank's buffers), then its
@@ -884,7 +935,7 @@ impl PreparedCall {
     fn __call__<'py>(&self, py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
         let comm = self.comm.get();
         let handle = comm.stream_handle(py, stream)?;
-        comm.issue(self.op, self.algo, &self.input, self.output.as_ref(), handle)?;
+        comm.issue(py, self.op, self.algo, &self.input, self.output.as_ref(), handle)?;
         Ok(self.output.as_ref().unwrap_or(&self.input).obj.bind(py).clone())
     }
 
@@ -896,5 +947,34 @@ impl PreparedCall {
         };
         let algo = self.algo.map_or("auto".to_string(), |a| a.name().to_string());
         format!("PreparedCall({what}, {} elements of {}, algorithm={algo})", self.input.count, self.input.dtype)
+    }
+}
+
+/// `Communicator.graph_capture()`'s context manager.
+#[pyclass(module = "allreduce_rs")]
+pub struct GraphCapture {
+    comm: Py<PyCommunicator>,
+}
+
+#[pymethods]
+impl GraphCapture {
+    fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
+        self.comm.get().begin_graph_capture(py)
+    }
+
+    /// Ends the recording on every rank even when the body raised (the peers are waiting in theirs); the body's
+    /// exception, if any, is the one that propagates.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let ended = self.comm.get().end_graph_capture(py);
+        match exc_type {
+            Some(_) => Ok(false),
+            None => ended.map(|_| false),
+        }
     }
 }

@@ -51,6 +51,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyCommunicator>()?;
     m.add_class::<comm::RegisteredBuffer>()?;
     m.add_class::<comm::PreparedCall>()?;
+    m.add_class::<comm::GraphCapture>()?;
     m.add_class::<comm::PyPlacement>()?;
     m.add_class::<comm::PyRankDevice>()?;
     m.add_function(wrap_pyfunction!(launch_job, m)?)?;

@@ -1,14 +1,14 @@
 //! The engine behind [`crate::Communicator`] and comm-bench's `auto`: car's one-shot and two-shot and the tuned
-//! symmetric-memory designs, built once, and per call the algorithm the tune table of the call's mode names.
+//! symmetric-memory designs, built once, and per call the algorithm the tune table of the call's mode and residency
+//! names.
 
-use crate::tune::{Algorithm, LoadedTable, Mode};
+use crate::tune::{Algorithm, LoadedTable, Mode, Residency, Tables};
 use collective_core::{Collective, CollectiveError, DType, Op, Team};
 use gpu::{DeviceBuffer, DevicePtr, Stream};
-use symm::tuned::{CallBuffers, Design, SymmTuned, TunedOptions};
+use symm::tuned::{CallBuffers, DeferredUse, Design, SymmTuned, TunedOptions};
 
 pub struct Engine {
-    /// Indexed by `Mode as usize`: eager, graph.
-    tables: [LoadedTable; 2],
+    tables: Tables,
     car_1shot: car::Car,
     car_2shot: car::Car,
     symm: SymmTuned,
@@ -16,7 +16,7 @@ pub struct Engine {
 
 impl Engine {
     /// Builds every candidate. Collective: every rank calls it with the same tables.
-    pub fn new(team: Team<'_>, capacity_bytes: usize, tables: [LoadedTable; 2]) -> Result<Engine, CollectiveError> {
+    pub fn new(team: Team<'_>, capacity_bytes: usize, tables: Tables) -> Result<Engine, CollectiveError> {
         let car = |algo| {
             let opts = car::CarOptions { capacity_bytes, uncached: true, rule: None, variant: car::Variant::Base };
             car::Car::new(team, algo, opts)
@@ -29,18 +29,38 @@ impl Engine {
         })
     }
 
-    pub fn table(&self, mode: Mode) -> &LoadedTable {
-        &self.tables[mode as usize]
+    pub fn table(&self, mode: Mode, residency: Residency) -> &LoadedTable {
+        self.tables.get(mode, residency)
     }
 
-    /// The algorithm for a message of `bytes` on `stream`: the stream is asked whether it captures only when the
-    /// two tables disagree at this size (the query is a driver call).
-    pub fn choose(&self, bytes: usize, stream: &Stream) -> Result<Algorithm, CollectiveError> {
-        let (eager, graph) = (self.tables[0].pick(bytes), self.tables[1].pick(bytes));
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    /// The tuned designs (their registered buffers and views).
+    pub fn symm(&self) -> &SymmTuned {
+        &self.symm
+    }
+
+    /// The algorithm for a message of `bytes` in `residency` on `stream`: the stream is asked whether it captures
+    /// only when the two modes' tables disagree at this size (the query is a driver call).
+    pub fn choose(&self, bytes: usize, residency: Residency, stream: &Stream) -> Result<Algorithm, CollectiveError> {
+        let pick = |mode| self.tables.get(mode, residency).pick(bytes);
+        let (eager, graph) = (pick(Mode::Eager), pick(Mode::Graph));
         Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
     }
 
-    /// Runs `algo` (an allreduce candidate) on `bufs`.
+    /// Where a call on `input` with no caller registration lives: the registered input, or the caller's memory.
+    pub fn residency_of(&self, input: DevicePtr) -> Residency {
+        if self.symm.registered_input().is_some_and(|b| b.ptr() == input) {
+            Residency::Registered
+        } else {
+            Residency::Caller
+        }
+    }
+
+    /// Runs `algo` (an allreduce candidate) on `bufs`; with `bufs.deferred`, what its peer table must hold (None:
+    /// the algorithm reads no peer's buffers in place, so the table is unused).
     ///
     /// # Safety
     /// As [`SymmTuned::run_design`].
@@ -51,16 +71,16 @@ impl Engine {
         bufs: &CallBuffers,
         count: usize,
         stream: &Stream,
-    ) -> Result<(), CollectiveError> {
+    ) -> Result<Option<DeferredUse>, CollectiveError> {
         let bytes = count * dtype.size();
         let (input, output) = (bufs.input, bufs.output);
         let design = match algo {
             // SAFETY (both car arms): the caller's contract.
             Algorithm::Car1Shot => {
-                return unsafe { self.car_1shot.run(Op::AllReduce, dtype, input, output, count, stream) }
+                return unsafe { self.car_1shot.run(Op::AllReduce, dtype, input, output, count, stream) }.map(|_| None)
             }
             Algorithm::Car2Shot => {
-                return unsafe { self.car_2shot.run(Op::AllReduce, dtype, input, output, count, stream) }
+                return unsafe { self.car_2shot.run(Op::AllReduce, dtype, input, output, count, stream) }.map(|_| None)
             }
             // Packets carry no more than their area: larger messages take the zero-copy one-shot.
             Algorithm::SymmLl if bytes <= self.symm.capacity_for(Design::Ll) => Design::Ll,
@@ -110,8 +130,8 @@ impl Collective for Engine {
         stream: &Stream,
     ) -> Result<(), CollectiveError> {
         self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
-        let algo = self.choose(count * dtype.size(), stream)?;
+        let algo = self.choose(count * dtype.size(), self.residency_of(input), stream)?;
         // SAFETY: the caller's contract, with no registered peer buffers.
-        unsafe { self.run_algorithm(algo, dtype, &CallBuffers::local(input, output), count, stream) }
+        unsafe { self.run_algorithm(algo, dtype, &CallBuffers::local(input, output), count, stream) }.map(|_| ())
     }
 }

@@ -31,11 +31,11 @@ pub mod timing;
 pub mod tune;
 
 pub use collective_core::{Collective, DType, Op};
-pub use comm::{Calls, Communicator, Options};
+pub use comm::{Calls, Communicator, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS};
 pub use gpu::{Backend, DevicePtr, DriverKind};
 pub use launch::RankInfo;
 pub use placement::Placement;
-pub use tune::{Algorithm, Mode, TableSource, TuneTable};
+pub use tune::{Algorithm, Mode, Residency, TableSource, Tables, TuneTable};
 
 use ipc::Rendezvous;
 

@@ -2,7 +2,7 @@
 //! the [`Collective`] trait. A program calls [`crate::Communicator`], which picks among them itself.
 
 use crate::engine::Engine;
-use crate::tune::LoadedTable;
+use crate::tune::Tables;
 use collective_core::{Collective, CollectiveError, LaunchRule, Op, Team};
 use symm::tuned::{Design, Staging, SymmTuned, TunedOptions};
 
@@ -195,7 +195,7 @@ const SHAPED: &[&str] = &[
 #[derive(Clone, Debug)]
 pub struct BuildOptions {
     pub capacity_bytes: usize,
-    pub tables: [LoadedTable; 2],
+    pub tables: Tables,
     /// car's buffers and flags uncached (fine-grained; ROCm's hipDeviceMallocUncached) or coarse-grained.
     pub car_uncached: bool,
 }

@@ -1,7 +1,8 @@
 //! Tune tables: per message size, the algorithm measured fastest on one machine. A table is keyed by driver, device
-//! name, world size and mode (eager launches or graph replays); the communicator looks for its key in the per-user
-//! cache directory, where [`crate::Communicator::tune`] and `comm-bench --tune` store what they measure, and falls
-//! back to a built-in default for the driver, saying so.
+//! name, world size, mode (eager launches or graph replays) and residency (where the call's buffers live, which
+//! decides whether the zero-copy designs pay a copy); the communicator looks for its key in the per-user cache
+//! directory, where [`crate::Communicator::tune`] and `comm-bench --tune` store what they measure, and falls back to
+//! the driver's built-in set, saying which of its tables it took and why.
 
 use crate::Error;
 pub use collective_core::Mode;
@@ -61,18 +62,56 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// Which machine and job shape a table was measured for.
+/// Where a call's input lives. It decides what a design pays: the zero-copy designs read every peer's input where
+/// it is, so on memory no peer has mapped they copy it into the registered buffer first, and a table measured on
+/// one residency picks the wrong design on another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Residency {
+    /// The caller's own memory, which no peer has mapped.
+    Caller,
+    /// The communicator's registered buffers ([`crate::Communicator::registered_input`]).
+    Registered,
+    /// Caller memory every peer has mapped: [`crate::Communicator::register`], or a graph capture's buffers
+    /// registered when the capture ends ([`crate::Communicator::end_graph_capture`]).
+    CallerRegistered,
+}
+
+impl Residency {
+    pub const ALL: [Residency; 3] = [Residency::Caller, Residency::Registered, Residency::CallerRegistered];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Residency::Caller => "caller",
+            Residency::Registered => "registered",
+            Residency::CallerRegistered => "caller_registered",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Residency> {
+        Residency::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+impl fmt::Display for Residency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which machine, job shape and call kind a table was measured for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TableKey {
     pub driver: String,
     pub device: String,
     pub world: usize,
     pub mode: Mode,
+    pub residency: Residency,
 }
 
 impl TableKey {
-    pub fn new(driver: DriverKind, device: &str, world: usize, mode: Mode) -> TableKey {
-        TableKey { driver: driver.to_string(), device: device.to_string(), world, mode }
+    pub fn new(driver: DriverKind, device: &str, world: usize, mode: Mode, residency: Residency) -> TableKey {
+        TableKey { driver: driver.to_string(), device: device.to_string(), world, mode, residency }
     }
 
     /// The cache file's name: every character outside `[A-Za-z0-9.-]` of the device name becomes `_`.
@@ -82,7 +121,14 @@ impl TableKey {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
             .collect();
-        format!("{}-{device}-w{}-{}.json", self.driver, self.world, self.mode.name())
+        format!("{}-{device}-w{}-{}-{}.json", self.driver, self.world, self.mode.name(), self.residency.name())
+    }
+}
+
+impl fmt::Display for TableKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (d, w, m, r) = (&self.device, self.world, self.mode.name(), self.residency.name());
+        write!(f, "{} on {d}, {w} ranks, {m}, {r} buffers", self.driver)
     }
 }
 
@@ -93,8 +139,8 @@ pub struct TuneEntry {
     pub method: String,
 }
 
-/// A tune table as stored: its key (absent in tables written before keys existed), a line for the reader, and the
-/// ranges.
+/// A tune table as stored: its key (absent in a table written by hand, which a caller may name as the one table for
+/// every call), a line for the reader, and the ranges.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuneTable {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,8 +157,8 @@ pub enum TableSource {
     Cache(PathBuf),
     /// A file the caller named.
     File(PathBuf),
-    /// The driver's built-in default (no table for this key was found).
-    BuiltIn(&'static str),
+    /// The driver's built-in set (no table for this key was cached): which of its tables, and why that one.
+    BuiltIn(String),
 }
 
 impl fmt::Display for TableSource {
@@ -148,21 +194,70 @@ impl LoadedTable {
 /// How much slower than the fastest an algorithm may be and still keep its range going: a tie within noise.
 pub const TIE: f64 = 0.03;
 
-/// The built-in tables: what `comm-bench --tune` measured, per driver.
-const BUILT_IN_CUDA: &str = include_str!("../../../results/h200-mps/tune.json");
-const BUILT_IN_HIP: &str = include_str!("../tables/hip-mi300x-car.json");
+/// The built-in sets, one per driver: every table `Communicator::tune` measured there (mode x residency), keyed.
+const BUILT_IN_CUDA: &str = include_str!("../tables/cuda.json");
+const BUILT_IN_HIP: &str = include_str!("../tables/hip.json");
 const BUILT_IN_HOST: &str = include_str!("../tables/host.json");
 
-/// The driver's default table and a line saying what it is.
-pub fn built_in(driver: DriverKind) -> (TuneTable, &'static str) {
+/// The driver's built-in tables and a line saying where they come from.
+pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let (text, what) = match driver {
-        DriverKind::Cuda => (BUILT_IN_CUDA, "cuda: measured on one H200 with 8 ranks under MPS (graph mode)"),
+        DriverKind::Cuda => (BUILT_IN_CUDA, "cuda: measured on one H200 with ranks under MPS (a proxy for NVLink)"),
         DriverKind::Hip => (BUILT_IN_HIP, "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table"),
-        DriverKind::Host => {
-            (BUILT_IN_HOST, "host: measured on the host driver with 2 ranks on 2 shared cores (results/host-tune)")
-        }
+        DriverKind::Host => (BUILT_IN_HOST, "host: measured on the host driver on 2 shared cores (results/host-tune)"),
     };
     (serde_json::from_str(text).expect("the built-in tables parse (tested)"), what)
+}
+
+/// The table of `set` closest to `key`, and a sentence saying what was measured where it differs from what runs.
+/// Closeness, in order: the residency (a table of another residency picks designs for copies the call does not
+/// pay, or skips ones it does), the mode, then the nearest world size.
+fn closest<'a>(set: &'a [TuneTable], key: &TableKey) -> Option<(&'a TuneTable, String)> {
+    let keyed = set.iter().filter_map(|t| Some((t, t.key.as_ref()?)));
+    let (table, k) =
+        keyed.min_by_key(|(_, k)| (k.residency != key.residency, k.mode != key.mode, k.world.abs_diff(key.world)))?;
+    let mut differs = Vec::new();
+    if k.device != key.device {
+        differs.push(format!("measured on {}, not {}", k.device, key.device));
+    }
+    if k.world != key.world {
+        differs.push(format!("measured with {} ranks, not {}", k.world, key.world));
+    }
+    if k.mode != key.mode {
+        differs.push(format!("measured {}, used {}", k.mode.name(), key.mode.name()));
+    }
+    if k.residency != key.residency {
+        differs.push(format!("measured on {} buffers, used on {}", k.residency.name(), key.residency.name()));
+    }
+    let why = if differs.is_empty() { "its key matches".to_string() } else { differs.join("; ") };
+    Some((table, why))
+}
+
+/// One table per mode and residency: what the engine chooses from per call.
+#[derive(Clone, Debug)]
+pub struct Tables {
+    /// Indexed by `[mode as usize][residency as usize]`.
+    tables: [[LoadedTable; 3]; 2],
+}
+
+impl Tables {
+    /// Each table by `find(mode, residency)`.
+    pub fn try_from_fn(mut find: impl FnMut(Mode, Residency) -> Result<LoadedTable, Error>) -> Result<Tables, Error> {
+        let mut row = |mode| -> Result<[LoadedTable; 3], Error> {
+            let [a, b, c] = Residency::ALL.map(|r| find(mode, r));
+            Ok([a?, b?, c?])
+        };
+        Ok(Tables { tables: [row(Mode::Eager)?, row(Mode::Graph)?] })
+    }
+
+    pub fn get(&self, mode: Mode, residency: Residency) -> &LoadedTable {
+        &self.tables[mode as usize][residency as usize]
+    }
+
+    /// Every table with its mode and residency.
+    pub fn iter(&self) -> impl Iterator<Item = (Mode, Residency, &LoadedTable)> {
+        Mode::ALL.into_iter().flat_map(move |m| Residency::ALL.into_iter().map(move |r| (m, r, self.get(m, r))))
+    }
 }
 
 /// The per-user directory tables are cached in: `$ALLREDUCE_TUNE_DIR`, else `$XDG_CACHE_HOME/allreduce-rs/tune`,
@@ -174,14 +269,48 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache/allreduce-rs/tune")))
 }
 
+/// A file of tune tables as stored: one table, or a set of keyed tables (what `comm-bench --tune` writes).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stored {
+    One(TuneTable),
+    Set(Vec<TuneTable>),
+}
+
 impl TuneTable {
     pub fn load(path: &Path) -> Result<TuneTable, Error> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Error::Tune(format!("tune table {}: {e}", path.display())))?;
-        let table: TuneTable =
-            serde_json::from_str(&text).map_err(|e| Error::Tune(format!("tune table {}: {e}", path.display())))?;
-        table.ranges().map_err(|e| Error::Tune(format!("tune table {}: {e}", path.display())))?;
-        Ok(table)
+        match TuneTable::load_set(path)?.as_slice() {
+            [one] => Ok(one.clone()),
+            set => Err(Error::Tune(format!("{} holds {} tables, not one", path.display(), set.len()))),
+        }
+    }
+
+    /// The tables of a file holding one table or a set, each checked.
+    pub fn load_set(path: &Path) -> Result<Vec<TuneTable>, Error> {
+        let err = |e: String| Error::Tune(format!("tune table {}: {e}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let set = match serde_json::from_str(&text).map_err(|e| err(e.to_string()))? {
+            Stored::One(t) => vec![t],
+            Stored::Set(s) if s.is_empty() => return Err(err("an empty set".into())),
+            Stored::Set(s) => s,
+        };
+        for t in &set {
+            t.ranges().map_err(err)?;
+        }
+        Ok(set)
+    }
+
+    /// The table of a set for `key`: a set of one unkeyed table is that table for every key; otherwise the
+    /// closest keyed one, and why it was taken.
+    pub fn pick(set: &[TuneTable], key: &TableKey) -> Result<(TuneTable, String), Error> {
+        if let [one] = set {
+            if one.key.is_none() {
+                return Ok((one.clone(), "one table for every call".into()));
+            }
+        }
+        closest(set, key)
+            .map(|(t, why)| (t.clone(), why))
+            .ok_or_else(|| Error::Tune("a set with no keyed table".into()))
     }
 
     /// Writes the table to `path` (its directory created), through a temporary file so a concurrent reader never
@@ -255,7 +384,7 @@ impl TuneTable {
         Ok(TuneTable { key: Some(key), measured_on, entries })
     }
 
-    /// The table for `key`: the cached one if there is one, else the driver's built-in default.
+    /// The table for `key`: the cached one if there is one, else the closest of the driver's built-in set.
     pub fn find(key: &TableKey, driver: DriverKind, dir: Option<&Path>) -> Result<LoadedTable, Error> {
         if let Some(path) = dir.map(|d| d.join(key.file_name())).filter(|p| p.is_file()) {
             let table = TuneTable::load(&path)?;
@@ -268,8 +397,9 @@ impl TuneTable {
             }
             return LoadedTable::new(table, TableSource::Cache(path));
         }
-        let (table, what) = built_in(driver);
-        LoadedTable::new(table, TableSource::BuiltIn(what))
+        let (set, what) = built_in(driver);
+        let (table, why) = TuneTable::pick(&set, key)?;
+        LoadedTable::new(table, TableSource::BuiltIn(format!("{what}; for {key}: {why}")))
     }
 }
 
@@ -285,7 +415,7 @@ mod tests {
     #[test]
     fn picks_by_range_and_refuses_malformed_tables() {
         let t = table(&[(Some(1000), "symm_ll"), (Some(5000), "symm_epoch_1shot"), (None, "car_2shot")]);
-        let l = LoadedTable::new(t, TableSource::BuiltIn("test")).unwrap();
+        let l = LoadedTable::new(t, TableSource::BuiltIn("test".into())).unwrap();
         assert_eq!(l.pick(16), Algorithm::SymmLl);
         assert_eq!(l.pick(1000), Algorithm::SymmLl);
         assert_eq!(l.pick(1001), Algorithm::SymmEpoch1Shot);
@@ -298,23 +428,83 @@ mod tests {
             table(&[(None, "car_1shot"), (None, "car_2shot")]),
             table(&[(Some(10), "car_1shot")]),
         ] {
-            assert!(LoadedTable::new(bad.clone(), TableSource::BuiltIn("t")).is_err(), "{bad:?}");
+            assert!(LoadedTable::new(bad.clone(), TableSource::BuiltIn("t".into())).is_err(), "{bad:?}");
         }
     }
 
     #[test]
-    fn every_built_in_table_is_valid() {
+    fn every_built_in_table_is_valid_and_keyed_for_its_driver() {
         for d in [DriverKind::Host, DriverKind::Cuda, DriverKind::Hip] {
-            let (t, what) = built_in(d);
+            let (set, what) = built_in(d);
             assert!(what.starts_with(&d.to_string()), "{what}");
-            LoadedTable::new(t, TableSource::BuiltIn(what)).unwrap();
+            assert!(!set.is_empty(), "{d}");
+            for t in set {
+                let key = t.key.clone().unwrap_or_else(|| panic!("{d}: a built-in table without a key"));
+                assert_eq!(key.driver, d.to_string());
+                LoadedTable::new(t, TableSource::BuiltIn(what.into())).unwrap();
+            }
         }
+    }
+
+    #[test]
+    fn the_closest_table_is_by_residency_then_mode_then_world_and_says_why() {
+        let keyed = |world, mode, residency, method: &str| {
+            let mut t = table(&[(None, method)]);
+            t.key = Some(TableKey::new(DriverKind::Cuda, "GPU A", world, mode, residency));
+            t
+        };
+        let set = [
+            keyed(8, Mode::Eager, Residency::Caller, "car_1shot"),
+            keyed(8, Mode::Eager, Residency::Registered, "symm_zc_2shot"),
+            keyed(4, Mode::Graph, Residency::Registered, "symm_ll"),
+        ];
+        let key = |world, mode, residency| TableKey::new(DriverKind::Cuda, "GPU A", world, mode, residency);
+        let (t, why) = TuneTable::pick(&set, &key(8, Mode::Eager, Residency::Caller)).unwrap();
+        assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("car_1shot", "its key matches"));
+        // The residency outranks the mode: caller buffers in a graph take the eager caller table.
+        let (t, why) = TuneTable::pick(&set, &key(8, Mode::Graph, Residency::Caller)).unwrap();
+        assert_eq!(t.entries[0].method, "car_1shot");
+        assert_eq!(why, "measured eager, used graph");
+        // The mode outranks the world size.
+        let (t, why) = TuneTable::pick(&set, &key(8, Mode::Graph, Residency::Registered)).unwrap();
+        assert_eq!(t.entries[0].method, "symm_ll");
+        assert_eq!(why, "measured with 4 ranks, not 8");
+        // No table of the residency: the other's, said.
+        let mut other = key(3, Mode::Eager, Residency::CallerRegistered);
+        other.device = "GPU B".into();
+        let (_, why) = TuneTable::pick(&set, &other).unwrap();
+        for part in
+            ["measured on GPU A, not GPU B", "measured with 8 ranks, not 3", "buffers, used on caller_registered"]
+        {
+            assert!(why.contains(part), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_file_holds_one_table_or_a_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = dir.path().join("one.json");
+        std::fs::write(&one, serde_json::to_string(&table(&[(None, "car_2shot")])).unwrap()).unwrap();
+        let key = TableKey::new(DriverKind::Host, "h", 2, Mode::Graph, Residency::Registered);
+        let (t, why) = TuneTable::pick(&TuneTable::load_set(&one).unwrap(), &key).unwrap();
+        assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("car_2shot", "one table for every call"));
+        let set = dir.path().join("set.json");
+        let mut a = table(&[(None, "car_1shot")]);
+        a.key = Some(TableKey { residency: Residency::Caller, ..key.clone() });
+        let mut b = table(&[(None, "symm_zc_2shot")]);
+        b.key = Some(key.clone());
+        std::fs::write(&set, serde_json::to_string(&[a, b]).unwrap()).unwrap();
+        let loaded = TuneTable::load_set(&set).unwrap();
+        assert_eq!(TuneTable::pick(&loaded, &key).unwrap().0.entries[0].method, "symm_zc_2shot");
+        assert!(TuneTable::load(&set).unwrap_err().to_string().contains("holds 2 tables"));
+        std::fs::write(&set, "[]").unwrap();
+        assert!(TuneTable::load_set(&set).is_err());
     }
 
     #[test]
     fn from_times_takes_the_fastest_and_merges_ranges() {
         use Algorithm::*;
-        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 2, Mode::Eager);
+        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 2, Mode::Eager, Residency::Caller);
         let times = [
             (2048, Car1Shot, 8.0),
             (2048, SymmLl, 7.0),
@@ -340,8 +530,8 @@ mod tests {
     #[test]
     fn cache_round_trip_by_key_and_fallback_to_built_in() {
         let dir = tempfile::tempdir().unwrap();
-        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 3, Mode::Graph);
-        assert_eq!(key.file_name(), "host-host__2_cores_-w3-graph.json");
+        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 3, Mode::Graph, Residency::CallerRegistered);
+        assert_eq!(key.file_name(), "host-host__2_cores_-w3-graph-caller_registered.json");
         let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();
         assert!(matches!(found.source, TableSource::BuiltIn(_)));
         let mut t = TuneTable::from_times(&[(64, Algorithm::Car2Shot, 1.0)], key.clone(), "here".into()).unwrap();

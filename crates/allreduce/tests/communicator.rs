@@ -3,7 +3,7 @@
 //! (or hip) and `ARX_TEST_RANKS=8` run the driver-independent tests on a GPU node (8 ranks on one GPU under MPS).
 
 use allreduce::check::{agree_verdict, fingerprint, input_values, reference, tolerance};
-use allreduce::{Algorithm, Communicator, DType, DevicePtr, Error, Mode, Options};
+use allreduce::{Algorithm, Communicator, DType, DevicePtr, Error, Mode, Options, Residency};
 use gpu::MemKind;
 use symm::tuned::TWO_SHOT_EPOCH_MAX_BYTES;
 use symm::tuned::{EPOCH_MAX_BYTES, LL_HANDOVER_EAGER_BYTES, LL_HANDOVER_GRAPH_BYTES, LL_MAX_BYTES};
@@ -45,7 +45,9 @@ fn handover_counts(dtype: DType, capacity: usize) -> Vec<usize> {
     let mut bytes =
         vec![LL_HANDOVER_GRAPH_BYTES, LL_HANDOVER_EAGER_BYTES, LL_MAX_BYTES, TWO_SHOT_EPOCH_MAX_BYTES, EPOCH_MAX_BYTES];
     for d in [gpu::DriverKind::Host, gpu::DriverKind::Cuda, gpu::DriverKind::Hip] {
-        bytes.extend(allreduce::tune::built_in(d).0.entries.iter().filter_map(|e| e.max_bytes));
+        for t in allreduce::tune::built_in(d).0 {
+            bytes.extend(t.entries.iter().filter_map(|e| e.max_bytes));
+        }
     }
     let mut counts = vec![1, 8, 13];
     for b in bytes {
@@ -190,7 +192,13 @@ fn tables_are_named_and_cached_tables_found() {
     as_job("tables_are_named_and_cached_tables_found", 2, |info| {
         let comm = host_comm(info, 1 << 16);
         for mode in Mode::ALL {
-            assert!(matches!(comm.table_source(mode), allreduce::TableSource::BuiltIn(_)), "{mode:?}");
+            for residency in Residency::ALL {
+                let source = comm.table_source(mode, residency);
+                assert!(matches!(source, allreduce::TableSource::BuiltIn(_)), "{mode:?} {residency}");
+                // A built-in table measured for another job shape says so.
+                let text = source.to_string();
+                assert!(text.contains(&format!("{} buffers", residency.name())), "{text}");
+            }
         }
         assert!(comm.notes().iter().any(|n| n.contains("no tune table")));
         assert_eq!(comm.placement().ranks_per_device, 2);
@@ -313,5 +321,210 @@ fn packets_stay_exact_across_the_flag_wrap() {
             stream.sync().unwrap();
             comm.rendezvous().barrier("wrap round done").unwrap();
         }
+    });
+}
+
+/// A file of tables that sends each residency to another algorithm, for the tests that follow.
+fn tables_by_residency(dir: &std::path::Path, world: usize) -> std::path::PathBuf {
+    let by = |r: Residency| match r {
+        Residency::Caller => "car_1shot",
+        Residency::Registered => "symm_zc_2shot",
+        Residency::CallerRegistered => "symm_zc_1shot",
+    };
+    let set: Vec<allreduce::TuneTable> = Mode::ALL
+        .into_iter()
+        .flat_map(|mode| Residency::ALL.map(move |r| (mode, r)))
+        .map(|(mode, r)| allreduce::TuneTable {
+            key: Some(allreduce::tune::TableKey::new(gpu::DriverKind::Host, "any", world, mode, r)),
+            measured_on: "test".into(),
+            entries: vec![allreduce::tune::TuneEntry { max_bytes: None, method: by(r).into() }],
+        })
+        .collect();
+    let path = dir.join(format!("by-residency-{world}.json"));
+    std::fs::write(&path, serde_json::to_string(&set).unwrap()).unwrap();
+    path
+}
+
+/// Runs one allreduce of the inputs of `seed` from `input` into `output` (both of `count` elements at the given
+/// offsets of `buf`) and checks it against the float64 reference, bitwise equal on every rank; returns its
+/// fingerprint.
+#[allow(clippy::too_many_arguments)]
+fn checked_call(
+    comm: &mut Communicator,
+    seed: u64,
+    stream: &gpu::Stream,
+    buf: &gpu::DeviceBuffer,
+    (input, output): (usize, usize),
+    count: usize,
+    dtype: DType,
+    algo: Option<Algorithm>,
+    what: &str,
+) -> u64 {
+    let (rank, world) = (comm.rank(), comm.world());
+    stream.upload(buf, input, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
+    if output != input {
+        stream.upload(buf, output, &vec![0xFF; count * dtype.size()]).unwrap();
+    }
+    let (i, o) = (buf.ptr().offset(input), buf.ptr().offset(output));
+    // SAFETY: ranges of our own buffer; every rank runs the same sequence.
+    unsafe { comm.all_reduce_with(algo, i, o, count, dtype, stream.handle()).unwrap() };
+    stream.sync().unwrap();
+    let mut got = vec![0u8; count * dtype.size()];
+    stream.download(buf, output, &mut got).unwrap();
+    let want = reference(seed, world, count, dtype, 0, count);
+    let verdict = agree_verdict(comm.rendezvous(), &got, dtype, &want, tolerance(dtype, world, false), true, what);
+    assert_eq!(verdict.unwrap(), None, "{what}");
+    fingerprint(&got)
+}
+
+#[test]
+fn each_residency_follows_its_own_table() {
+    as_job("each_residency_follows_its_own_table", ranks(3), |info| {
+        let dir =
+            std::env::temp_dir().join(format!("arx-residency-{}", info.job.shm_name("t").trim_start_matches('/')));
+        std::fs::create_dir_all(&dir).unwrap();
+        let capacity = 64 << 10;
+        let path = tables_by_residency(&dir, info.world);
+        let opts =
+            Options { backend: backend(), capacity_bytes: capacity, tune_table: Some(path), ..Options::default() };
+        let mut comm = Communicator::new(info, opts).unwrap();
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let own = gpu.alloc(2 * capacity, MemKind::Device).unwrap();
+        let shared = gpu.alloc(2 * capacity, MemKind::Ipc { uncached: false }).unwrap();
+        // SAFETY: our own allocation, alive as long as the communicator.
+        unsafe { comm.register(shared.ptr(), 2 * capacity).unwrap() };
+        let (dtype, count) = (DType::Bf16, 5000);
+        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let caller = checked_call(&mut comm, seed, &stream, &own, (0, capacity), count, dtype, None, "caller");
+        assert_eq!(comm.last_algorithm(), Some(Algorithm::Car1Shot), "caller buffers take the caller table");
+        let registered =
+            checked_call(&mut comm, seed, &stream, &shared, (0, capacity), count, dtype, None, "registered");
+        assert_eq!(comm.last_algorithm(), Some(Algorithm::SymmZc1Shot), "a registration takes its table");
+        assert_eq!(caller, registered, "the same bits whatever the residency picks");
+        // The communicator's registered input: its own table.
+        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let (rank, world) = (comm.rank(), comm.world());
+        let (input, output) = (comm.registered_input().ptr(), comm.registered_output().ptr());
+        stream.upload(comm.registered_input(), 0, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
+        // SAFETY: the registered buffers, of `capacity` bytes.
+        unsafe { comm.all_reduce(input, output, count, dtype, stream.handle()).unwrap() };
+        stream.sync().unwrap();
+        assert_eq!(comm.last_algorithm(), Some(Algorithm::SymmZc2Shot), "the registered buffers take theirs");
+        let mut got = vec![0u8; count * dtype.size()];
+        stream.download(comm.registered_output(), 0, &mut got).unwrap();
+        let want = reference(seed, world, count, dtype, 0, count);
+        let v = agree_verdict(comm.rendezvous(), &got, dtype, &want, tolerance(dtype, world, false), true, "reg");
+        assert_eq!(v.unwrap(), None);
+        std::fs::remove_dir_all(&dir).ok();
+    });
+}
+
+/// A graph captured on the caller's own buffers between begin_graph_capture and end_graph_capture: every zero-copy
+/// design reads and writes them in place at replay (no copy was captured: fresh inputs written to the caller's
+/// buffers reach every peer), every replay exact and bitwise equal across ranks and to the eager call; a buffer
+/// that cannot be shared keeps its copy and the notes say so.
+#[test]
+fn graph_capture_registers_the_callers_buffers() {
+    as_job("graph_capture_registers_the_callers_buffers", ranks(3), |info| {
+        let capacity = 256 << 10;
+        let mut comm = comm_on(backend(), info, capacity);
+        let (rank, world) = (comm.rank(), comm.world());
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let dtype = DType::F32;
+        let algos = [Algorithm::SymmZc1Shot, Algorithm::SymmZc2Shot, Algorithm::SymmZc2ShotLl, Algorithm::Car1Shot];
+        let counts = [1usize, 4099, 20_000];
+        // One shareable buffer per call (input, then output), and one private one whose call must copy.
+        let calls: Vec<(Algorithm, usize)> = algos.iter().flat_map(|&a| counts.map(|n| (a, n))).collect();
+        let slot = 2 * 20_000 * 4;
+        let shared = gpu.alloc(calls.len() * slot, MemKind::Ipc { uncached: false }).unwrap();
+        let private = gpu.alloc(slot, MemKind::Device).unwrap();
+        comm.begin_graph_capture().unwrap();
+        stream.begin_capture().unwrap();
+        for (k, &(algo, count)) in calls.iter().enumerate() {
+            let (i, o) = (shared.ptr().offset(k * slot), shared.ptr().offset(k * slot + slot / 2));
+            // SAFETY: ranges of our own buffers, alive as long as the communicator.
+            unsafe { comm.all_reduce_with(Some(algo), i, o, count, dtype, stream.handle()).unwrap() };
+        }
+        let (pi, po) = (private.ptr(), private.ptr().offset(slot / 2));
+        // SAFETY: as above.
+        unsafe { comm.all_reduce_with(Some(Algorithm::SymmZc2Shot), pi, po, 20_000, dtype, stream.handle()).unwrap() };
+        let graph = stream.end_capture().unwrap();
+        // SAFETY: the buffers live as long as the communicator; no replay before this returns.
+        let deferred = unsafe { comm.end_graph_capture().unwrap() };
+        assert_eq!(deferred, 3 * counts.len() + 1, "every zero-copy call was deferred, car's none");
+        let notes = comm.notes().join("\n");
+        assert!(notes.contains("cannot be shared") && notes.matches("graph capture").count() == 2, "{notes}");
+        for replay in 0..3 {
+            // Fresh inputs per replay, the same for every call of one size (so the designs can be compared).
+            let by_count: Vec<u64> = counts.iter().map(|_| allreduce::agree_seed(comm.rendezvous()).unwrap()).collect();
+            let mut seeds = Vec::new();
+            for (k, &(_, count)) in calls.iter().enumerate() {
+                let seed = by_count[counts.iter().position(|&n| n == count).expect("one of counts")];
+                stream.upload(&shared, k * slot, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
+                stream.upload(&shared, k * slot + slot / 2, &vec![0xFF; count * 4]).unwrap();
+                seeds.push(seed);
+            }
+            let pseed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+            stream.upload(&private, 0, &dtype.encode(&input_values(pseed, rank, 20_000, dtype))).unwrap();
+            stream.sync().unwrap();
+            // Every rank's inputs are in place before any rank replays (the graph holds no host barrier).
+            comm.rendezvous().barrier("inputs written").unwrap();
+            stream.replay(&graph).unwrap();
+            stream.sync().unwrap();
+            let tol = tolerance(dtype, world, false);
+            let mut prints = Vec::new();
+            for (k, &(algo, count)) in calls.iter().enumerate() {
+                let mut got = vec![0u8; count * 4];
+                stream.download(&shared, k * slot + slot / 2, &mut got).unwrap();
+                let want = reference(seeds[k], world, count, dtype, 0, count);
+                let what = format!("replay {replay}: {algo} x {count}");
+                assert_eq!(agree_verdict(comm.rendezvous(), &got, dtype, &want, tol, true, &what).unwrap(), None);
+                prints.push((count, fingerprint(&got)));
+            }
+            for &(count, print) in &prints {
+                assert!(prints.iter().filter(|p| p.0 == count).all(|p| p.1 == print), "designs differ at {count}");
+            }
+            let mut got = vec![0u8; 20_000 * 4];
+            stream.download(&private, slot / 2, &mut got).unwrap();
+            let want = reference(pseed, world, 20_000, dtype, 0, 20_000);
+            let verdict = agree_verdict(comm.rendezvous(), &got, dtype, &want, tol, true, "private, copied");
+            assert_eq!(verdict.unwrap(), None);
+            // The eager call on the same inputs gives the graph's bits.
+            let (k, seed) = (calls.len() - 1, seeds[calls.len() - 1]);
+            let (count, graph_print) = prints[k];
+            let out = (k * slot, slot / 2);
+            let eager = checked_call(&mut comm, seed, &stream, &shared, out, count, dtype, None, "eager");
+            assert_eq!(eager, graph_print, "eager and graph replay differ at {count}");
+        }
+        comm.rendezvous().barrier("done").unwrap();
+    });
+}
+
+#[test]
+fn ranks_that_captured_different_calls_are_refused_on_every_rank() {
+    as_job("ranks_that_captured_different_calls_are_refused_on_every_rank", 3, |info| {
+        let capacity = 64 << 10;
+        let mut comm = comm_on(backend(), info, capacity);
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let buf = gpu.alloc(2 * capacity, MemKind::Ipc { uncached: false }).unwrap();
+        let (i, o) = (buf.ptr(), buf.ptr().offset(capacity));
+        comm.begin_graph_capture().unwrap();
+        stream.begin_capture().unwrap();
+        // Rank 1 captures a call of another size: nothing runs during a capture, so nothing waits.
+        let count = if comm.rank() == 1 { 2048 } else { 1024 };
+        // SAFETY: our own buffer; the graph is never replayed.
+        unsafe {
+            comm.all_reduce_with(Some(Algorithm::SymmZc1Shot), i, o, count, DType::F32, stream.handle()).unwrap()
+        };
+        let _graph = stream.end_capture().unwrap();
+        // SAFETY: never replayed.
+        let err = unsafe { comm.end_graph_capture() }.unwrap_err();
+        assert!(matches!(err, Error::Mismatch(_)), "{err}");
+        assert!(err.to_string().contains("ranks made different calls"), "{err}");
+        // SAFETY: refused: nothing is being recorded.
+        assert!(matches!(unsafe { comm.end_graph_capture() }, Err(Error::BadArgs(_))));
     });
 }

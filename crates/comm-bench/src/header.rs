@@ -4,6 +4,7 @@
 use crate::config::SweepConfig;
 use crate::report::{Provenance, Unavailable};
 use allreduce::Communicator;
+use allreduce::Residency;
 use gpu::DriverKind;
 
 /// comm-bench's version and the commit it was built from (build.rs; `unknown` outside a git checkout).
@@ -75,7 +76,9 @@ pub fn print(
         cfg.report.name()
     );
     print!("{}", comm.placement());
-    println!("# auto follows {}", comm.table_source(cfg.mode()));
+    for residency in [Residency::Caller, Residency::Registered] {
+        println!("# auto on {residency} buffers follows {}", comm.table_source(cfg.mode(), residency));
+    }
     comm.notes().iter().for_each(|n| println!("# {n}"));
     for u in unavailable {
         println!("# not run: {}: {}", u.method, u.reason);

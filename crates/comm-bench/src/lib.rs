@@ -17,6 +17,7 @@ pub mod run;
 pub mod runs;
 pub mod soak;
 pub mod summary;
+pub mod tune;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -132,6 +132,9 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
         }
         return relaunch(world);
     };
+    if let Some(path) = &args.tune {
+        return comm_bench::tune::tune_rank(&args.config(), &info, path);
+    }
     let Some(outcome) = comm_bench::run::run_rank(&args.config(), &info)? else {
         return Ok(());
     };
@@ -144,50 +147,12 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
             Err(e) => println!("# no plot: {e}"),
         }
     }
-    if let Some(path) = &args.tune {
-        store_tune_table(args, &outcome, path)?;
-    }
     let failed = outcome.rows.iter().filter(|r| matches!(r.status, comm_bench::report::Status::Failed(_))).count();
     if failed > 0 {
         return Err(BenchError::Config(format!("{failed} measurement(s) failed their check")));
     }
     if !comm_bench::summary::measured_any(&outcome) {
         return Err(BenchError::Config("nothing could be measured: every method was left out or skipped".into()));
-    }
-    Ok(())
-}
-
-/// Writes the fastest passed candidate per size to `path` and to the per-user cache, where communicators on this
-/// machine (comm-bench's `auto` included) find it by its key.
-fn store_tune_table(
-    args: &BenchArgs,
-    outcome: &comm_bench::report::Outcome,
-    path: &std::path::Path,
-) -> Result<(), BenchError> {
-    use allreduce::tune::{Algorithm, TableKey, TuneTable};
-    let mode = if args.graph { allreduce::Mode::Graph } else { allreduce::Mode::Eager };
-    let driver: gpu::DriverKind = match outcome.driver.as_str() {
-        "cuda" => gpu::DriverKind::Cuda,
-        "hip" => gpu::DriverKind::Hip,
-        _ => gpu::DriverKind::Host,
-    };
-    let key = TableKey::new(driver, &outcome.device, outcome.world, mode);
-    let on =
-        format!("{}, {} ranks, {}, {}, {}", outcome.device, outcome.world, outcome.driver, mode.name(), outcome.dtype);
-    let times: Vec<(usize, Algorithm, f64)> = outcome
-        .rows
-        .iter()
-        .filter(|r| r.status == comm_bench::report::Status::Passed)
-        .filter_map(|r| Some((r.bytes, Algorithm::from_name(&r.method)?, r.time_ms?)))
-        .collect();
-    let table = TuneTable::from_times(&times, key.clone(), on.clone())?;
-    table.store(path)?;
-    println!("# wrote the tune table {} ({on}):", path.display());
-    print!("{}", comm_bench::report::tune_table_text(&table));
-    if let Some(dir) = allreduce::tune::cache_dir() {
-        let cached = dir.join(key.file_name());
-        table.store(&cached)?;
-        println!("# and cached it as {}, which communicators on this machine now follow", cached.display());
     }
     Ok(())
 }

@@ -12,31 +12,35 @@ use allreduce::check::{
 };
 use allreduce::methods;
 use allreduce::timing::Timer;
-use allreduce::{Collective, Communicator, DType, Error, Mode, Op, Options};
+use allreduce::{Collective, Communicator, DType, Error, Op, Options, Residency};
 use gpu::{DeviceBuffer, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
 
 /// Runs this rank's part; rank 0 returns the results.
 pub fn run_rank(cfg: &SweepConfig, info: &RankInfo) -> Result<Option<Outcome>, BenchError> {
+    let mut comm = Communicator::new(info.clone(), options(cfg)?)?;
+    let result = sweep(cfg, &mut comm);
+    if let Err(e) = &result {
+        comm.rendezvous().abort(&e.to_string());
+    }
+    result
+}
+
+/// The communicator a sweep (or a tune) runs on.
+pub(crate) fn options(cfg: &SweepConfig) -> Result<Options, BenchError> {
     let timeout = match cfg.timeout {
         Some(t) => t,
         None => deadline::timeout_from_env().map_err(BenchError::Config)?,
     };
-    let opts = Options {
+    Ok(Options {
         backend: cfg.backend,
         capacity_bytes: cfg.capacity_bytes(),
         timeout: Some(timeout),
         setup_timeout: cfg.setup_timeout,
         tune_dir: None,
         tune_table: cfg.tune_table.clone(),
-    };
-    let mut comm = Communicator::new(info.clone(), opts)?;
-    let result = sweep(cfg, &mut comm);
-    if let Err(e) = &result {
-        comm.rendezvous().abort(&e.to_string());
-    }
-    result
+    })
 }
 
 /// A method: built from the registry, the communicator's own engine (`auto`) or call path (`communicator`).
@@ -75,7 +79,7 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
 
     let build = methods::BuildOptions {
         capacity_bytes: capacity,
-        tables: [Mode::Eager, Mode::Graph].map(|m| comm.engine_table(m).clone()),
+        tables: comm.tables().clone(),
         car_uncached: cfg.car_uncached,
     };
     let mut built: Vec<(String, Built)> = Vec::new();
@@ -152,7 +156,10 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
     // Nobody unmaps a buffer while a peer's last call may still read it.
     comm.rendezvous().barrier("teardown")?;
     drop(built);
-    let notes = RunNotes { tune_table: comm.table_source(cfg.mode()).to_string(), ceilings, unavailable, provenance };
+    let tune_table = [Residency::Caller, Residency::Registered]
+        .map(|r| format!("{r}: {}", comm.table_source(cfg.mode(), r)))
+        .join("; ");
+    let notes = RunNotes { tune_table, ceilings, unavailable, provenance };
     Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, notes, rows)))
 }
 

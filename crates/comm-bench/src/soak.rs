@@ -5,7 +5,7 @@
 
 use crate::BenchError;
 use allreduce::check::variant_value;
-use allreduce::{methods, Collective, Communicator, DType, Mode, Op, Options};
+use allreduce::{methods, Collective, Communicator, DType, Op, Options};
 use clap::Args;
 use gpu::MemKind;
 use launch::RankInfo;
@@ -83,11 +83,7 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
     };
     let max = args.max_count as usize;
     let capacity = max * DType::F32.size();
-    let build = methods::BuildOptions {
-        capacity_bytes: capacity,
-        tables: [Mode::Eager, Mode::Graph].map(|m| comm.engine_table(m).clone()),
-        car_uncached: true,
-    };
+    let build = methods::BuildOptions { capacity_bytes: capacity, tables: comm.tables().clone(), car_uncached: true };
     let mut built: Vec<(Op, Box<dyn Collective>)> = Vec::new();
     for name in &names {
         let op = methods::op_of(name).map_err(BenchError::Config)?;

@@ -26,6 +26,15 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_2shot_ll_bf16", zc_two_shot_ll),
     ("symm_zc_2shot_ll_fp16", zc_two_shot_ll),
     ("symm_zc_2shot_ll_fp32", zc_two_shot_ll),
+    ("symm_zc_1shot_table_bf16", zc_one_shot_table),
+    ("symm_zc_1shot_table_fp16", zc_one_shot_table),
+    ("symm_zc_1shot_table_fp32", zc_one_shot_table),
+    ("symm_zc_2shot_table_bf16", zc_two_shot_table),
+    ("symm_zc_2shot_table_fp16", zc_two_shot_table),
+    ("symm_zc_2shot_table_fp32", zc_two_shot_table),
+    ("symm_zc_2shot_ll_table_bf16", zc_two_shot_ll_table),
+    ("symm_zc_2shot_ll_table_fp16", zc_two_shot_ll_table),
+    ("symm_zc_2shot_ll_table_fp32", zc_two_shot_ll_table),
 ];
 
 struct Call {
@@ -38,7 +47,23 @@ struct Call {
 }
 
 fn call(l: &HostLaunch<'_>) -> Result<Call, String> {
-    let p: TunedParams = l.params()?;
+    call_with(l.params()?, l)
+}
+
+/// The kernels' `with_peer_table`: every rank's input and output from the table the launch names.
+fn call_from_table(l: &HostLaunch<'_>) -> Result<Call, String> {
+    let mut p: TunedParams = l.params()?;
+    if p.peer_table == 0 || !p.peer_table.is_multiple_of(8) {
+        return Err(format!("a *_table kernel launched with peer table {:#x}", p.peer_table));
+    }
+    // SAFETY: `peer_table` is a live slot of 2 * MAX_RANKS u64 (`run_design`'s contract for these kernels).
+    let t = unsafe { std::slice::from_raw_parts(p.peer_table as *const u64, 2 * MAX_RANKS) };
+    p.inputs.copy_from_slice(&t[..MAX_RANKS]);
+    p.outputs.copy_from_slice(&t[MAX_RANKS..]);
+    call_with(p, l)
+}
+
+fn call_with(p: TunedParams, l: &HostLaunch<'_>) -> Result<Call, String> {
     Ok(Call {
         dtype: DType::from_code(p.dtype)?,
         rank: p.rank as usize,
@@ -131,8 +156,7 @@ fn ll_clean(p: &TunedParams, rank: usize, epoch: u64, b: usize, grid: usize) {
     }
 }
 
-fn zc(l: &HostLaunch<'_>, two_shot: bool) -> Result<(), String> {
-    let c = call(l)?;
+fn zc(c: Call, two_shot: bool) -> Result<(), String> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
     let name = if two_shot { "symm_zc_2shot" } else { "symm_zc_1shot" };
@@ -185,16 +209,27 @@ fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
 }
 
 fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    zc(l, false)
+    zc(call(l)?, false)
 }
 fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
-    zc(l, true)
+    zc(call(l)?, true)
+}
+fn zc_one_shot_table(l: &HostLaunch<'_>) -> Result<(), String> {
+    zc(call_from_table(l)?, false)
+}
+fn zc_two_shot_table(l: &HostLaunch<'_>) -> Result<(), String> {
+    zc(call_from_table(l)?, true)
+}
+fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), String> {
+    zc_2shot_ll(call(l)?)
+}
+fn zc_two_shot_ll_table(l: &HostLaunch<'_>) -> Result<(), String> {
+    zc_2shot_ll(call_from_table(l)?)
 }
 
 /// Block b sums packets j = b (mod grid) of this rank's shard and sends them to every peer, then waits for packets
 /// j = b (mod grid) of every shard: only the peers' block b, which came before, produces them.
-fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), String> {
-    let c = call(l)?;
+fn zc_2shot_ll(c: Call) -> Result<(), String> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let per = 4 / size;
     let (count, npk) = (p.count as usize, p.ll_packets as usize);

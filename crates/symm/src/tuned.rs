@@ -76,7 +76,12 @@ pub struct TunedParams {
     pub world: u32,
     pub dtype: u32,
     pub reserved: u32,
+    /// The `*_table` kernels read every rank's input and output from here: u64 [inputs; MAX_RANKS][outputs; MAX_RANKS].
+    pub peer_table: u64,
 }
+
+/// Bytes of one peer table (see [`TunedParams::peer_table`]).
+pub const PEER_TABLE_BYTES: usize = 2 * MAX_RANKS * 8;
 
 /// Which tuned design a method runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +169,17 @@ impl Stem {
             Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
         }
     }
+
+    /// The kernel's variant that reads every rank's buffers from a peer table: the ones that touch peers' inputs
+    /// or outputs.
+    fn table_name(self) -> Option<&'static str> {
+        match self {
+            Stem::Ll | Stem::EpochOneShot => None,
+            Stem::ZeroCopyOneShot => Some("symm_zc_1shot_table"),
+            Stem::ZeroCopyTwoShot => Some("symm_zc_2shot_table"),
+            Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
+        }
+    }
 }
 
 /// Launch rules per kernel, driver and message size.
@@ -242,6 +258,9 @@ pub struct SymmTuned {
     /// Per [`Stem`], per dtype in `DType::ALL` order: plain indexing on the launch path (eager calls are
     /// bound by the host's launch work).
     kernels: Vec<Kernel>,
+    /// The same for the `*_table` kernels (None for the stems without one), and the blocks of each that fit.
+    table_kernels: Vec<Option<Kernel>>,
+    table_caps: Vec<usize>,
     _module: Module,
     _peers: Vec<DeviceBuffer>,
     input: DeviceBuffer,
@@ -312,8 +331,8 @@ impl SymmTuned {
             base.flags[r] = if ipc { base.staging[r] } else { base.packets[r] } + flags_at as u64;
         }
         let module = gpu.load(&LIBRARY)?;
-        let mut kernels = Vec::new();
-        let mut caps = Vec::new();
+        let (mut kernels, mut caps, mut table_kernels, mut table_caps) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for stem in Stem::ALL {
             let first = kernels.len();
             for dtype in DType::ALL {
@@ -321,6 +340,16 @@ impl SymmTuned {
             }
             let threads = rule(gpu.kind(), stem, 0).threads;
             caps.push(team.resident_cap(&format!("{name} {}", stem.name()), &kernels[first], threads)?);
+            let Some(table) = stem.table_name() else {
+                table_kernels.extend(DType::ALL.map(|_| None));
+                table_caps.push(0);
+                continue;
+            };
+            for dtype in DType::ALL {
+                table_kernels.push(Some(module.kernel(&format!("{table}_{dtype}"))?));
+            }
+            let k = table_kernels[first].as_ref().expect("pushed above");
+            table_caps.push(team.resident_cap(&format!("{name} {table}"), k, threads)?);
         }
         let fixed = match opts.rule {
             Some(asked) => {
@@ -342,6 +371,8 @@ impl SymmTuned {
             fixed,
             base,
             kernels,
+            table_kernels,
+            table_caps,
             _module: module,
             _peers: peers.mapped,
             input,
@@ -354,21 +385,52 @@ impl SymmTuned {
 }
 
 /// Where one call's data is: the caller's input and output, and, where they lie in a buffer the caller registered
-/// with every peer, every rank's address of that buffer at the same offset.
+/// with every peer, every rank's address of that buffer at the same offset; or, for a call captured into a graph
+/// before its buffers are registered, the peer table the kernel will read them from.
 #[derive(Clone, Copy, Debug)]
 pub struct CallBuffers {
     pub input: DevicePtr,
     pub output: DevicePtr,
     pub peer_inputs: Option<[u64; MAX_RANKS]>,
     pub peer_outputs: Option<[u64; MAX_RANKS]>,
+    pub deferred: Option<Deferred>,
 }
 
 impl CallBuffers {
     /// Buffers known only to this rank: the designs that read peers' inputs (or write peers' outputs) go through
     /// the registered buffers, with copies.
     pub fn local(input: DevicePtr, output: DevicePtr) -> CallBuffers {
-        CallBuffers { input, output, peer_inputs: None, peer_outputs: None }
+        CallBuffers { input, output, peer_inputs: None, peer_outputs: None, deferred: None }
     }
+}
+
+/// A call whose peers' addresses are filled in later (a graph capture on the caller's buffers): the device table
+/// of [`PEER_TABLE_BYTES`] the kernel reads them from, and whether this rank's input and output can be shared
+/// (when not, the call copies through the registered buffer, and peers are told to use that).
+#[derive(Clone, Copy, Debug)]
+pub struct Deferred {
+    pub table: DevicePtr,
+    pub input_shareable: bool,
+    pub output_shareable: bool,
+}
+
+/// Where the peers of a deferred call find one of this rank's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerView {
+    /// The caller's range at this address, once every peer has mapped it.
+    Caller(DevicePtr),
+    /// This rank's registered buffer (the call copies through it).
+    Registered,
+}
+
+/// What a deferred call left to fill in: its input's view, its output's when peers write it, and this rank's own
+/// addresses, which its own table entries hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeferredUse {
+    pub input: PeerView,
+    pub output: Option<PeerView>,
+    pub own_input: DevicePtr,
+    pub own_output: DevicePtr,
 }
 
 impl SymmTuned {
@@ -392,14 +454,23 @@ impl SymmTuned {
         Ok(design.kernel(bytes, mode).name())
     }
 
+    /// Every rank's registered input and output, as a peer table holds them (the views of [`PeerView::Registered`]).
+    pub fn registered_views(&self) -> ([u64; MAX_RANKS], [u64; MAX_RANKS]) {
+        (self.base.inputs, self.base.outputs)
+    }
+
     /// Runs any of the designs on these buffers (what `auto` picks per size), as `Collective::run` runs its own.
     /// Kernels that read only this rank's input (packets, the epoch one-shot) read the caller's input in place;
     /// the zero-copy kernels read every peer's input, so an input outside a registered buffer is copied in first
-    /// (likewise for two-shot's output, which every peer writes).
+    /// (likewise for two-shot's output, which every peer writes). With `bufs.deferred`, the zero-copy kernels read
+    /// every rank's buffers from its table instead, and the call returns what the table must be filled with.
     ///
     /// # Safety
     /// As [`Collective::run`]; in addition, `bufs.peer_inputs` / `peer_outputs`, when given, are every rank's
-    /// mapping of a buffer that every rank passes, at the same offset, to this same call.
+    /// mapping of a buffer that every rank passes, at the same offset, to this same call; `bufs.deferred`'s table
+    /// is device memory of [`PEER_TABLE_BYTES`] that holds, whenever the stream runs the call, every rank's views
+    /// of this call's buffers (as each rank's [`DeferredUse`] says), or at least addresses of live buffers of
+    /// `count` elements.
     pub unsafe fn run_design(
         &mut self,
         design: Design,
@@ -407,7 +478,7 @@ impl SymmTuned {
         bufs: &CallBuffers,
         count: usize,
         stream: &Stream,
-    ) -> Result<(), CollectiveError> {
+    ) -> Result<Option<DeferredUse>, CollectiveError> {
         check_args(Op::AllReduce, dtype, count, self.base.world as usize, self.capacity_for(design))?;
         let bytes = count * dtype.size();
         let mode = if design.depends_on_mode(bytes) { Mode::of(stream)? } else { Mode::Eager };
@@ -422,21 +493,31 @@ impl SymmTuned {
         let (input, output) = (bufs.input, bufs.output);
         let reads_peers = !matches!(stem, Stem::Ll | Stem::EpochOneShot);
         let writes_peers = stem == Stem::ZeroCopyTwoShot;
+        let deferred = bufs.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
         let in_place = input == output;
         let mut copy_out = false;
+        let (mut input_view, mut output_view) = (PeerView::Registered, None);
         if !reads_peers {
             params.inputs[me] = input.0;
         } else if let (Some(p), false) = (bufs.peer_inputs, in_place) {
             params.inputs = p;
+        } else if deferred.is_some_and(|d| d.input_shareable && !in_place) && input != self.input.ptr() {
+            params.inputs[me] = input.0;
+            input_view = PeerView::Caller(input);
         } else if input != self.input.ptr() {
             // SAFETY: `input` holds `count` elements (the caller's contract) and our registered input `capacity`.
             unsafe { stream.copy(self.input.ptr(), input, bytes)? };
         }
         if writes_peers {
+            output_view = Some(PeerView::Registered);
             match bufs.peer_outputs {
                 _ if output == self.output.ptr() => {}
                 Some(p) => params.outputs = p,
+                _ if deferred.is_some_and(|d| d.output_shareable) => {
+                    params.outputs[me] = output.0;
+                    output_view = Some(PeerView::Caller(output));
+                }
                 _ => copy_out = true,
             }
         } else if reads_peers && in_place && params.inputs[me] == output.0 {
@@ -446,14 +527,31 @@ impl SymmTuned {
         }
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         let d = DType::ALL.iter().position(|&t| t == dtype).expect("every dtype is in ALL");
+        let used = DeferredUse {
+            input: input_view,
+            output: output_view,
+            own_input: DevicePtr(params.inputs[me]),
+            own_output: DevicePtr(params.outputs[me]),
+        };
+        let kernel = match deferred {
+            Some(def) => {
+                params.peer_table = def.table.0;
+                let plan = rule(self.kind, stem, bytes).plan(bytes, self.table_caps[s]);
+                let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
+                let k = self.table_kernels[s * DType::ALL.len() + d].as_ref().expect("zero-copy stems have one");
+                (k, dims)
+            }
+            None => (&self.kernels[s * DType::ALL.len() + d], dims),
+        };
         // SAFETY: every address in `params` is the caller's (its contract) or this communicator's own memory
-        // mapped on every rank, each holding `count` elements (check_args).
-        unsafe { stream.launch(&self.kernels[s * DType::ALL.len() + d], dims, &params)? };
+        // mapped on every rank, each holding `count` elements (check_args); the peer table holds such addresses
+        // whenever the stream runs the call (the contract).
+        unsafe { stream.launch(kernel.0, kernel.1, &params)? };
         if copy_out {
             // SAFETY: as the copy in.
             unsafe { stream.copy(output, self.output.ptr(), bytes)? };
         }
-        Ok(())
+        Ok(deferred.map(|_| used))
     }
 }
 
@@ -489,7 +587,7 @@ impl Collective for SymmTuned {
     ) -> Result<(), CollectiveError> {
         self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
         // SAFETY: the caller's contract is run_design's, without registered peer buffers.
-        unsafe { self.run_design(self.design, dtype, &CallBuffers::local(input, output), count, stream) }
+        unsafe { self.run_design(self.design, dtype, &CallBuffers::local(input, output), count, stream) }.map(|_| ())
     }
 }
 

@@ -2,7 +2,7 @@
 //! `comm-bench launch -n 4 -- target/release/host_allreduce` or `torchrun --nproc-per-node 4 ...`.
 //! Each rank allreduces a vector of its own, in place and out of place, and checks the sums.
 
-use allreduce::{Communicator, Mode, Options};
+use allreduce::{Communicator, Mode, Options, Residency};
 use half::bf16;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -11,7 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (rank, world) = (comm.rank(), comm.world());
     if rank == 0 {
         print!("{}", comm.placement());
-        println!("tune table: {}", comm.table_source(Mode::Eager));
+        println!("tune table: {}", comm.table_source(Mode::Eager, Residency::Caller));
     }
     // Rank r contributes r + i % 7 at element i, so every sum is exact in bf16 and known here.
     for count in [1, 1000, 65_536, 300_000] {

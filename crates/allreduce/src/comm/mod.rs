@@ -1,21 +1,25 @@
 //! The communicator: one per rank, built from the launcher's environment or from explicit coordinates; it opens the
 //! local rank's device, agrees on placement, builds the engine once, and runs allreduce / reduce-scatter on the
-//! caller's stream and buffers with the algorithm its tune table names for the size.
+//! caller's stream and buffers with the algorithm its tune table names for the size, mode and residency.
 
-use crate::check;
+mod register;
+mod tuning;
+
 use crate::engine::Engine;
 use crate::placement::{decode_links, encode_links, Placement, RankDevice};
-use crate::timing::{Timer, TimingOptions};
-use crate::tune::{self, Algorithm, LoadedTable, Mode, TableKey, TableSource, TuneTable};
+use crate::tune::{self, Algorithm, LoadedTable, Mode, Residency, TableKey, TableSource, Tables, TuneTable};
 use crate::{Error, Scalar};
 use collective_core::{Collective, DType, Op, Team, MAX_RANKS, VEC_BYTES};
-use gpu::{Backend, DeviceBuffer, DevicePtr, DriverKind, Gpu, MemKind, ShareHandle, Stream};
+use gpu::{Backend, DeviceBuffer, DevicePtr, DriverKind, Gpu, MemKind, Stream};
 use ipc::{Rendezvous, RendezvousOptions};
 use launch::RankInfo;
-use std::os::fd::AsFd;
+pub use register::CAPTURE_SLOTS;
+use register::{Capture, DeferredCall, Imports, PeerTables, Registration};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
-use symm::tuned::CallBuffers;
+use symm::tuned::{CallBuffers, Deferred};
+pub use tuning::{Measured, TuneReport, TuneRequest};
 
 /// How a communicator is built.
 #[derive(Clone, Debug)]
@@ -48,16 +52,6 @@ impl Default for Options {
     }
 }
 
-/// A buffer every peer has mapped, for calls whose input or output lies in it.
-struct Registration {
-    /// This rank's range.
-    ptr: DevicePtr,
-    bytes: usize,
-    /// Every rank's address of its own range, as mapped here.
-    peers: [u64; MAX_RANKS],
-    _mapped: Vec<DeviceBuffer>,
-}
-
 /// One rank's endpoint of an intra-node allreduce job. Drop it only once the streams it ran on are idle: its buffers
 /// are unmapped after a barrier of every rank.
 ///
@@ -80,6 +74,12 @@ pub struct Communicator {
     engine: Engine,
     reduce_scatter: car::Car,
     registrations: Vec<Registration>,
+    next_registration: usize,
+    /// The graph capture being recorded, its calls' peer tables, and the peers' buffers mapped for past captures.
+    capture: Option<Capture>,
+    peer_tables: PeerTables,
+    capture_mappings: Vec<Arc<DeviceBuffer>>,
+    imports: Imports,
     /// Caller streams seen so far, by raw handle (borrowed, never destroyed here).
     streams: Vec<(u64, Stream)>,
     own: Stream,
@@ -142,6 +142,11 @@ impl Communicator {
                     engine,
                     reduce_scatter,
                     registrations: Vec::new(),
+                    next_registration: 0,
+                    capture: None,
+                    peer_tables: PeerTables::default(),
+                    capture_mappings: Vec::new(),
+                    imports: Imports::default(),
                     streams: Vec::new(),
                     own,
                     scratch: None,
@@ -199,22 +204,28 @@ impl Communicator {
         crate::agree(rdv, "communicator options", &mine)?;
         let tables = match &opts.tune_table {
             Some(path) => {
-                let t = LoadedTable::new(TuneTable::load(path)?, TableSource::File(path.clone()))?;
-                [t.clone(), t]
+                let set = TuneTable::load_set(path)?;
+                Tables::try_from_fn(|mode, residency| {
+                    let key = TableKey::new(i.kind, &i.name, info.world, mode, residency);
+                    LoadedTable::new(TuneTable::pick(&set, &key)?.0, TableSource::File(path.clone()))
+                })?
             }
             None => {
                 let dir = opts.tune_dir.clone().or_else(tune::cache_dir);
-                let find =
-                    |mode| TuneTable::find(&TableKey::new(i.kind, &i.name, info.world, mode), i.kind, dir.as_deref());
-                [find(Mode::Eager)?, find(Mode::Graph)?]
+                Tables::try_from_fn(|mode, residency| {
+                    let key = TableKey::new(i.kind, &i.name, info.world, mode, residency);
+                    TuneTable::find(&key, i.kind, dir.as_deref())
+                })?
             }
         };
         // Every rank follows the same tables, or they would run different kernels for one call.
-        let digest = serde_json::to_string(&[&tables[0].table, &tables[1].table]).expect("tables serialise");
-        crate::agree(rdv, "tune tables", &digest)?;
-        for t in &tables {
+        let all: Vec<&TuneTable> = tables.iter().map(|t| &t.2.table).collect();
+        crate::agree(rdv, "tune tables", &serde_json::to_string(&all).expect("tables serialise"))?;
+        for (_, _, t) in tables.iter() {
             if let TableSource::BuiltIn(what) = &t.source {
-                notes.push(format!("no tune table for this machine: using the {what} (run Communicator::tune)"));
+                notes.push(format!(
+                    "no tune table for this machine: using the built-in {what} (run Communicator::tune)"
+                ));
             }
         }
         let no_atomics = placement.missing_peer_atomics();
@@ -261,17 +272,17 @@ impl Communicator {
     pub fn last_algorithm(&self) -> Option<Algorithm> {
         self.last
     }
-    /// The table calls issued in `mode` follow.
-    pub fn tune_table(&self, mode: Mode) -> &TuneTable {
-        &self.engine.table(mode).table
+    /// The table calls issued in `mode` on buffers in `residency` follow.
+    pub fn tune_table(&self, mode: Mode, residency: Residency) -> &TuneTable {
+        &self.engine.table(mode, residency).table
     }
-    /// The table calls issued in `mode` follow, ready for the launch path (for [`crate::methods::BuildOptions`]).
-    pub fn engine_table(&self, mode: Mode) -> &LoadedTable {
-        self.engine.table(mode)
+    /// Every table, ready for the launch path (for [`crate::methods::BuildOptions`]).
+    pub fn tables(&self) -> &Tables {
+        self.engine.tables()
     }
-    /// Where that table came from.
-    pub fn table_source(&self, mode: Mode) -> &TableSource {
-        &self.engine.table(mode).source
+    /// Where the table of `mode` and `residency` came from.
+    pub fn table_source(&self, mode: Mode, residency: Residency) -> &TableSource {
+        &self.engine.table(mode, residency).source
     }
     /// The engine as a [`Collective`] (comm-bench's `auto`).
     pub fn engine(&mut self) -> &mut Engine {
@@ -358,6 +369,12 @@ impl Communicator {
         unsafe { self.split().0.reduce_scatter(input, output, count, dtype, stream) }
     }
 
+    /// Forgets `raw`, a stream this communicator was called on that the caller is about to destroy, so a later
+    /// stream that reuses its handle is borrowed afresh.
+    pub fn forget_stream(&mut self, raw: u64) {
+        self.split().0.forget(raw);
+    }
+
     /// The call path and the rendezvous, borrowed apart: for a caller that times calls collectively (comm-bench
     /// measures the communicator itself this way, as a [`Collective`]).
     pub fn split(&mut self) -> (Calls<'_>, &Rendezvous) {
@@ -365,6 +382,8 @@ impl Communicator {
             engine: &mut self.engine,
             reduce_scatter: &mut self.reduce_scatter,
             registrations: &self.registrations,
+            capture: &mut self.capture,
+            peer_tables: &mut self.peer_tables,
             streams: &mut self.streams,
             last: &mut self.last,
             gpu: &self.gpu,
@@ -372,78 +391,6 @@ impl Communicator {
             world: self.rdv.world(),
         };
         (calls, &self.rdv)
-    }
-
-    /// Registers `bytes` of the caller's device memory at `ptr` with every peer, so calls whose input (or output)
-    /// lies in it read (or write) it in place on every rank, as zero-copy designs need. The allocation that holds
-    /// the range is exported (its IPC handle, or the shareable handle of a VMM allocation) with the range's
-    /// offset, and mapped by every peer. Collective: every rank registers a range of the same size, in the same
-    /// order. Returns the registration's index.
-    ///
-    /// # Safety
-    /// The range is device memory of this communicator's device that stays allocated while the communicator
-    /// lives: peers keep it mapped and write into it during calls that name it.
-    pub unsafe fn register(&mut self, ptr: DevicePtr, bytes: usize) -> Result<usize, Error> {
-        let name = format!("registration {}", self.registrations.len());
-        let shared = self.gpu.share_range(ptr, bytes);
-        // Every rank learns whether every rank could export, so none waits for a handle that never comes.
-        let verdict = match &shared {
-            Ok(s) => format!("ok {bytes} {}", matches!(s.handle, ShareHandle::Vmm(_))),
-            Err(e) => format!("error {e}"),
-        };
-        let all = self.rdv.all_gather(&format!("{name} verdict"), verdict.as_bytes())?;
-        let shared = shared?;
-        for (r, v) in all.iter().enumerate() {
-            let v = String::from_utf8_lossy(v);
-            if let Some(e) = v.strip_prefix("error ") {
-                return Err(Error::Unsupported(format!("rank {r} cannot share its buffer: {e}")));
-            }
-            if v != verdict {
-                return Err(Error::Mismatch(format!(
-                    "{name}: rank {r} registered {v:?}, rank {} {verdict:?}",
-                    self.rank()
-                )));
-            }
-        }
-        let place = format!("{} {}", shared.alloc_bytes, shared.offset);
-        let places = self.rdv.all_gather(&format!("{name} places"), place.as_bytes())?;
-        let parse = |b: &[u8]| -> Result<(usize, usize), Error> {
-            let s = String::from_utf8_lossy(b);
-            let mut it = s.split(' ').map(|x| x.parse::<usize>());
-            match (it.next(), it.next()) {
-                (Some(Ok(a)), Some(Ok(o))) if o.checked_add(bytes).is_some_and(|e| e <= a) => Ok((a, o)),
-                _ => Err(Error::Mismatch(format!("{name}: malformed place {s:?}"))),
-            }
-        };
-        let me = self.rank();
-        let mut peers = [0u64; MAX_RANKS];
-        let mut mapped = Vec::new();
-        let handles: Vec<Option<(Vec<u8>, Option<std::os::fd::OwnedFd>)>> = match &shared.handle {
-            ShareHandle::Ipc(h) => {
-                self.rdv.all_gather(&format!("{name} handles"), h)?.into_iter().map(|h| Some((h, None))).collect()
-            }
-            ShareHandle::Vmm(fd) => {
-                let all = self.rdv.all_gather_fds(&format!("{name} fds"), &[fd.as_fd()])?;
-                all.into_iter().map(|mut f| f.pop().map(|fd| (Vec::new(), Some(fd)))).collect()
-            }
-        };
-        for (r, handle) in handles.into_iter().enumerate() {
-            if r == me {
-                peers[r] = ptr.0;
-                continue;
-            }
-            let (alloc_bytes, offset) = parse(&places[r])?;
-            let buf = match handle {
-                Some((_, Some(fd))) => self.gpu.vmm_import_fd(fd, alloc_bytes)?,
-                Some((h, None)) => self.gpu.ipc_import(&h, alloc_bytes)?,
-                None => return Err(Error::Mismatch(format!("{name}: rank {r} sent no handle"))),
-            };
-            peers[r] = buf.ptr().0 + offset as u64;
-            mapped.push(buf);
-        }
-        self.rdv.barrier(&format!("{name} mapped"))?;
-        self.registrations.push(Registration { ptr, bytes, peers, _mapped: mapped });
-        Ok(self.registrations.len() - 1)
     }
 
     /// Allreduces host slices on the host driver, where device memory is this process's memory; the call is
@@ -523,63 +470,6 @@ impl Communicator {
         self.own.download(scratch, (s_out.0 - s_in.0) as usize, dst)?;
         Ok(algo)
     }
-
-    /// Measures every candidate at sizes up to the capacity, eagerly and in graph replays, checks each against
-    /// the float64 reference first, and stores the fastest per size as this machine's tables in the cache
-    /// directory, where later communicators find them. Collective. Returns the tables and where they went.
-    pub fn tune(&mut self, dtype: DType) -> Result<Vec<(TuneTable, PathBuf)>, Error> {
-        let dir = self
-            .tune_dir
-            .clone()
-            .ok_or_else(|| Error::Tune("no cache directory: set ALLREDUCE_TUNE_DIR, XDG_CACHE_HOME or HOME".into()))?;
-        let info = self.gpu.info().clone();
-        let max = self.capacity / dtype.size();
-        let sizes: Vec<usize> =
-            crate::sizes::comm_bench_sizes(10, 24, 20, info.size_align).into_iter().filter(|&n| n <= max).collect();
-        let timer = Timer::new(&self.gpu)?;
-        let input = self.gpu.alloc(self.capacity, MemKind::Device)?;
-        let output = self.gpu.alloc(self.capacity, MemKind::Device)?;
-        let mut out = Vec::new();
-        for mode in Mode::ALL {
-            let opts = TimingOptions { iters: 20, warmup: 5, repeats: 3, graph: mode == Mode::Graph };
-            let mut times = Vec::new();
-            for &count in &sizes {
-                for algo in Algorithm::CANDIDATES {
-                    let seed = crate::agree_seed(&self.rdv)?;
-                    let values = check::input_values(seed, self.rank(), count, dtype);
-                    timer.stream.upload(&input, 0, &dtype.encode(&values))?;
-                    let bufs = CallBuffers::local(input.ptr(), output.ptr());
-                    // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
-                    unsafe { self.engine.run_algorithm(algo, dtype, &bufs, count, &timer.stream)? };
-                    let mut got = vec![0u8; count * dtype.size()];
-                    timer.stream.download(&output, 0, &mut got)?;
-                    let want = check::reference(seed, self.world(), count, dtype, 0, count);
-                    let tol = check::tolerance(dtype, self.world(), false);
-                    // A candidate that fails its check (any rank, or bits that differ across ranks) is not timed.
-                    if check::agree_verdict(&self.rdv, &got, dtype, &want, tol, true, "tune")?.is_some() {
-                        continue;
-                    }
-                    let engine = &mut self.engine;
-                    let t = timer.time_calls(&opts, &self.rdv, |s| {
-                        // SAFETY: as above.
-                        unsafe { engine.run_algorithm(algo, dtype, &bufs, count, s)? };
-                        Ok(())
-                    })?;
-                    times.push((count * dtype.size(), algo, t.median_ms()));
-                }
-            }
-            let key = TableKey::new(info.kind, &info.name, self.world(), mode);
-            let on = format!("{}, {} ranks, {}, {}, {dtype}", info.name, self.world(), info.kind, mode.name());
-            let table = TuneTable::from_times(&times, key.clone(), on)?;
-            let path = dir.join(key.file_name());
-            if self.rank() == 0 {
-                table.store(&path)?;
-            }
-            out.push((table, path));
-        }
-        self.rdv.barrier("tune tables stored")?;
-        Ok(out)
-    }
 }
 
 /// A communicator's call path, borrowed apart from its rendezvous ([`Communicator::split`]).
@@ -587,6 +477,8 @@ pub struct Calls<'a> {
     engine: &'a mut Engine,
     reduce_scatter: &'a mut car::Car,
     registrations: &'a [Registration],
+    capture: &'a mut Option<Capture>,
+    peer_tables: &'a mut PeerTables,
     streams: &'a mut Vec<(u64, Stream)>,
     last: &'a mut Option<Algorithm>,
     gpu: &'a Gpu,
@@ -636,6 +528,11 @@ impl Calls<'_> {
         Ok(self.streams.len() - 1)
     }
 
+    /// Forgets a stream the caller is about to destroy (borrowed streams are remembered by handle).
+    fn forget(&mut self, raw: u64) {
+        self.streams.retain(|s| s.0 != raw);
+    }
+
     /// The peers' addresses of `ptr` when it lies in a registered buffer.
     fn registered_peers(&self, ptr: DevicePtr, bytes: usize) -> Option<[u64; MAX_RANKS]> {
         let r =
@@ -665,21 +562,76 @@ impl Calls<'_> {
         }
         let k = self.caller_stream(stream)?;
         let bytes = count * dtype.size();
-        let bufs = CallBuffers {
+        let mut bufs = CallBuffers {
             input,
             output,
             peer_inputs: self.registered_peers(input, bytes),
             peer_outputs: self.registered_peers(output, bytes),
+            deferred: None,
         };
+        let registered_input = self.engine.residency_of(input) == Residency::Registered;
+        // A capture being recorded defers the peers' views of buffers no registration holds.
+        let deferring = self.capture.is_some()
+            && bufs.peer_inputs.is_none()
+            && !registered_input
+            && self.streams[k].1.is_capturing()?;
+        let residency = match () {
+            _ if registered_input => Residency::Registered,
+            _ if bufs.peer_inputs.is_some() || deferring => Residency::CallerRegistered,
+            _ => Residency::Caller,
+        };
+        let slot = if deferring { self.deferred_slot(&mut bufs, bytes) } else { None };
         let s = &self.streams[k].1;
         let algo = match algo {
             Some(a) => a,
-            None => self.engine.choose(bytes, s)?,
+            None => self.engine.choose(bytes, residency, s)?,
         };
-        // SAFETY: the caller's contract, which is run_algorithm's.
-        unsafe { self.engine.run_algorithm(algo, dtype, &bufs, count, s)? };
+        // SAFETY: the caller's contract, which is run_algorithm's; a deferred call's table holds the registered
+        // buffers' addresses until end_graph_capture fills it.
+        let used = unsafe { self.engine.run_algorithm(algo, dtype, &bufs, count, s)? };
+        match (used, slot) {
+            (Some(used), Some((slot, input, output))) => {
+                let capture = self.capture.as_mut().expect("deferring");
+                capture.calls.push(DeferredCall { slot, bytes, used, input, output });
+            }
+            (None, Some((slot, ..))) => self.peer_tables.give_back(slot),
+            _ => {}
+        }
         *self.last = Some(algo);
         Ok(algo)
+    }
+
+    /// A peer table for a call captured on unregistered buffers, and the exports of its input and output (taken
+    /// now, while their memory is surely allocated); None when the capture's slots are used up.
+    #[allow(clippy::type_complexity)]
+    fn deferred_slot(
+        &mut self,
+        bufs: &mut CallBuffers,
+        bytes: usize,
+    ) -> Option<(usize, Option<gpu::SharedRange>, Option<gpu::SharedRange>)> {
+        let capture = self.capture.as_mut().expect("only while recording");
+        let Some((slot, table)) = self.peer_tables.take() else {
+            capture.fallbacks.push(format!(
+                "graph capture: more than {CAPTURE_SLOTS} calls in one capture; the rest copy through the registered \
+                 buffers"
+            ));
+            return None;
+        };
+        let mut share = |what: &str, ptr: DevicePtr| match self.gpu.share_range(ptr, bytes) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                capture.fallbacks.push(format!(
+                    "graph capture: the {what} at {:#x} cannot be shared ({e}); that call copies through the \
+                     registered buffers",
+                    ptr.0
+                ));
+                None
+            }
+        };
+        let input = share("input", bufs.input);
+        let output = share("output", bufs.output);
+        bufs.deferred = Some(Deferred { table, input_shareable: input.is_some(), output_shareable: output.is_some() });
+        Some((slot, input, output))
     }
 
     /// [`Communicator::reduce_scatter`]'s work.

@@ -1,0 +1,41 @@
+//! `comm-bench --tune FILE`: the library's own tune ([`allreduce::Communicator::tune_with`]) at the sweep's sizes
+//! and timing, every mode and residency; rank 0 prints each measurement and the tables, writes them to FILE as one
+//! set (what `--tune_table` reads) and the library caches each under its key.
+
+use crate::config::SweepConfig;
+use crate::BenchError;
+use allreduce::{Communicator, TuneRequest, TuneTable};
+use launch::RankInfo;
+use std::path::Path;
+
+/// Runs this rank's part of a tune.
+pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), BenchError> {
+    let mut comm = Communicator::new(info.clone(), crate::run::options(cfg)?)?;
+    let counts = cfg.counts(comm.gpu().info().size_align);
+    allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(comm.gpu().kind(), &counts))?;
+    let req = TuneRequest { dtype: cfg.dtype, counts: Some(counts), timing: cfg.timing };
+    let report = match comm.tune_with(&req) {
+        Ok(r) => r,
+        Err(e) => {
+            comm.rendezvous().abort(&e.to_string());
+            return Err(e.into());
+        }
+    };
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    println!("# {:>5} {:>17} {:>10} {:>16} {:>10}", "mode", "residency", "count", "algorithm", "time(us)");
+    for m in &report.measured {
+        let t = m.ms.map_or_else(|| "failed".to_string(), |ms| format!("{:.2}", ms * 1e3));
+        println!("  {:>5} {:>17} {:>10} {:>16} {t:>10}", m.mode.name(), m.residency.name(), m.count, m.algorithm);
+    }
+    let tables: Vec<&TuneTable> = report.tables.iter().map(|t| &t.0).collect();
+    for (table, cached) in &report.tables {
+        println!("# {} (cached as {}):", table.measured_on, cached.display());
+        print!("{}", crate::report::tune_table_text(table));
+    }
+    let json = serde_json::to_string_pretty(&tables).expect("tables serialise");
+    std::fs::write(path, json).map_err(|e| BenchError::Config(format!("{}: {e}", path.display())))?;
+    println!("# wrote the {} tune tables to {}", tables.len(), path.display());
+    Ok(())
+}
