@@ -183,6 +183,40 @@ class Check:
                     )
                 del g
 
+    def graph_capture(self):
+        """Graphs captured inside comm.graph_capture(): the tensors are registered with every peer when the capture
+        ends, so every replay reads and writes them in place (no copy was captured); fresh inputs per replay, out of
+        place and in place, every residency's algorithm checked against the float64 reference; torch's caching
+        allocator memory must be shareable (no fallback note)."""
+        torch = self.torch
+        notes_before = list(self.comm.notes)
+        for dtype in self.dtypes:
+            for n in self.sizes[::2]:
+                x = torch.zeros(n, dtype=self.dtypes[dtype], device=self.device)
+                y = torch.zeros_like(x)
+                z = torch.zeros_like(x)
+                g = torch.cuda.CUDAGraph()
+                self.align()
+                with self.comm.graph_capture():
+                    with torch.cuda.graph(g):
+                        self.comm.all_reduce(x, out=y)
+                        self.comm.all_reduce(z)
+                algorithm = self.comm.last_algorithm
+                for replay in range(2):
+                    seed, seed2 = self.next_seed(), self.next_seed()
+                    x.copy_(self.inputs(seed, self.rank, n, dtype))
+                    z.copy_(self.inputs(seed2, self.rank, n, dtype))
+                    y.fill_(float("nan"))
+                    self.align()
+                    g.replay()
+                    what = f"graph_capture {dtype} x {n} replay {replay} ({algorithm})"
+                    self.verify(y, self.reference(seed, n, dtype), dtype, what)
+                    self.verify(z, self.reference(seed2, n, dtype), dtype, what + " in place")
+                del g
+        fallbacks = [n for n in self.comm.notes if n not in notes_before and "graph capture" in n]
+        if fallbacks:
+            self.fail(f"graph_capture: torch tensors were not shared: {fallbacks}")
+
     def reduce_scatter(self):
         torch = self.torch
         for dtype in self.dtypes:
@@ -283,7 +317,7 @@ class Check:
     def run(self, only=None):
         scenarios = ["eager", "reduce_scatter", "refusals"]
         if not self.host:
-            scenarios += ["graph", "prepared", "registered", "register"]
+            scenarios += ["graph", "graph_capture", "prepared", "registered", "register"]
         else:
             scenarios += ["registered"]
         if only:

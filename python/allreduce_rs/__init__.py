@@ -16,6 +16,7 @@ from . import errors
 from ._native import (
     DEFAULT_CAPACITY_BYTES,
     Communicator,
+    GraphCapture,
     Placement,
     PreparedCall,
     RankDevice,
@@ -37,6 +38,7 @@ __all__ = [
     "Communicator",
     "RegisteredBuffer",
     "PreparedCall",
+    "GraphCapture",
     "Placement",
     "RankDevice",
     "new_job_id",

@@ -12,6 +12,7 @@ TensorLike = Any
 #: A raw stream handle (``torch.cuda.current_stream().cuda_stream``) or an object with ``cuda_stream``.
 StreamLike = Union[int, Any]
 Mode = Literal["eager", "graph"]
+Residency = Literal["caller", "registered", "caller_registered"]
 T = TypeVar("T")
 
 DEFAULT_CAPACITY_BYTES: int
@@ -170,10 +171,28 @@ class Communicator:
         """The registered output buffer, which the zero-copy two-shot's peers write into directly; as
         :meth:`registered_input`."""
 
-    def tune(self, dtype: Optional[DTypeLike] = None) -> List[str]:
-        """Measures every algorithm at sizes up to the capacity, eagerly and in graph replays, each checked against
+    def tune(self, dtype: Optional[DTypeLike] = None, counts: Optional[List[int]] = None) -> List[str]:
+        """Measures every algorithm at ``counts`` [comm_bench.py's sizes up to the capacity], eagerly and in graph
+        replays, on each residency (your tensors, the registered buffers, registered tensors), each checked against
         a float64 reference first, and stores the fastest per size as this machine's tables in the tune cache,
         where later communicators find them. Collective. Returns the files written (rank 0 writes them)."""
+
+    def begin_graph_capture(self) -> None:
+        """Begins recording a graph capture on your own tensors (prefer :meth:`graph_capture`): calls captured until
+        :meth:`end_graph_capture` read every rank's tensors in place at each replay, once the end has shared them.
+        Memory that cannot be shared (a stream-ordered pool allocation) keeps its copy, and :attr:`notes` says so.
+        Collective; call it before the capture begins."""
+
+    def end_graph_capture(self) -> int:
+        """Ends the recording after the capture has ended: every rank shares and maps the captured calls' tensors
+        (kept alive with the communicator from then on) and fills each call's peer table. Ranks that captured
+        different calls raise :class:`MismatchError` on every rank. Replay the graph only after it returns.
+        Collective; returns how many calls were registered."""
+
+    def graph_capture(self) -> "GraphCapture":
+        """``with comm.graph_capture(): with torch.cuda.graph(g): ...``: :meth:`begin_graph_capture` on entry,
+        :meth:`end_graph_capture` on exit (also when the body raised, since the peers wait in theirs), so every
+        replay of ``g`` runs zero-copy on the captured tensors (vLLM's graph-buffer registration)."""
 
     def barrier(self) -> None:
         """Waits until every rank has called it (host side, through the rendezvous; not ordered with any stream)."""
@@ -181,9 +200,11 @@ class Communicator:
     def all_gather_bytes(self, data: bytes) -> List[bytes]:
         """Every rank's ``data`` (at most 64 KiB), in rank order: small host messages for tests and timing."""
 
-    def table_source(self, mode: Mode = "eager") -> str:
-        """Where the tune table that calls issued in ``mode`` follow came from: ``tuned on this machine (PATH)``, a
-        file, or ``built-in default: ...`` (then :attr:`notes` says so too)."""
+    def table_source(self, mode: Mode = "eager", residency: Residency = "caller") -> str:
+        """Where the tune table came from that calls issued in ``mode`` on buffers in ``residency`` follow (``caller``:
+        your tensors; ``registered``: the registered buffers; ``caller_registered``: tensors shared by
+        :meth:`register` or a graph capture): ``tuned on this machine (PATH)``, a file, or ``built-in default: ...``
+        saying what was measured where it differs from this job (then :attr:`notes` says so too)."""
 
     def close(self) -> None:
         """Ends the communicator: a barrier with every peer (which may still read this rank's buffers), then its
@@ -235,6 +256,12 @@ class Communicator:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has run."""
+
+class GraphCapture:
+    """The context manager :meth:`Communicator.graph_capture` returns."""
+
+    def __enter__(self) -> None: ...
+    def __exit__(self, *exc: object) -> bool: ...
 
 class PreparedCall:
     """One all_reduce or reduce_scatter checked once (:meth:`Communicator.prepare_all_reduce`,

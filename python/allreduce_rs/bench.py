@@ -10,7 +10,10 @@ host time spent issuing the calls (``issue_us``: what the Python path adds per e
 
 Methods: ``py`` (``all_reduce(x, out=y)``), ``py_inplace`` (``all_reduce(x)``), ``py+reg`` (input and output in the
 registered buffers, through DLPack), ``py_prepared`` (``prepare_all_reduce(x, out=y)`` once, then the prepared
-call), ``py_rs`` (``reduce_scatter``; ``--op reduce_scatter``). ``--output FILE``
+call), ``py_capture`` (``--graph`` only: ``py`` captured inside ``comm.graph_capture()``, so replays read and write
+the tensors in place on every rank), ``py_register`` (``--graph`` only: ``py`` on tensors passed to
+``comm.register`` before the capture), ``py_rs`` (``reduce_scatter``; ``--op reduce_scatter``). In graph mode each
+output is checked again after the timed replays. ``--output FILE``
 writes the rows as JSON in comm-bench's row format (method, count, bytes, status, time_ms, repeats_ms, issue_us).
 """
 
@@ -24,6 +27,8 @@ from typing import Callable, Dict, List, Optional
 import allreduce_rs as ar
 
 ALLREDUCE_METHODS = ["py", "py_inplace", "py+reg", "py_prepared"]
+# Graph mode only: the capture registered with every peer when it ends; the same tensors registered before capture.
+GRAPH_METHODS = ["py_capture", "py_register"]
 
 
 def comm_bench_sizes(min_exp: float, max_exp: float, steps: int, align: int) -> List[int]:
@@ -111,7 +116,7 @@ class Timer:
     def __init__(self, arrays: Arrays, iters: int, warmup: int, repeats: int):
         self.a, self.iters, self.warmup, self.repeats = arrays, iters, warmup, repeats
 
-    def time(self, call: Callable[[], None]):
+    def time(self, call: Callable[[], None], register_capture: bool = False):
         comm, a = self.a.comm, self.a
         replay = call
         if a.graph:
@@ -124,9 +129,15 @@ class Timer:
                 call()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(self.iters):
-                    call()
+            if register_capture:
+                with comm.graph_capture():
+                    with torch.cuda.graph(graph):
+                        for _ in range(self.iters):
+                            call()
+            else:
+                with torch.cuda.graph(graph):
+                    for _ in range(self.iters):
+                        call()
 
             def replay():
                 graph.replay()
@@ -193,6 +204,9 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
         else:
             x = arrays.pattern(count, rank)
             y = x if method == "py_inplace" else arrays.empty(count)
+            if method == "py_register":
+                comm.register(x)
+                comm.register(y)
 
         def call():
             comm.all_reduce(x, out=y)
@@ -208,9 +222,17 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
     bad = {r: struct.unpack("q", v)[0] for r, v in enumerate(verdicts) if struct.unpack("q", v)[0]}
     if bad:
         return {**row, "status": "failed", "reason": f"wrong elements by rank: {bad}"}
-    time_ms, issue_us, repeats = timer.time(call)
+    time_ms, issue_us, repeats = timer.time(call, register_capture=method == "py_capture")
     # After the timed calls: in graph mode, the algorithm the capture chose.
     algorithm = comm.last_algorithm
+    if arrays.graph:
+        # The replays computed the same sums into the same output.
+        arrays.align()
+        wrong = arrays.wrong(y, arrays.expected(lo, hi, world))
+        verdicts = comm.all_gather_bytes(struct.pack("q", wrong))
+        bad = {r: struct.unpack("q", v)[0] for r, v in enumerate(verdicts) if struct.unpack("q", v)[0]}
+        if bad:
+            return {**row, "status": "failed", "reason": f"after the replays, wrong elements by rank: {bad}"}
     del x, y
     return {
         **row,
@@ -248,12 +270,11 @@ def main(args: Optional[List[str]] = None) -> int:
     p.add_argument("--output", help="write the rows to this JSON file (rank 0)")
     opts = p.parse_args(args)
     elem = 4 if opts.dtype == "fp32" else 2
-    methods = (
-        opts.methods.split(",") if opts.methods else (["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS)
-    )
-    unknown = [m for m in methods if m not in (["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS)]
+    known = ["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS + (GRAPH_METHODS if opts.graph else [])
+    methods = opts.methods.split(",") if opts.methods else known
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        p.error(f"unknown method(s) for --op {opts.op}: {unknown}")
+        p.error(f"unknown method(s) for --op {opts.op}{' without --graph' if not opts.graph else ''}: {unknown}")
     if opts.counts:
         counts = [int(c) for c in opts.counts.split(",")]
     else:
@@ -272,7 +293,8 @@ def main(args: Optional[List[str]] = None) -> int:
             f"# allreduce_rs {ar.__version__}: {opts.op}, {opts.dtype}, {comm.world_size} ranks, {comm.backend} "
             f"({comm.device_name}), {mode}; time = slowest rank, median of {opts.repeats}"
         )
-        print(f"# table: {comm.table_source('graph' if opts.graph else 'eager')}")
+        for residency in ["caller", "registered", "caller_registered"]:
+            print(f"# {residency} table: {comm.table_source('graph' if opts.graph else 'eager', residency)}")
         header = f"{'N':>10} {'bytes':>10}" + "".join(f" {m + ' us':>14} {'issue us':>9}" for m in methods)
         print(header + "  algorithm")
     if opts.side_stream and not arrays.host:

@@ -82,6 +82,7 @@ fn bundle() -> Result<(), String> {
         "gpu_library.sh",
         "first_node_run.sh",
         "gpu_python.sh",
+        "gpu_residency.sh",
         "gpu_ab.sh",
         "gpu_python_check.py",
         "ab_table.py",

@@ -217,6 +217,9 @@ fn closest<'a>(set: &'a [TuneTable], key: &TableKey) -> Option<(&'a TuneTable, S
     let (table, k) =
         keyed.min_by_key(|(_, k)| (k.residency != key.residency, k.mode != key.mode, k.world.abs_diff(key.world)))?;
     let mut differs = Vec::new();
+    if k.driver != key.driver {
+        differs.push(format!("measured on the {} driver, not {}", k.driver, key.driver));
+    }
     if k.device != key.device {
         differs.push(format!("measured on {}, not {}", k.device, key.device));
     }

@@ -1,5 +1,7 @@
 //! The closing summary of a sweep: a size x method pivot of times with the fastest method per size, each method's
-//! mean bus bandwidth, what failed, and nccl-tests' closing `# Avg bus bandwidth` line.
+//! mean bus bandwidth, what failed, and nccl-tests' closing `# Avg bus bandwidth` line; then, per residency (the
+//! benchmark's own buffers, or the methods' registered ones: the `+reg` rows), `auto` against the fastest other
+//! method of that residency at each size, flagging where `auto` is more than [`AUTO_SLOW_RATIO`] slower.
 
 use crate::report::{Outcome, Row, Status};
 use std::fmt::Write as _;
@@ -76,10 +78,316 @@ pub fn render(outcome: &Outcome) -> String {
     }
     let all = mean(outcome.rows.iter().filter(|r| r.status == Status::Passed).filter_map(|r| r.busbw_gbs));
     let _ = writeln!(w, "# Avg bus bandwidth    : {}", all.map_or("-".into(), |b| format!("{b:.4}")));
+    render_auto(w, outcome);
     out
+}
+
+/// Above this ratio of `auto`'s time to the fastest other method's, the summary says `auto` chose wrong.
+pub const AUTO_SLOW_RATIO: f64 = 1.05;
+
+/// Which buffers a row's method was timed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowResidency {
+    /// The benchmark's own buffers (a caller's ordinary tensors): the plainly named rows.
+    Caller,
+    /// The method's registered buffers: the `METHOD+reg` rows.
+    Registered,
+}
+
+impl RowResidency {
+    pub const ALL: [RowResidency; 2] = [RowResidency::Caller, RowResidency::Registered];
+
+    /// The residency of a row's method name, and the method's name without the `+reg` suffix.
+    pub fn of(method: &str) -> (RowResidency, &str) {
+        match method.strip_suffix("+reg") {
+            Some(base) => (RowResidency::Registered, base),
+            None => (RowResidency::Caller, method),
+        }
+    }
+
+    /// `caller buffers` or `registered buffers`.
+    pub fn label(self) -> &'static str {
+        match self {
+            RowResidency::Caller => "caller buffers",
+            RowResidency::Registered => "registered buffers",
+        }
+    }
+
+    /// The name of `auto`'s rows of this residency: `auto` or `auto+reg`.
+    pub fn auto_method(self) -> &'static str {
+        match self {
+            RowResidency::Caller => "auto",
+            RowResidency::Registered => "auto+reg",
+        }
+    }
+}
+
+/// `auto` at one size against the fastest other passed method of the same residency.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AutoRatio {
+    pub residency: RowResidency,
+    pub count: usize,
+    /// `auto`'s (or `auto+reg`'s) time per call.
+    pub auto_ms: f64,
+    /// The fastest other method of the residency at this size (its row's name, `+reg` included).
+    pub best_method: String,
+    pub best_ms: f64,
+    /// `auto_ms / best_ms`: above 1 `auto` is slower than the method it could have chosen.
+    pub ratio: f64,
+}
+
+impl AutoRatio {
+    /// Whether `auto` is more than [`AUTO_SLOW_RATIO`] slower here.
+    pub fn flagged(&self) -> bool {
+        self.ratio > AUTO_SLOW_RATIO
+    }
+}
+
+/// Whether a method name is the communicator's own engine (`auto`, `communicator`, either `+reg`): never a
+/// competitor of `auto`.
+fn is_engine(method: &str) -> bool {
+    matches!(RowResidency::of(method).1, "auto" | "communicator")
+}
+
+/// Per residency (caller first) and size (in the order of the rows), `auto`'s time against the fastest other
+/// method of the same residency; only passed rows with a time count, and sizes where `auto` did not pass or no other
+/// method of its residency did are left out.
+pub fn auto_ratios(outcome: &Outcome) -> Vec<AutoRatio> {
+    let mut counts: Vec<usize> = Vec::new();
+    for r in &outcome.rows {
+        if !counts.contains(&r.count) {
+            counts.push(r.count);
+        }
+    }
+    let mut out = Vec::new();
+    for residency in RowResidency::ALL {
+        for &count in &counts {
+            let passed = || {
+                outcome
+                    .rows
+                    .iter()
+                    .filter(move |r| r.count == count && RowResidency::of(&r.method).0 == residency)
+                    .filter_map(|r| Some((r, passed_time(r)?)))
+            };
+            let Some(auto_ms) = passed().find(|(r, _)| r.method == residency.auto_method()).map(|(_, t)| t) else {
+                continue;
+            };
+            let best = passed().filter(|(r, _)| !is_engine(&r.method)).min_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((best, best_ms)) = best {
+                out.push(AutoRatio {
+                    residency,
+                    count,
+                    auto_ms,
+                    best_method: best.method.clone(),
+                    best_ms,
+                    ratio: auto_ms / best_ms,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The `auto` blocks of the summary: one per residency that has rows, from [`auto_ratios`].
+fn render_auto(w: &mut String, outcome: &Outcome) {
+    let ratios = auto_ratios(outcome);
+    let over = (AUTO_SLOW_RATIO - 1.0) * 100.0;
+    for residency in RowResidency::ALL {
+        if !outcome.rows.iter().any(|r| RowResidency::of(&r.method).0 == residency) {
+            continue;
+        }
+        let (auto, label) = (residency.auto_method(), residency.label());
+        let kind = match residency {
+            RowResidency::Caller => "caller-buffer",
+            RowResidency::Registered => "registered-buffer",
+        };
+        let what = format!("the fastest other {kind} method");
+        if !outcome.rows.iter().any(|r| r.method == auto) {
+            let _ = writeln!(w, "#\n# {auto} ({label}): not in this sweep, nothing to compare with {what}");
+            continue;
+        }
+        let mine: Vec<&AutoRatio> = ratios.iter().filter(|a| a.residency == residency).collect();
+        let width = mine.iter().map(|a| a.best_method.len()).max().unwrap_or(0).max(7);
+        let _ = writeln!(w, "#\n# {auto} against {what} at each size where both passed (us per call):");
+        let _ = writeln!(w, "# {:>10} {:>10} {:>10}  {:<width$} {:>7}", "count", auto, "fastest", "method", "ratio");
+        for a in &mine {
+            let _ = write!(
+                w,
+                "# {:>10} {:>10.2} {:>10.2}  {:<width$} {:>7.3}",
+                a.count,
+                a.auto_ms * 1e3,
+                a.best_ms * 1e3,
+                a.best_method,
+                a.ratio
+            );
+            if a.flagged() {
+                let _ = write!(w, "  <-- {auto} slower than {} by more than {over:.0}%", a.best_method);
+            }
+            let _ = writeln!(w);
+        }
+        let flagged = mine.iter().filter(|a| a.flagged()).count();
+        let _ = writeln!(w, "# {auto} ({label}): {flagged} of {} sizes above {AUTO_SLOW_RATIO}x {what}", mine.len());
+    }
 }
 
 /// Whether anything at all was measured.
 pub fn measured_any(outcome: &Outcome) -> bool {
     outcome.rows.iter().any(|r| passed_time(r).is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use crate::config::Report;
+    use crate::report::RunNotes;
+    use clap::Parser;
+
+    /// An outcome of `(method, count, status, us per call)` rows, every rank at that time.
+    fn outcome(rows: &[(&str, usize, Status, f64)]) -> Outcome {
+        let cfg = Cli::try_parse_from(["comm-bench"]).unwrap().bench.config();
+        let world = 2;
+        let info = gpu::DeviceInfo {
+            kind: gpu::DriverKind::Host,
+            name: "test host".into(),
+            ordinal: 0,
+            count: 1,
+            arch: "host".into(),
+            multiprocessors: 2,
+            size_align: 256,
+            bus_id: "host".into(),
+            driver_version: "host".into(),
+        };
+        let rows = rows
+            .iter()
+            .map(|(method, count, status, us)| {
+                let ms = us * 1e-3;
+                let t = allreduce::timing::Timing {
+                    repeats_ms: vec![ms],
+                    rank0_ms: ms,
+                    issue_ms: vec![ms],
+                    ranks_ms: vec![vec![ms; world]],
+                };
+                Row::new(method, &cfg, *count, world, status.clone()).timed(t, Report::Max)
+            })
+            .collect();
+        let ceilings = crate::ceilings::Ceilings {
+            copy_bytes: 1 << 20,
+            copy_gbs: 10.0,
+            empty_launch_us: 1.0,
+            empty_graph_replay_us: 1.0,
+            empty_all_ranks_us: 1.0,
+            barrier_us: None,
+        };
+        let notes =
+            RunNotes { tune_table: "test".into(), ceilings, unavailable: Vec::new(), provenance: Default::default() };
+        Outcome::new(&info, world, &cfg, notes, rows)
+    }
+
+    /// `auto` 10% slower than car_1shot at 1024 and 10% faster at 2048; `auto+reg` 4% faster than the fastest `+reg`
+    /// method at 1024 and 7% slower at 2048, while the caller rows would give the opposite verdicts were the two
+    /// residencies mixed. `communicator` is fastest everywhere and a failed row faster still: neither competes.
+    /// At 4096 `auto` failed and `auto+reg` has no `+reg` competitor: no ratio there.
+    fn mixed() -> Outcome {
+        let (p, failed) = (Status::Passed, Status::Failed("wrong sums".into()));
+        let skipped = Status::Skipped("too large".into());
+        outcome(&[
+            ("auto+reg", 1024, p.clone(), 11.5),
+            ("symm_zc_2shot+reg", 1024, p.clone(), 12.0),
+            ("communicator+reg", 1024, p.clone(), 5.0),
+            ("auto", 1024, p.clone(), 11.0),
+            ("car_1shot", 1024, p.clone(), 10.0),
+            ("symm_1shot", 1024, p.clone(), 12.0),
+            ("car_2shot", 1024, failed.clone(), 1.0),
+            ("communicator", 1024, p.clone(), 5.0),
+            ("symm_zc_2shot", 1024, p.clone(), 30.0),
+            ("auto+reg", 2048, p.clone(), 15.0),
+            ("symm_zc_2shot+reg", 2048, p.clone(), 14.0),
+            ("communicator+reg", 2048, p.clone(), 5.0),
+            ("auto", 2048, p.clone(), 18.0),
+            ("car_1shot", 2048, p.clone(), 20.0),
+            ("symm_1shot", 2048, p.clone(), 25.0),
+            ("car_2shot", 2048, failed.clone(), 1.0),
+            ("communicator", 2048, p.clone(), 5.0),
+            ("symm_zc_2shot", 2048, p.clone(), 30.0),
+            ("auto+reg", 4096, p.clone(), 20.0),
+            ("symm_zc_2shot+reg", 4096, skipped.clone(), 1.0),
+            ("communicator+reg", 4096, p.clone(), 5.0),
+            ("auto", 4096, failed.clone(), 1.0),
+            ("car_1shot", 4096, p.clone(), 40.0),
+        ])
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn auto_ratios_compare_each_residency_with_itself_only() {
+        let ratios = auto_ratios(&mixed());
+        let got: Vec<(RowResidency, usize, &str)> =
+            ratios.iter().map(|a| (a.residency, a.count, a.best_method.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                (RowResidency::Caller, 1024, "car_1shot"),
+                (RowResidency::Caller, 2048, "car_1shot"),
+                (RowResidency::Registered, 1024, "symm_zc_2shot+reg"),
+                (RowResidency::Registered, 2048, "symm_zc_2shot+reg"),
+            ],
+            "{ratios:?}"
+        );
+        let want = [(11.0, 10.0, 1.1), (18.0, 20.0, 0.9), (11.5, 12.0, 11.5 / 12.0), (15.0, 14.0, 15.0 / 14.0)];
+        for (a, (auto_us, best_us, ratio)) in ratios.iter().zip(want) {
+            assert!(close(a.auto_ms, auto_us * 1e-3) && close(a.best_ms, best_us * 1e-3), "{a:?}");
+            assert!(close(a.ratio, ratio), "{a:?}: want {ratio}");
+        }
+        let flagged: Vec<(RowResidency, usize)> =
+            ratios.iter().filter(|a| a.flagged()).map(|a| (a.residency, a.count)).collect();
+        assert_eq!(flagged, [(RowResidency::Caller, 1024), (RowResidency::Registered, 2048)]);
+    }
+
+    #[test]
+    fn render_flags_exactly_the_slow_sizes_per_residency() {
+        let text = render(&mixed());
+        println!("{text}");
+        assert!(text.lines().all(|l| l.starts_with('#')), "{text}");
+        let marked: Vec<&str> = text.lines().filter(|l| l.contains("<--")).collect();
+        assert_eq!(marked.len(), 2, "{text}");
+        let fields = |l: &str| l.split_whitespace().take(6).map(String::from).collect::<Vec<_>>();
+        assert_eq!(fields(marked[0]), ["#", "1024", "11.00", "10.00", "car_1shot", "1.100"], "{text}");
+        assert!(marked[0].ends_with("<-- auto slower than car_1shot by more than 5%"), "{text}");
+        assert_eq!(fields(marked[1]), ["#", "2048", "15.00", "14.00", "symm_zc_2shot+reg", "1.071"], "{text}");
+        assert!(marked[1].ends_with("<-- auto+reg slower than symm_zc_2shot+reg by more than 5%"), "{text}");
+        let unmarked = text.lines().find(|l| l.split_whitespace().nth(1) == Some("2048") && l.contains("car_1shot"));
+        assert!(unmarked.is_some_and(|l| l.contains("0.900") && !l.contains("<--")), "{text}");
+        assert!(
+            text.contains("# auto (caller buffers): 1 of 2 sizes above 1.05x the fastest other caller-buffer method\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "# auto+reg (registered buffers): 1 of 2 sizes above 1.05x the fastest other registered-buffer method\n"
+            ),
+            "{text}"
+        );
+        let pivot_end = text.find("# Avg bus bandwidth").unwrap();
+        assert!(text.find("# auto against").unwrap() > pivot_end, "after the pivot: {text}");
+    }
+
+    #[test]
+    fn blocks_only_for_residencies_present_and_auto_missing_is_said() {
+        let p = Status::Passed;
+        let caller_only = render(&outcome(&[("auto", 1024, p.clone(), 10.0), ("car_1shot", 1024, p.clone(), 10.2)]));
+        assert!(caller_only.contains("# auto (caller buffers): 0 of 1 sizes above"), "{caller_only}");
+        assert!(!caller_only.contains("auto+reg"), "no +reg rows, no +reg block: {caller_only}");
+        let no_auto = outcome(&[("car_1shot", 1024, p.clone(), 10.0), ("symm_zc_2shot+reg", 1024, p.clone(), 9.0)]);
+        assert!(auto_ratios(&no_auto).is_empty());
+        let text = render(&no_auto);
+        assert!(text.contains("# auto (caller buffers): not in this sweep"), "{text}");
+        assert!(text.contains("# auto+reg (registered buffers): not in this sweep"), "{text}");
+        let alone = outcome(&[("auto", 1024, p.clone(), 10.0), ("communicator", 1024, p, 9.0)]);
+        assert!(auto_ratios(&alone).is_empty(), "communicator is no competitor");
+        assert!(render(&alone).contains("# auto (caller buffers): 0 of 0 sizes above"));
+    }
 }
