@@ -39,15 +39,26 @@ struct TunedParams {
     u64 peer_table;              // the *_table kernels: u64 [inputs ARX_MAX_RANKS][outputs ARX_MAX_RANKS]
 };
 
-// The parameters with every rank's input and output taken from the peer table (constant indices: registers).
-ARX_DEV TunedParams with_peer_table(TunedParams p) {
+// The zero-copy bodies take every rank's input and output views apart from the parameters: the plain kernels pass
+// the parameters' arrays, the *_table kernels arrays loaded from the peer table. Every index into a view array is a
+// compile-time constant (loops unrolled over the rank bound, `pick` for this rank's), so loaded arrays stay in
+// registers: a modified copy of the whole parameter block sat in local memory and cost 10-30 us per call.
+ARX_DEV u64 pick(const u64* views, u32 r) {
+    u64 v = 0;
+#pragma unroll
+    for (u32 q = 0; q < ARX_MAX_RANKS; ++q)
+        if (q == r) v = views[q];
+    return v;
+}
+
+// Both view arrays from the peer table: u64 [inputs ARX_MAX_RANKS][outputs ARX_MAX_RANKS].
+ARX_DEV void load_peer_table(const TunedParams& p, u64* in, u64* out) {
     const u64* t = (const u64*)p.peer_table;
 #pragma unroll
     for (u32 r = 0; r < ARX_MAX_RANKS; ++r) {
-        p.inputs[r] = t[r];
-        p.outputs[r] = t[ARX_MAX_RANKS + r];
+        in[r] = t[r];
+        out[r] = t[ARX_MAX_RANKS + r];
     }
-    return p;
 }
 
 // Zeroes the slots of this rank's area of `epoch`'s parity that this thread reads (j = first mod stride, every
@@ -103,43 +114,45 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
     ll_clean(p, epoch);
 }
 
-template <int DT> ARX_DEV void symm_zc_1shot(TunedParams p) {
+template <int DT> ARX_DEV void zc_1shot(const TunedParams& p, const u64* in, const u64* out) {
     typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
     flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
-    reduce_range<DT>(p.inputs, p.world, (void*)p.outputs[p.rank], r);
+    reduce_range<DT>(in, p.world, (void*)pick(out, p.rank), r);
     flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
     ll_clean(p, epoch);
 }
 
 // dst[d][i] = sum over ranks of src[i] at one element i, for every rank d.
-template <int DT> ARX_DEV void push_at(const TunedParams& p, u64 i) {
-    float acc = sum_at<DT, false>(p.inputs, p.world, i);
-    for (u32 d = 0; d < p.world; ++d) Elem<DT>::store((void*)p.outputs[d], i, acc);
+template <int DT> ARX_DEV void push_at(u32 world, const u64* in, const u64* out, u64 i) {
+    float acc = sum_at<DT, false>(in, world, i);
+#pragma unroll
+    for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
+        if (d < world) Elem<DT>::store((void*)out[d], i, acc);
 }
 
 // dst[d][i] = sum over ranks of src[i], for every rank d: one reduction, pushed to all.
-template <int DT> ARX_DEV void reduce_push(const TunedParams& p, Range r) {
+template <int DT> ARX_DEV void reduce_push(u32 world, const u64* in, const u64* out, Range r) {
     typedef Elem<DT> E;
     u64 h, z;
-    split<DT>((const void*)p.inputs[0], r, h, z);
-    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) push_at<DT>(p, i);
+    split<DT>((const void*)in[0], r, h, z);
+    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) push_at<DT>(world, in, out, i);
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
-        vec16 out = sum_vec<DT, false>(p.inputs, p.world, h * E::SIZE, v);
+        vec16 sum = sum_vec<DT, false>(in, world, h * E::SIZE, v);
 #pragma unroll
         for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
-            if (d < p.world) ((vec16*)((char*)p.outputs[d] + h * E::SIZE))[v] = out;
+            if (d < world) ((vec16*)((char*)out[d] + h * E::SIZE))[v] = sum;
     }
-    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(p, i);
+    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(world, in, out, i);
 }
 
-template <int DT> ARX_DEV void symm_zc_2shot(TunedParams p) {
+template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, const u64* out) {
     typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
     flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     u64 shard = shard_elems(p.count, p.world, E::VEC);
-    reduce_push<DT>(p, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC));
+    reduce_push<DT>(p.world, in, out, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC));
     flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
     ll_clean(p, epoch);
 }
@@ -165,7 +178,7 @@ template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
 // Receiving a peer's shard means that peer has finished reading every input, so no exit barrier is needed: the
 // kernel ends only after every peer is done with this rank's input. Areas alternate by epoch parity, safe for
 // symm_ll's reason (a peer writes area e%2 again in call e+2, past the phase-0 barrier of call e+1).
-template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
+template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, const u64* out) {
     typedef Elem<DT> E;
     const int per = 4 / E::SIZE;  // elements per packet
     u64 epoch = next_epoch(p.counters);
@@ -184,19 +197,19 @@ template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
             u32 w[ARX_MAX_RANKS];  // all loads in flight together
 #pragma unroll
             for (u32 src = 0; src < ARX_MAX_RANKS; ++src)
-                if (src < p.world) w[src] = ((const u32*)p.inputs[src])[e / per];
+                if (src < p.world) w[src] = ((const u32*)in[src])[e / per];
             for (int q = 0; q < per; ++q) acc[q] = payload<DT>(w[0], q);
 #pragma unroll
             for (u32 src = 1; src < ARX_MAX_RANKS; ++src)
                 if (src < p.world)
                     for (int q = 0; q < per; ++q) acc[q] += payload<DT>(w[src], q);
         } else {  // a half-filled last packet (odd count of 2-byte elements): never read past the inputs
-            acc[0] = E::load((const void*)p.inputs[0], e);
-            for (u32 src = 1; src < p.world; ++src) acc[0] += E::load((const void*)p.inputs[src], e);
+            acc[0] = sum_at<DT, false>(in, p.world, e);
         }
         ll_push(p.packets, p.world, area + p.rank * p.ll_packets + j, pack_payload<DT>(acc), flag);
     }
     const u64* inbox = (const u64*)p.packets[p.rank] + area;
+    void* mine_out = (void*)pick(out, p.rank);
     for (u32 src = 0; src < p.world; ++src) {
         Range r = shard_range(p.count, shard, src);
         u64 m = (r.hi - r.lo + per - 1) / per;
@@ -205,18 +218,26 @@ template <int DT> ARX_DEV void symm_zc_2shot_ll(TunedParams p) {
             u32 w = LlPacket::poll(inbox + src * p.ll_packets + j, flag, s);
             u64 e = r.lo + j * per;
             if (e + per <= r.hi) {
-                ((u32*)p.outputs[p.rank])[e / per] = w;
+                ((u32*)mine_out)[e / per] = w;
             } else {
-                E::store((void*)p.outputs[p.rank], e, payload<DT>(w, 0));
+                E::store(mine_out, e, payload<DT>(w, 0));
             }
         }
     }
     ll_clean(p, epoch);
 }
 
-template <int DT> ARX_DEV void symm_zc_1shot_table(TunedParams p) { symm_zc_1shot<DT>(with_peer_table(p)); }
-template <int DT> ARX_DEV void symm_zc_2shot_table(TunedParams p) { symm_zc_2shot<DT>(with_peer_table(p)); }
-template <int DT> ARX_DEV void symm_zc_2shot_ll_table(TunedParams p) { symm_zc_2shot_ll<DT>(with_peer_table(p)); }
+// Each zero-copy design twice: views from the parameters, and from the peer table.
+#define ARX_ZC_ENTRIES(NAME, BODY)                                                                     \
+    template <int DT> ARX_DEV void NAME(TunedParams p) { BODY<DT>(p, p.inputs, p.outputs); }           \
+    template <int DT> ARX_DEV void NAME##_table(TunedParams p) {                                      \
+        u64 in[ARX_MAX_RANKS], out[ARX_MAX_RANKS];                                                    \
+        load_peer_table(p, in, out);                                                                  \
+        BODY<DT>(p, in, out);                                                                         \
+    }
+ARX_ZC_ENTRIES(symm_zc_1shot, zc_1shot)
+ARX_ZC_ENTRIES(symm_zc_2shot, zc_2shot)
+ARX_ZC_ENTRIES(symm_zc_2shot_ll, zc_2shot_ll)
 
 ARX_INSTANTIATE(symm_ll, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll, TunedParams)

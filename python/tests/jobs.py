@@ -181,8 +181,19 @@ def facts():
     assert p.ranks_per_device == comm.world_size and [d.rank for d in p.ranks] == list(range(comm.world_size))
     assert all(d.bus_id == "host" for d in p.ranks) and "bus id host" in str(p)
     for mode in ["eager", "graph"]:
-        assert comm.table_source(mode).startswith("built-in default: host"), comm.table_source(mode)
+        for residency in ["caller", "registered", "caller_registered"]:
+            source = comm.table_source(mode, residency)
+            assert source.startswith("built-in default: host") and f"{residency} buffers" in source, source
+    assert comm.table_source() == comm.table_source("eager", "caller")
     assert any("no tune table" in n for n in comm.notes), comm.notes
+    # Recording a capture in which nothing was captured (the host driver's calls from Python are not captured):
+    # nothing to register, on every rank, and the recording can begin again.
+    with comm.graph_capture():
+        pass
+    comm.begin_graph_capture()
+    expect(ar.ArgumentError, comm.begin_graph_capture, "already being recorded")
+    assert comm.end_graph_capture() == 0
+    expect(ar.ArgumentError, comm.end_graph_capture, "without begin_graph_capture")
     assert comm.last_algorithm is None
     with comm:
         comm.all_reduce(np.ones(10, np.float32))
@@ -241,6 +252,7 @@ def bad_arguments():
     expect(A, lambda: comm.registered_input("int8"), "dtype int8")
     expect(ar.CapacityError, lambda: comm.registered_input(np.float32, CAPACITY), "holds 1 to")
     expect(A, lambda: comm.table_source("lazy"), "eager")
+    expect(A, lambda: comm.table_source("eager", "gpu"), "caller_registered")
     # Host memory of this process is private: the host driver cannot share it, and every rank is told why.
     expect(ar.UnsupportedError, lambda: comm.register(np.zeros(1024, np.float32)), "cannot be shared")
     x = np.ones(100, np.float32)

@@ -59,6 +59,18 @@ impl Engine {
         }
     }
 
+    /// The algorithm that runs when `algo` is asked for at `bytes`: packets carry no more than their area, so
+    /// larger messages take the zero-copy design of the same shape.
+    pub fn runs_as(&self, algo: Algorithm, bytes: usize) -> Algorithm {
+        match algo {
+            Algorithm::SymmLl if bytes > self.symm.capacity_for(Design::Ll) => Algorithm::SymmZc1Shot,
+            Algorithm::SymmZc2ShotLl if bytes > self.symm.capacity_for(Design::ZeroCopyTwoShotLl) => {
+                Algorithm::SymmZc2Shot
+            }
+            a => a,
+        }
+    }
+
     /// Runs `algo` (an allreduce candidate) on `bufs`; with `bufs.deferred`, what its peer table must hold (None:
     /// the algorithm reads no peer's buffers in place, so the table is unused).
     ///
@@ -74,7 +86,7 @@ impl Engine {
     ) -> Result<Option<DeferredUse>, CollectiveError> {
         let bytes = count * dtype.size();
         let (input, output) = (bufs.input, bufs.output);
-        let design = match algo {
+        let design = match self.runs_as(algo, bytes) {
             // SAFETY (both car arms): the caller's contract.
             Algorithm::Car1Shot => {
                 return unsafe { self.car_1shot.run(Op::AllReduce, dtype, input, output, count, stream) }.map(|_| None)
@@ -82,14 +94,11 @@ impl Engine {
             Algorithm::Car2Shot => {
                 return unsafe { self.car_2shot.run(Op::AllReduce, dtype, input, output, count, stream) }.map(|_| None)
             }
-            // Packets carry no more than their area: larger messages take the zero-copy one-shot.
-            Algorithm::SymmLl if bytes <= self.symm.capacity_for(Design::Ll) => Design::Ll,
-            Algorithm::SymmLl | Algorithm::SymmZc1Shot => Design::ZeroCopyOneShot,
+            Algorithm::SymmLl => Design::Ll,
+            Algorithm::SymmZc1Shot => Design::ZeroCopyOneShot,
             Algorithm::SymmEpoch1Shot => Design::EpochOneShot,
-            Algorithm::SymmZc2ShotLl if bytes <= self.symm.capacity_for(Design::ZeroCopyTwoShotLl) => {
-                Design::ZeroCopyTwoShotLl
-            }
-            Algorithm::SymmZc2ShotLl | Algorithm::SymmZc2Shot => Design::ZeroCopyTwoShot,
+            Algorithm::SymmZc2ShotLl => Design::ZeroCopyTwoShotLl,
+            Algorithm::SymmZc2Shot => Design::ZeroCopyTwoShot,
             Algorithm::CarReduceScatter => {
                 return Err(CollectiveError::BadArgs("car_rs is a reduce-scatter, not an allreduce".into()))
             }

@@ -157,8 +157,9 @@ pub enum TableSource {
     Cache(PathBuf),
     /// A file the caller named.
     File(PathBuf),
-    /// The driver's built-in set (no table for this key was cached): which of its tables, and why that one.
-    BuiltIn(String),
+    /// The driver's built-in set (no table for this key was cached): where the set comes from, which job the
+    /// table is used for, and what was measured where it differs ("its key matches" where nothing does).
+    BuiltIn { what: &'static str, used_for: String, why: String },
 }
 
 impl fmt::Display for TableSource {
@@ -166,7 +167,9 @@ impl fmt::Display for TableSource {
         match self {
             TableSource::Cache(p) => write!(f, "tuned on this machine ({})", p.display()),
             TableSource::File(p) => write!(f, "{}", p.display()),
-            TableSource::BuiltIn(what) => write!(f, "built-in default: {what}"),
+            TableSource::BuiltIn { what, used_for, why } => {
+                write!(f, "built-in default: {what}; for {used_for}: {why}")
+            }
         }
     }
 }
@@ -402,7 +405,7 @@ impl TuneTable {
         }
         let (set, what) = built_in(driver);
         let (table, why) = TuneTable::pick(&set, key)?;
-        LoadedTable::new(table, TableSource::BuiltIn(format!("{what}; for {key}: {why}")))
+        LoadedTable::new(table, TableSource::BuiltIn { what, used_for: key.to_string(), why })
     }
 }
 
@@ -418,7 +421,8 @@ mod tests {
     #[test]
     fn picks_by_range_and_refuses_malformed_tables() {
         let t = table(&[(Some(1000), "symm_ll"), (Some(5000), "symm_epoch_1shot"), (None, "car_2shot")]);
-        let l = LoadedTable::new(t, TableSource::BuiltIn("test".into())).unwrap();
+        let l = LoadedTable::new(t, TableSource::BuiltIn { what: "test", used_for: String::new(), why: String::new() })
+            .unwrap();
         assert_eq!(l.pick(16), Algorithm::SymmLl);
         assert_eq!(l.pick(1000), Algorithm::SymmLl);
         assert_eq!(l.pick(1001), Algorithm::SymmEpoch1Shot);
@@ -431,7 +435,14 @@ mod tests {
             table(&[(None, "car_1shot"), (None, "car_2shot")]),
             table(&[(Some(10), "car_1shot")]),
         ] {
-            assert!(LoadedTable::new(bad.clone(), TableSource::BuiltIn("t".into())).is_err(), "{bad:?}");
+            assert!(
+                LoadedTable::new(
+                    bad.clone(),
+                    TableSource::BuiltIn { what: "t", used_for: String::new(), why: String::new() }
+                )
+                .is_err(),
+                "{bad:?}"
+            );
         }
     }
 
@@ -444,7 +455,8 @@ mod tests {
             for t in set {
                 let key = t.key.clone().unwrap_or_else(|| panic!("{d}: a built-in table without a key"));
                 assert_eq!(key.driver, d.to_string());
-                LoadedTable::new(t, TableSource::BuiltIn(what.into())).unwrap();
+                LoadedTable::new(t, TableSource::BuiltIn { what, used_for: String::new(), why: String::new() })
+                    .unwrap();
             }
         }
     }
@@ -536,7 +548,7 @@ mod tests {
         let key = TableKey::new(DriverKind::Host, "host (2 cores)", 3, Mode::Graph, Residency::CallerRegistered);
         assert_eq!(key.file_name(), "host-host__2_cores_-w3-graph-caller_registered.json");
         let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();
-        assert!(matches!(found.source, TableSource::BuiltIn(_)));
+        assert!(matches!(found.source, TableSource::BuiltIn { .. }));
         let mut t = TuneTable::from_times(&[(64, Algorithm::Car2Shot, 1.0)], key.clone(), "here".into()).unwrap();
         t.store(&dir.path().join(key.file_name())).unwrap();
         let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();

@@ -117,13 +117,18 @@ fn relaunch(world: usize) -> Result<(), BenchError> {
 
 fn bench(args: &BenchArgs) -> Result<(), BenchError> {
     args.validate().map_err(BenchError::Config)?;
-    if args.export_csv {
-        comm_bench::paths::writable_dir(&args.output_dir).map_err(BenchError::Config)?;
+    let info = launch::detect()?;
+    // Checked once, before any rank starts (or by rank 0 under another launcher): ranks probing one path at once
+    // would race on the probe file.
+    if info.as_ref().is_none_or(|i| i.rank == 0) {
+        if args.export_csv {
+            comm_bench::paths::writable_dir(&args.output_dir).map_err(BenchError::Config)?;
+        }
+        if let Some(tune) = &args.tune {
+            comm_bench::paths::writable_file(tune).map_err(BenchError::Config)?;
+        }
     }
-    if let Some(tune) = &args.tune {
-        comm_bench::paths::writable_file(tune).map_err(BenchError::Config)?;
-    }
-    let Some(info) = launch::detect()? else {
+    let Some(info) = info else {
         let (cfg, kind) = (args.config(), driver_kind(args.backend)?);
         let world = world(args.num_ranks, kind);
         if kind == gpu::DriverKind::Host {

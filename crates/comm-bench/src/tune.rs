@@ -35,7 +35,7 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
         print!("{}", crate::report::tune_table_text(table));
     }
     let json = serde_json::to_string_pretty(&tables).expect("tables serialise");
-    std::fs::write(path, json).map_err(|e| BenchError::Config(format!("{}: {e}", path.display())))?;
+    crate::paths::write(path, json).map_err(BenchError::Config)?;
     println!("# wrote the {} tune tables to {}", tables.len(), path.display());
     Ok(())
 }

@@ -37,7 +37,7 @@ fn header_names_what_cannot_run_once_and_summary_closes_like_nccl_tests() {
         "eager mode",
         "2 timed calls after 0 warm-up",
         "max (--report)",
-        "auto follows",
+        "auto on caller buffers follows",
     ] {
         assert!(t.contains(head), "the header lacks {head:?}:\n{t}");
     }

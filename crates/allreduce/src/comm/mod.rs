@@ -221,11 +221,13 @@ impl Communicator {
         // Every rank follows the same tables, or they would run different kernels for one call.
         let all: Vec<&TuneTable> = tables.iter().map(|t| &t.2.table).collect();
         crate::agree(rdv, "tune tables", &serde_json::to_string(&all).expect("tables serialise"))?;
+        // One note for the built-in set (deduplicated below), one per table measured for another job than this.
         for (_, _, t) in tables.iter() {
-            if let TableSource::BuiltIn(what) = &t.source {
-                notes.push(format!(
-                    "no tune table for this machine: using the built-in {what} (run Communicator::tune)"
-                ));
+            if let TableSource::BuiltIn { what, used_for, why } = &t.source {
+                notes.push(format!("no tune table cached for this machine: using the built-in {what} (run tune)"));
+                if why != "its key matches" {
+                    notes.push(format!("the table for {used_for} was {why}"));
+                }
             }
         }
         let no_atomics = placement.missing_peer_atomics();
@@ -240,7 +242,8 @@ impl Communicator {
             variant: car::Variant::Base,
         };
         let reduce_scatter = car::Car::new(team, car::Algo::ReduceScatter, rs_opts)?;
-        notes.dedup();
+        let mut seen = std::collections::HashSet::new();
+        notes.retain(|n| seen.insert(n.clone()));
         Ok((engine, reduce_scatter, placement, notes, gpu.stream()?))
     }
 

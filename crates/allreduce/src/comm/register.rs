@@ -253,11 +253,7 @@ impl Communicator {
 
     /// Exports, exchanges and maps `offers` (the same number, of the same sizes, on every rank): per offer, every
     /// rank's address of its range as mapped here, and the mappings to keep alive.
-    fn exchange(
-        &mut self,
-        name: &str,
-        offers: impl IntoIterator<Item = Offer>,
-    ) -> Result<Exchanged, Error> {
+    fn exchange(&mut self, name: &str, offers: impl IntoIterator<Item = Offer>) -> Result<Exchanged, Error> {
         let offers: Vec<Offer> = offers.into_iter().collect();
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut ranges = Vec::new();
