@@ -4,9 +4,13 @@
 //! `__array_interface__`.
 
 mod args;
+mod calls;
 mod comm;
+mod comm_core;
 mod dlpack;
 mod errors;
+mod placement;
+mod registered;
 
 use pyo3::prelude::*;
 use std::ffi::OsString;
@@ -48,12 +52,12 @@ fn new_job_id() -> String {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<comm::PyCommunicator>()?;
-    m.add_class::<comm::RegisteredBuffer>()?;
-    m.add_class::<comm::PreparedCall>()?;
-    m.add_class::<comm::GraphCapture>()?;
-    m.add_class::<comm::PyPlacement>()?;
-    m.add_class::<comm::PyRankDevice>()?;
+    m.add_class::<comm_core::PyCommunicator>()?;
+    m.add_class::<registered::RegisteredBuffer>()?;
+    m.add_class::<calls::PreparedCall>()?;
+    m.add_class::<calls::GraphCapture>()?;
+    m.add_class::<placement::PyPlacement>()?;
+    m.add_class::<placement::PyRankDevice>()?;
     m.add_function(wrap_pyfunction!(launch_job, m)?)?;
     m.add_function(wrap_pyfunction!(new_job_id, m)?)?;
     m.add("DEFAULT_CAPACITY_BYTES", comm::DEFAULT_CAPACITY)?;

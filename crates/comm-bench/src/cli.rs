@@ -166,11 +166,11 @@ pub struct BenchArgs {
     #[arg(long = "tune_table", alias = "tune-table")]
     pub tune_table: Option<PathBuf>,
     /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
-    #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = parse_timeout)]
+    #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub timeout_s: Option<f64>,
     /// Seconds set-up (cold kernel compiles on every rank) may wait for a peer [default: ALLREDUCE_SETUP_TIMEOUT_S,
     /// else six times --timeout_s, at least 60].
-    #[arg(long = "setup_timeout_s", alias = "setup-timeout-s", allow_negative_numbers = true, value_parser = parse_timeout)]
+    #[arg(long = "setup_timeout_s", alias = "setup-timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub setup_timeout_s: Option<f64>,
 }
 
@@ -209,11 +209,6 @@ fn methods_help() -> String {
         variants.join(", "),
         groups.join(", ")
     )
-}
-
-/// Seconds in (0, 86400]: every timeout flag of comm-bench and its soak.
-pub fn parse_timeout(s: &str) -> Result<f64, String> {
-    deadline::parse_seconds(s).map(|d| d.as_secs_f64())
 }
 
 /// Bytes as nccl-tests writes them: `8`, `64K`, `32M`, `1G` (powers of 1024; a trailing B is allowed).

@@ -124,3 +124,8 @@ impl SweepConfig {
         )
     }
 }
+
+/// Seconds in (0, 86400]: every timeout flag of comm-bench and its soak.
+pub fn parse_timeout(s: &str) -> Result<f64, String> {
+    deadline::parse_seconds(s).map(|d| d.as_secs_f64())
+}

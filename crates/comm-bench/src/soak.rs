@@ -36,9 +36,9 @@ pub struct SoakArgs {
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
     /// Stop issuing calls after this many seconds, and say how many ran.
-    #[arg(long = "max_seconds", alias = "max-seconds", default_value_t = 900.0, allow_negative_numbers = true, value_parser = crate::cli::parse_timeout)]
+    #[arg(long = "max_seconds", alias = "max-seconds", default_value_t = 900.0, allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub max_seconds: f64,
-    #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::cli::parse_timeout)]
+    #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub timeout_s: Option<f64>,
 }
 

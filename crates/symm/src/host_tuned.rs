@@ -2,7 +2,7 @@
 //! the epoch-flag barrier. Blocks run one after another in the same order on every rank; block b's packets are the
 //! ones with index j = b (mod grid), as with one thread per block on the device.
 
-use crate::tuned::{ll_flag, TunedParams};
+use crate::tuned_params::{ll_flag, TunedParams};
 use collective_core::host_sync::{flag_barrier, next_epoch};
 use collective_core::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
 use deadline::{wait_all, Deadline};

@@ -67,7 +67,7 @@ impl Default for Options {
 /// let mut output = vec![0f32; 1000];
 /// let algo = comm.all_reduce_host(&input, &mut output).unwrap();
 /// assert_eq!(output, input);
-/// println!("ran {algo} following {}", comm.table_source(allreduce::Mode::Eager));
+/// println!("ran {algo} following {}", comm.table_source(allreduce::Mode::Eager, allreduce::Residency::Caller));
 /// ```
 pub struct Communicator {
     // Field order is drop order: the engine and the mappings go before the rendezvous and the driver.

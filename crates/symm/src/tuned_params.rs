@@ -1,0 +1,35 @@
+//! The tuned kernels' parameter block and packet flags, shared by the launch path (`tuned.rs`) and the host twins
+//! (`host_tuned.rs`).
+
+use collective_core::MAX_RANKS;
+
+/// The packet flag of an epoch, in a packet's high word: `epoch mod (2^32 - 1) + 1`, never 0, so a zeroed slot never
+/// reads as data; each area is zeroed by the last call that uses it before the flags wrap (the kernels' `ll_clean`).
+pub fn ll_flag(epoch: u64) -> u64 {
+    (epoch % 0xffff_ffff + 1) << 32
+}
+
+/// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct TunedParams {
+    pub inputs: [u64; MAX_RANKS],
+    pub outputs: [u64; MAX_RANKS],
+    pub packets: [u64; MAX_RANKS],
+    pub flags: [u64; MAX_RANKS],
+    pub staging: [u64; MAX_RANKS],
+    pub counters: u64,
+    pub count: u64,
+    pub ll_packets: u64,
+    pub half_bytes: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub world: u32,
+    pub dtype: u32,
+    pub reserved: u32,
+    /// The `*_table` kernels read every rank's input and output from here: u64 [inputs; MAX_RANKS][outputs; MAX_RANKS].
+    pub peer_table: u64,
+}
+
+/// Bytes of one peer table (see [`TunedParams::peer_table`]).
+pub const PEER_TABLE_BYTES: usize = 2 * MAX_RANKS * 8;

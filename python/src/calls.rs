@@ -1,0 +1,105 @@
+//! Calls issued again and again: prepared calls (checked once) and the graph-capture context manager.
+
+use crate::args::Arg;
+use crate::comm_core::PyCommunicator;
+use crate::errors::ArgumentError;
+use allreduce::Algorithm;
+use collective_core::Op;
+use pyo3::prelude::*;
+
+/// The algorithm called `name`, when given: one of the allreduce candidates.
+pub(crate) fn algorithm_named(name: Option<&str>) -> PyResult<Option<Algorithm>> {
+    name.map(|name| {
+        Algorithm::from_name(name).filter(|a| Algorithm::CANDIDATES.contains(a)).ok_or_else(|| {
+            let names: Vec<&str> = Algorithm::CANDIDATES.iter().map(|a| a.name()).collect();
+            ArgumentError::new_err(format!("algorithm {name:?}: not one of {}", names.join(", ")))
+        })
+    })
+    .transpose()
+}
+
+/// One all_reduce or reduce_scatter, checked once by Communicator.prepare_all_reduce / prepare_reduce_scatter;
+/// `call()` issues it again (on torch's current stream, or `stream=`) and returns the output tensor. Holding the
+/// tensors' storage, it reduces the memory they had when prepared even if a tensor is later re-pointed
+/// (`set_`, `resize_`, `.data =`).
+#[pyclass(module = "allreduce_rs", name = "PreparedCall", frozen)]
+pub struct PreparedCall {
+    comm: Py<PyCommunicator>,
+    op: Op,
+    algo: Option<Algorithm>,
+    input: Arg,
+    output: Option<Arg>,
+    /// The storages behind the tensors (`untyped_storage()`), kept so their memory cannot be freed or reused.
+    _storage: Vec<Py<PyAny>>,
+}
+
+impl PreparedCall {
+    pub(crate) fn new(
+        comm: &Bound<'_, PyCommunicator>,
+        op: Op,
+        algo: Option<Algorithm>,
+        input: Arg,
+        output: Option<Arg>,
+    ) -> PyResult<PreparedCall> {
+        let py = comm.py();
+        let mut storage = Vec::new();
+        for arg in std::iter::once(&input).chain(output.as_ref()) {
+            // A torch tensor's memory belongs to its storage; a host array's to the array, held as `obj`.
+            if let Ok(s) = arg.obj.bind(py).call_method0(pyo3::intern!(py, "untyped_storage")) {
+                storage.push(s.unbind());
+            }
+        }
+        Ok(PreparedCall { comm: comm.clone().unbind(), op, algo, input, output, _storage: storage })
+    }
+}
+
+#[pymethods]
+impl PreparedCall {
+    /// Issues the call (collective, as the call it was prepared from) and returns the tensor that holds the result.
+    #[pyo3(signature = (*, stream = None))]
+    fn __call__<'py>(&self, py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let comm = self.comm.get();
+        let handle = comm.stream_handle(py, stream)?;
+        comm.issue(py, self.op, self.algo, &self.input, self.output.as_ref(), handle)?;
+        Ok(self.output.as_ref().unwrap_or(&self.input).obj.bind(py).clone())
+    }
+
+    fn __repr__(&self) -> String {
+        let what = match self.op {
+            Op::AllReduce if self.output.is_none() => "all_reduce in place",
+            Op::AllReduce => "all_reduce",
+            Op::ReduceScatter => "reduce_scatter",
+        };
+        let algo = self.algo.map_or("auto".to_string(), |a| a.name().to_string());
+        format!("PreparedCall({what}, {} elements of {}, algorithm={algo})", self.input.count, self.input.dtype)
+    }
+}
+
+/// `Communicator.graph_capture()`'s context manager.
+#[pyclass(module = "allreduce_rs")]
+pub struct GraphCapture {
+    pub(crate) comm: Py<PyCommunicator>,
+}
+
+#[pymethods]
+impl GraphCapture {
+    fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
+        self.comm.get().begin_graph_capture(py)
+    }
+
+    /// Ends the recording on every rank even when the body raised (the peers are waiting in theirs); the body's
+    /// exception, if any, is the one that propagates.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let ended = self.comm.get().end_graph_capture(py);
+        match exc_type {
+            Some(_) => Ok(false),
+            None => ended.map(|_| false),
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! The communicator object Python holds, and its checked call path: the state behind the lock, argument checks,
+//! the issue of one call. The `#[pymethods]` (`comm.rs`), prepared calls and capture (`calls.rs`) and the registered
+//! buffers (`registered.rs`) build on it.
+
+use crate::args::{self, Arg, Memory};
+use crate::errors::{from_error, AllreduceError, ArgumentError, CapacityError};
+use allreduce::{Algorithm, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
+use collective_core::{Op, VEC_BYTES};
+use pyo3::prelude::*;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+/// What a call needs behind the lock.
+pub(crate) struct State {
+    pub(crate) comm: Communicator,
+    /// The host driver's stream for calls that force an algorithm (the slice calls bring their own).
+    pub(crate) host_stream: Option<gpu::Stream>,
+    /// Objects whose memory was registered with the peers: kept alive as long as the communicator, as
+    /// `Communicator::register` requires.
+    pub(crate) registered: Vec<Py<PyAny>>,
+}
+
+/// One rank's endpoint of an intra-node allreduce job.
+///
+/// Communicator.from_env(...) under a launcher, or Communicator(rank, world_size, local_rank, job_id, ...). It runs
+/// all_reduce and reduce_scatter on your tensors: on a GPU driver enqueued on torch's current stream with no host
+/// synchronisation (torch.cuda.graph captures it), on the host driver (numpy arrays, CPU tensors) complete on
+/// return; the algorithm per size comes from a table tuned on this machine, and every algorithm gives the same
+/// bits. Every call is collective. Errors are allreduce_rs.AllreduceError subclasses. End it with close() or
+/// `with`.
+#[pyclass(module = "allreduce_rs", name = "Communicator", frozen)]
+pub struct PyCommunicator {
+    /// `None` once closed. Calls take it with `try_lock`: a communicator's calls are collective and run one at a
+    /// time, so a second thread is told so instead of waiting (with the GIL) on the first.
+    pub(crate) state: Mutex<Option<State>>,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) local_rank: usize,
+    pub(crate) capacity: usize,
+    pub(crate) driver: DriverKind,
+    pub(crate) ordinal: usize,
+    pub(crate) device_name: String,
+    pub(crate) placement: allreduce::Placement,
+    pub(crate) notes: Vec<String>,
+    /// `table_source` of the eager and graph tables, fixed at construction.
+    pub(crate) sources: [[String; 3]; 2],
+    /// Live DLPack views of the registered buffers.
+    pub(crate) views: Arc<AtomicUsize>,
+}
+
+impl PyCommunicator {
+    /// Builds the communicator with the interpreter detached: set-up waits for every peer (and may compile kernels).
+    pub(crate) fn build(py: Python<'_>, info: Option<launch::RankInfo>, opts: Options) -> PyResult<PyCommunicator> {
+        let comm = py
+            .detach(move || match info {
+                Some(info) => Communicator::new(info, opts),
+                None => Communicator::from_env(opts),
+            })
+            .map_err(from_error)?;
+        let i = comm.gpu().info().clone();
+        let host_stream = match i.kind {
+            DriverKind::Host => Some(comm.gpu().stream().map_err(|e| from_error(e.into()))?),
+            _ => None,
+        };
+        let placement = comm.placement().clone();
+        let rank = comm.rank();
+        Ok(PyCommunicator {
+            rank,
+            world: comm.world(),
+            local_rank: placement.ranks[rank].local_rank,
+            capacity: comm.capacity_bytes(),
+            driver: i.kind,
+            ordinal: i.ordinal,
+            device_name: i.name,
+            notes: comm.notes().to_vec(),
+            sources: Mode::ALL.map(|m| Residency::ALL.map(|r| comm.table_source(m, r).to_string())),
+            placement,
+            views: Arc::new(AtomicUsize::new(0)),
+            state: Mutex::new(Some(State { comm, host_stream, registered: Vec::new() })),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> PyResult<MutexGuard<'_, Option<State>>> {
+        self.state.try_lock().map_err(|e| match e {
+            TryLockError::WouldBlock => AllreduceError::new_err(
+                "the communicator is in use by another thread: its calls are collective and run one at a time",
+            ),
+            TryLockError::Poisoned(_) => {
+                AllreduceError::new_err("the communicator panicked in an earlier call and is unusable")
+            }
+        })
+    }
+
+    /// Runs `f` on the open communicator.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut State) -> PyResult<R>) -> PyResult<R> {
+        match self.lock()?.as_mut() {
+            Some(state) => f(state),
+            None => Err(AllreduceError::new_err("the communicator is closed")),
+        }
+    }
+
+    /// Refuses a tensor this communicator's driver cannot reach, or one larger than the capacity.
+    pub(crate) fn check(&self, arg: &Arg, what: &str) -> PyResult<()> {
+        let wrong_place = |there: String| {
+            let here = match self.driver {
+                DriverKind::Host => "host memory (numpy arrays, CPU tensors)".to_string(),
+                d => format!("{d} device {} (torch device cuda:{})", self.ordinal, self.ordinal),
+            };
+            ArgumentError::new_err(format!(
+                "{what}: {there}, but this communicator's driver ({}) reads {here}",
+                self.driver
+            ))
+        };
+        match (&arg.memory, self.driver) {
+            (Memory::Host, DriverKind::Host) => {}
+            (Memory::Device(d), DriverKind::Cuda | DriverKind::Hip) if *d == self.ordinal as i64 => {}
+            (Memory::Host, _) => return Err(wrong_place("in host memory".into())),
+            (Memory::Device(d), _) => return Err(wrong_place(format!("on torch device cuda:{d}"))),
+            (Memory::Other(kind), _) => return Err(wrong_place(format!("on a torch {kind} device"))),
+        }
+        if arg.bytes() > self.capacity {
+            return Err(CapacityError::new_err((
+                format!(
+                    "{what}: {} elements of {} are {} bytes, beyond the communicator's capacity_bytes={}",
+                    arg.count,
+                    arg.dtype,
+                    arg.bytes(),
+                    self.capacity
+                ),
+                arg.bytes(),
+                self.capacity,
+            )));
+        }
+        // Host slices are read as `&[T]`, which needs element alignment; device pointers the kernels load need 16.
+        let align = if self.driver == DriverKind::Host { arg.dtype.size() } else { VEC_BYTES };
+        if !arg.ptr.is_multiple_of(align as u64) {
+            return Err(ArgumentError::new_err(format!(
+                "{what}: address {:#x} is not aligned to {align} bytes (a view at an odd offset?): pass a copy",
+                arg.ptr
+            )));
+        }
+        Ok(())
+    }
+
+    /// An allreduce's tensors, checked: `out` is `None` for an in-place call (no `out`, or `out` is `tensor`).
+    pub(crate) fn all_reduce_args<'py>(
+        &self,
+        tensor: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Arg, Option<Arg>)> {
+        let input = args::describe(tensor, "tensor")?;
+        self.check(&input, "tensor")?;
+        let output = match out {
+            None if !input.writable => {
+                return Err(ArgumentError::new_err("tensor: read-only, so it cannot be reduced in place; pass out="))
+            }
+            None => None,
+            Some(o) => {
+                let o = args::describe(o, "out")?;
+                self.check(&o, "out")?;
+                same_shape(&input, &o, input.count, "the tensor's")?;
+                if !o.writable {
+                    return Err(ArgumentError::new_err("out: read-only"));
+                }
+                if o.ptr == input.ptr {
+                    None
+                } else if o.overlaps(&input) {
+                    return Err(ArgumentError::new_err(
+                        "out overlaps tensor without being the same memory: pass the same tensor, or disjoint ones",
+                    ));
+                } else {
+                    Some(o)
+                }
+            }
+        };
+        Ok((input, output))
+    }
+
+    /// A reduce-scatter's input and output, checked.
+    pub(crate) fn reduce_scatter_args<'py>(
+        &self,
+        input: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyAny>,
+    ) -> PyResult<(Arg, Arg)> {
+        let input = args::describe(input, "input")?;
+        self.check(&input, "input")?;
+        let output = args::describe(out, "out")?;
+        self.check(&output, "out")?;
+        if !input.count.is_multiple_of(self.world) {
+            return Err(ArgumentError::new_err(format!(
+                "input: {} elements do not divide among {} ranks",
+                input.count, self.world
+            )));
+        }
+        same_shape(&input, &output, input.count / self.world, "a shard of the input's")?;
+        if !output.writable {
+            return Err(ArgumentError::new_err("out: read-only"));
+        }
+        if output.overlaps(&input) {
+            return Err(ArgumentError::new_err("out overlaps input: a reduce-scatter needs disjoint buffers"));
+        }
+        Ok((input, output))
+    }
+
+    /// Issues one checked call (`all_reduce_args` / `reduce_scatter_args`) on stream `handle`.
+    pub(crate) fn issue(
+        &self,
+        py: Python<'_>,
+        op: Op,
+        algo: Option<Algorithm>,
+        input: &Arg,
+        output: Option<&Arg>,
+        handle: u64,
+    ) -> PyResult<Algorithm> {
+        self.with(|state| {
+            if self.driver == DriverKind::Host {
+                return PyCommunicator::host_call(state, op, algo, input, output);
+            }
+            let out = output.map_or(input.ptr, |o| o.ptr);
+            // SAFETY: checked by the *_args functions: device memory of this communicator's device holding `count`
+            // elements (a shard's for a reduce-scatter's output), 16-byte aligned, identical or disjoint; alive
+            // while torch holds the tensors (a PreparedCall holds their storage), whose caching allocator reuses
+            // their memory only in the order of the stream they were made on (the current stream, unless the
+            // caller passed another and recorded it, as for any side-stream work). That every rank makes the same
+            // calls is the caller's part, as with torch.distributed.
+            let (ptr, out, count, dtype) = (DevicePtr(input.ptr), DevicePtr(out), input.count, input.dtype);
+            let algo = unsafe {
+                match op {
+                    Op::AllReduce => state.comm.all_reduce_with(algo, ptr, out, count, dtype, handle),
+                    Op::ReduceScatter => state.comm.reduce_scatter(ptr, out, count, dtype, handle),
+                }
+            }
+            .map_err(from_error)?;
+            // A recorded capture's calls may read these tensors in place from every peer at each replay: kept alive
+            // with the communicator, as end_graph_capture requires.
+            if state.comm.recording_graph_capture() {
+                state.registered.extend(std::iter::once(input).chain(output).map(|a| a.obj.clone_ref(py)));
+            }
+            Ok(algo)
+        })
+    }
+
+    /// The stream a device call is enqueued on: `stream` (a handle, or an object with `cuda_stream`), else torch's
+    /// current stream of this device. On the host driver calls run to completion on this thread and take none.
+    pub(crate) fn stream_handle(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        if self.driver == DriverKind::Host {
+            return match stream {
+                None => Ok(0),
+                Some(_) => Err(ArgumentError::new_err(
+                    "stream: the host driver runs each call to completion on the calling thread and takes no stream",
+                )),
+            };
+        }
+        match stream {
+            Some(s) => match s.extract::<u64>() {
+                Ok(h) => Ok(h),
+                Err(_) => s.getattr("cuda_stream")?.extract(),
+            },
+            None => {
+                let torch = args::torch(py)?.ok_or_else(|| {
+                    ArgumentError::new_err("stream: torch is not imported, so there is no current stream to use")
+                })?;
+                torch.current_stream(py, self.ordinal as i64)
+            }
+        }
+    }
+
+    /// One call on the host driver: through the slice calls (which stage unaligned memory) or, with a forced
+    /// algorithm, through the raw call on the host stream (16-byte alignment required).
+    pub(crate) fn host_call(
+        state: &mut State,
+        op: Op,
+        algo: Option<Algorithm>,
+        input: &Arg,
+        output: Option<&Arg>,
+    ) -> PyResult<Algorithm> {
+        let (count, dtype) = (input.count, input.dtype);
+        if let Some(a) = algo {
+            for (what, p) in [("tensor", input.ptr), ("out", output.map_or(input.ptr, |o| o.ptr))] {
+                if !p.is_multiple_of(VEC_BYTES as u64) {
+                    return Err(ArgumentError::new_err(format!(
+                        "{what}: address {p:#x} is not aligned to {VEC_BYTES} bytes, which algorithm={a} needs"
+                    )));
+                }
+            }
+            let out = output.map_or(input.ptr, |o| o.ptr);
+            let stream = state.host_stream.as_ref().expect("the host driver has a stream").handle();
+            // SAFETY: on the host driver device memory is process memory; the arrays are alive (held by the
+            // caller, or by a PreparedCall) and untouched while this thread, holding the GIL, runs the call to
+            // completion.
+            return unsafe {
+                state.comm.all_reduce_with(algo, DevicePtr(input.ptr), DevicePtr(out), count, dtype, stream)
+            }
+            .map_err(from_error);
+        }
+        match dtype {
+            DType::Bf16 => host_slices::<half::bf16>(state, op, input, output),
+            DType::F16 => host_slices::<half::f16>(state, op, input, output),
+            DType::F32 => host_slices::<f32>(state, op, input, output),
+        }
+    }
+}
+
+/// The slice calls on `input` / `output` as `[T]`.
+pub(crate) fn host_slices<T: allreduce::Scalar>(
+    state: &mut State,
+    op: Op,
+    input: &Arg,
+    output: Option<&Arg>,
+) -> PyResult<Algorithm> {
+    // SAFETY: the checks made these host memory of `count` elements of T, element-aligned, non-null (at least one
+    // element), alive (held by the caller, or by a PreparedCall), distinct or identical (never partly overlapping),
+    // and writable where written; nothing else runs while this thread holds the GIL through the call.
+    let result = unsafe {
+        match (op, output) {
+            (Op::AllReduce, None) => {
+                state.comm.all_reduce_host_in_place(std::slice::from_raw_parts_mut(input.ptr as *mut T, input.count))
+            }
+            (Op::AllReduce, Some(o)) => state.comm.all_reduce_host(
+                std::slice::from_raw_parts(input.ptr as *const T, input.count),
+                std::slice::from_raw_parts_mut(o.ptr as *mut T, o.count),
+            ),
+            (Op::ReduceScatter, Some(o)) => state.comm.reduce_scatter_host(
+                std::slice::from_raw_parts(input.ptr as *const T, input.count),
+                std::slice::from_raw_parts_mut(o.ptr as *mut T, o.count),
+            ),
+            (Op::ReduceScatter, None) => unreachable!("reduce_scatter always has an output"),
+        }
+    };
+    result.map_err(from_error)
+}
+
+/// Refuses an output whose dtype or element count is not the call's.
+pub(crate) fn same_shape(input: &Arg, out: &Arg, want: usize, whose: &str) -> PyResult<()> {
+    if out.dtype != input.dtype {
+        return Err(ArgumentError::new_err(format!(
+            "out: dtype {} differs from the input's {}",
+            out.dtype, input.dtype
+        )));
+    }
+    if out.count != want {
+        return Err(ArgumentError::new_err(format!("out: {} elements, not {whose} {want}", out.count)));
+    }
+    Ok(())
+}
