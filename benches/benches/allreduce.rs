@@ -5,7 +5,6 @@
 //! need no handling there. Every method is checked against the float64 reference before it is timed.
 
 use allreduce::check::{agree_verdict, input_values, reference, tolerance, POISON};
-use allreduce::methods;
 use allreduce::timing::{Timer, TimingOptions};
 use allreduce::{Collective, Communicator, DType, Op, Options};
 use allreduce_benches::{

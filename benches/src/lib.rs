@@ -24,9 +24,9 @@ pub fn methods(list: Option<&str>) -> Result<Vec<String>, String> {
         return Ok(METHODS.iter().map(|m| m.to_string()).collect());
     };
     let names: Vec<String> = list.split(',').map(|m| m.trim().to_string()).collect();
-    let names = allreduce::methods::expand(&names);
+    let names = methods::expand(&names);
     for m in &names {
-        if allreduce::methods::op_of(m)? != allreduce::Op::AllReduce {
+        if methods::op_of(m)? != allreduce::Op::AllReduce {
             return Err(format!("{METHODS_ENV}: {m} is not an allreduce method"));
         }
     }

@@ -16,15 +16,14 @@
 //! points take host slices on the host driver ([`Communicator::all_reduce_host`]) and, with the `cudarc` feature,
 //! cudarc's `CudaSlice` on a `CudaStream`.
 //!
-//! Below the communicator, [`methods`] builds any single method by name and [`timing`] / [`check`] measure and
-//! check them: the benchmark (comm-bench) and the criterion benches are users of this crate like any program.
+//! [`timing`] and [`check`] measure and check calls ([`Communicator::tune`] uses them, and so do the benchmark and
+//! the criterion benches, which build single methods by name through their registry, the `methods` crate).
 
 pub mod check;
 mod comm;
 #[cfg(feature = "cudarc")]
 mod cuda_slices;
 pub mod engine;
-pub mod methods;
 pub mod placement;
 pub mod sizes;
 pub mod timing;

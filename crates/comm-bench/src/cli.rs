@@ -198,9 +198,10 @@ where
 
 /// --methods' help: every name it takes, so none has to be guessed.
 fn methods_help() -> String {
-    let groups: Vec<&str> = allreduce::methods::GROUPS.iter().map(|g| g.0).collect();
-    let methods: Vec<&str> = allreduce::methods::METHODS.iter().map(|m| m.0).collect();
-    let variants: Vec<&str> = allreduce::methods::ABLATIONS.iter().flat_map(|l| l.iter().copied()).collect();
+    let groups: Vec<&str> = methods::GROUPS.iter().map(|g| g.0).collect();
+    let methods: Vec<&str> =
+        methods::METHODS.iter().filter(|m| m.role == methods::Role::Default).map(|m| m.name).collect();
+    let variants: Vec<&str> = methods::ablations().collect();
     format!(
         "Comma-separated methods [default: comm_bench.py's methods of the op, and auto for allreduce].\n\
          Methods: {}.\nAblation variants: {}.\nGroups: all (every method of the op), {}.\nA launch shape on a car \
@@ -254,8 +255,8 @@ impl BenchArgs {
                 return Err("--methods names no method".into());
             }
             for m in &self.method_names() {
-                allreduce::methods::op_of(m).map_err(|e| e.to_string())?;
-                if allreduce::methods::op_of(m)? != self.op {
+                methods::op_of(m).map_err(|e| e.to_string())?;
+                if methods::op_of(m)? != self.op {
                     return Err(format!("method {m} does not run --op {}", self.op));
                 }
             }
@@ -299,17 +300,17 @@ impl BenchArgs {
     /// The methods to run, in comm_bench.py's column order (with `--tune`: auto's candidates). `all` stands for
     /// every method of the op.
     pub fn method_names(&self) -> Vec<String> {
-        let every = || allreduce::methods::defaults(self.op).iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let every = || methods::defaults(self.op).iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match (&self.methods, &self.tune) {
             (Some(m), _) => {
                 let named: Vec<String> =
                     m.iter().flat_map(|n| if n == "all" { every() } else { vec![n.clone()] }).collect();
-                allreduce::methods::expand(&named)
+                methods::expand(&named)
             }
             (None, Some(_)) => allreduce::Algorithm::CANDIDATES.iter().map(|a| a.name().to_string()).collect(),
             (None, None) => {
                 let mut names: Vec<String> =
-                    allreduce::methods::csv_methods(self.op).iter().map(|s| s.to_string()).collect();
+                    methods::csv_methods(self.op).iter().map(|s| s.to_string()).collect();
                 if self.op == Op::AllReduce {
                     names.push("auto".into());
                 }
@@ -360,7 +361,7 @@ mod tests {
         let want = ["car_1shot", "symm_1shot", "car_2shot", "symm_2shot", "nccl", "auto"];
         assert_eq!(c.bench.method_names(), want);
         let all = parse(&["--methods", "all"]).unwrap().bench.method_names();
-        assert_eq!(all, allreduce::methods::defaults(Op::AllReduce));
+        assert_eq!(all, methods::defaults(Op::AllReduce));
         let rs = parse(&["--op", "reduce_scatter", "--methods", "all"]).unwrap().bench.method_names();
         assert!(rs.contains(&"nccl_symm_rs".to_string()) && !rs.contains(&"auto".to_string()));
         let mixed = parse(&["--methods", "car_1shot@4x256,ablation"]).unwrap().bench.method_names();

@@ -6,9 +6,6 @@ use std::path::Path;
 
 /// The benchmark's own buffers per rank, in capacities: input, output and three input variants (private memory).
 const BENCH_BUFFERS: usize = 5;
-/// The communicator's engine per rank, in capacities: car's one-shot and two-shot (two halves each, in
-/// /dev/shm) and the tuned designs (registered input and output, two staging halves, in memfds).
-const ENGINE_BUFFERS: usize = 8;
 
 /// Bytes a sweep needs in all: of memory, and of that in /dev/shm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,36 +14,23 @@ pub struct Need {
     pub shm: u64,
 }
 
-/// A method's own buffers per rank in capacities, and how many of them live in /dev/shm (car's IPC buffers; the
-/// symm designs' are memfds). `auto` and `communicator` run the engine, counted once for every sweep.
-fn buffers(method: &str) -> (usize, usize) {
-    let base = method.split('@').next().unwrap_or(method);
-    match base {
-        "auto" | "communicator" => (0, 0),
-        m if m.starts_with("nccl") => (0, 0),
-        m if m.starts_with("car_") => (2, 2),
-        "symm_1shot" | "symm_2shot" | "symm_rs" | "symm_2shot_fused" => (1, 0),
-        m if m.ends_with("_ipc") => (4, 2),
-        _ => (4, 0),
-    }
-}
-
-/// All `methods`' own buffers per rank, and how many of them live in /dev/shm.
-fn methods_buffers(methods: &[String]) -> (usize, usize) {
-    methods.iter().map(|m| buffers(m)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+/// All `methods`' own buffers per rank, from the registry's rows (the communicator's, which `auto` and
+/// `communicator` run, are counted once for every sweep).
+fn methods_buffers(names: &[String]) -> methods::Buffers {
+    names.iter().map(|m| methods::buffers_of(m)).fold(methods::Buffers::default(), |a, b| a + b)
 }
 
 /// The estimate for `world` ranks of `methods` at `capacity` bytes per buffer.
-pub fn estimate(methods: &[String], capacity: usize, world: usize) -> Need {
-    let (own, shm) = methods_buffers(methods);
+pub fn estimate(names: &[String], capacity: usize, world: usize) -> Need {
+    let own = methods_buffers(names) + methods::communicator_buffers();
     let per_rank = |caps: usize| (caps * capacity * world) as u64;
-    Need { memory: per_rank(BENCH_BUFFERS + ENGINE_BUFFERS + own), shm: per_rank(ENGINE_BUFFERS / 2 + shm) }
+    Need { memory: per_rank(BENCH_BUFFERS + own.capacities), shm: per_rank(own.shm) }
 }
 
 /// Device bytes the sweep still allocates on one device once the communicators are up (their engines are already in
 /// the device's free memory): the benchmark's buffers and each method's own, for the `ranks` ranks that share it.
-pub fn device_need(methods: &[String], capacity: usize, ranks: usize) -> u64 {
-    ((BENCH_BUFFERS + methods_buffers(methods).0) * capacity * ranks) as u64
+pub fn device_need(names: &[String], capacity: usize, ranks: usize) -> u64 {
+    ((BENCH_BUFFERS + methods_buffers(names).capacities) * capacity * ranks) as u64
 }
 
 /// Refuses a sweep whose device allocations would not fit in the device's `free` bytes (of `total`).

@@ -3,7 +3,7 @@
 
 use crate::ceilings::Ceilings;
 use crate::config::{Report, SweepConfig};
-use allreduce::methods::{csv_column, csv_columns};
+use methods::{csv_column, csv_columns};
 use collective_core::Op;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;

@@ -10,7 +10,6 @@ use allreduce::check::{
     agree_verdict, input_values, output_range, reference, tolerance, variant_checksum, variant_input, variant_sum,
     Checksum, POISON,
 };
-use allreduce::methods;
 use allreduce::timing::Timer;
 use allreduce::{Collective, Communicator, DType, Error, Op, Options, Residency};
 use gpu::{DeviceBuffer, MemKind, Stream};

@@ -91,8 +91,8 @@ impl Run {
         for pair in cols[1..].chunks(2) {
             let stem = pair[0].strip_suffix("_time").filter(|s| pair[1].strip_suffix("_bwidth") == Some(*s));
             let stem = stem.ok_or_else(|| format!("line 1: {shape}, found {} and {}", pair[0], pair[1]))?;
-            let ours = allreduce::methods::METHODS.iter().find(|m| m.2 == Some(stem));
-            methods.push((ours.map_or(stem, |m| m.0), ours.is_none_or(|m| m.1 == collective_core::Op::AllReduce)));
+            let ours = methods::METHODS.iter().find(|m| m.csv == Some(stem));
+            methods.push((ours.map_or(stem, |m| m.name), ours.is_none_or(|m| m.op == collective_core::Op::AllReduce)));
         }
         let mut points = Vec::new();
         for (i, line) in lines {

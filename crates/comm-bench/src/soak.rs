@@ -5,7 +5,7 @@
 
 use crate::BenchError;
 use allreduce::check::variant_value;
-use allreduce::{methods, Collective, Communicator, DType, Op, Options};
+use allreduce::{Collective, Communicator, DType, Op, Options};
 use clap::Args;
 use gpu::MemKind;
 use launch::RankInfo;
@@ -46,8 +46,7 @@ pub struct SoakArgs {
 /// IPC-staged ones included (NCCL has its own tests; the broken variants are there to fail).
 fn default_methods() -> Vec<String> {
     let ops = [Op::AllReduce, Op::ReduceScatter];
-    let all =
-        ops.into_iter().flat_map(methods::defaults).chain(methods::ABLATIONS.iter().flat_map(|l| l.iter().copied()));
+    let all = ops.into_iter().flat_map(methods::defaults).chain(methods::ablations());
     all.filter(|m| !m.starts_with("nccl") && *m != "communicator").map(str::to_string).collect()
 }
 
