@@ -3,7 +3,7 @@
 //! bound, and bitwise equality of the allreduce result across ranks.
 
 use collective_core::{DType, Op};
-use gpu::{DeviceBuffer, DevicePtr, Gpu, HostLaunch, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
+use gpu::{DeviceBuffer, DevicePtr, Gpu, HostLaunch, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -160,14 +160,13 @@ fn fold_host(l: &HostLaunch<'_>, dtype: DType) -> Result<(), String> {
 pub struct Checksum {
     sums: DeviceBuffer,
     kernels: Vec<Kernel>,
-    _module: Module,
 }
 
 impl Checksum {
     pub fn new(gpu: &Gpu) -> Result<Checksum, crate::Error> {
         let module = gpu.load(&CHECK_LIBRARY)?;
         let kernels = DType::ALL.iter().map(|d| module.kernel(&format!("arx_fold_{d}"))).collect::<Result<_, _>>()?;
-        Ok(Checksum { sums: gpu.alloc(FOLD_BLOCKS * 8, MemKind::Device)?, kernels, _module: module })
+        Ok(Checksum { sums: gpu.alloc(FOLD_BLOCKS * 8, MemKind::Device)?, kernels })
     }
 
     /// Sets the total to zero.

@@ -14,7 +14,7 @@ pub use collective_core::Algo;
 use collective_core::{
     check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 use std::collections::HashMap;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
@@ -143,7 +143,6 @@ pub struct Car {
     base: CarParams,
     kernels: HashMap<DType, Kernel>,
     barrier: Kernel,
-    _module: Module,
     _peers: Vec<DeviceBuffer>,
     _data: DeviceBuffer,
     _flags: DeviceBuffer,
@@ -231,7 +230,6 @@ impl Car {
             base,
             kernels,
             barrier,
-            _module: module,
             _peers: peers.mapped,
             _data: data,
             _flags: flags,

@@ -309,8 +309,7 @@ impl BenchArgs {
             }
             (None, Some(_)) => allreduce::Algorithm::CANDIDATES.iter().map(|a| a.name().to_string()).collect(),
             (None, None) => {
-                let mut names: Vec<String> =
-                    methods::csv_methods(self.op).iter().map(|s| s.to_string()).collect();
+                let mut names: Vec<String> = methods::csv_methods(self.op).iter().map(|s| s.to_string()).collect();
                 if self.op == Op::AllReduce {
                     names.push("auto".into());
                 }

@@ -107,8 +107,9 @@ mod tests {
     fn estimates_scale_with_ranks_and_methods_and_refuse_what_is_not_free() {
         let methods: Vec<String> = ["car_1shot", "symm_1shot", "auto", "nccl"].map(String::from).to_vec();
         let need = estimate(&methods, 1 << 20, 2);
-        // Per rank: 5 benchmark + 8 engine + 2 car + 1 symm capacities; in /dev/shm: 4 engine + 2 car.
-        assert_eq!(need, Need { memory: 16 << 21, shm: 6 << 21 });
+        // Per rank: 5 benchmark + 10 communicator + 2 car + 1 symm capacities; in /dev/shm: 6 communicator (car's
+        // one-shot, two-shot and reduce-scatter) + 2 car.
+        assert_eq!(need, Need { memory: 18 << 21, shm: 8 << 21 });
         assert_eq!(estimate(&methods, 1 << 20, 4).memory, 2 * need.memory);
         assert!(check_against(need, Some(need.memory), Some(need.shm)).is_ok());
         assert!(check_against(need, None, None).is_ok(), "what cannot be read is not held against the sweep");

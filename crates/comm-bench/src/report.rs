@@ -3,8 +3,8 @@
 
 use crate::ceilings::Ceilings;
 use crate::config::{Report, SweepConfig};
-use methods::{csv_column, csv_columns};
 use collective_core::Op;
+use methods::{csv_column, csv_columns};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -70,7 +70,7 @@ fn allreduce_every_world_size_and_odd_counts() {
 fn ablation_variants_and_launch_shapes_every_world_size() {
     let counts = [8, 13, 4099, 65536, 300_001];
     let list = counts.map(|c| c.to_string()).join(",");
-    let variants: Vec<&str> = allreduce::methods::ABLATIONS.iter().flat_map(|l| l.iter().copied()).collect();
+    let variants: Vec<&str> = methods::ablations().collect();
     let shapes = ["car_1shot@1x512", "car_1shot@64x512", "car_2shot@64x512", "symm_1shot@4x512", "car_1shot@16x128"];
     let tuned_shapes = ["symm_ll@3x64", "symm_epoch_1shot@5x128", "symm_zc_1shot@2x256", "symm_zc_2shot@7x32"];
     for world in [1, 2, 3, 8] {

@@ -521,6 +521,13 @@ mod tests {
         assert!(out.iter().all(|&x| x == 7));
         assert!(module.kernel("missing").is_err());
         assert!(s.download(&b, 1, &mut out).is_err(), "overrun must be refused");
+        // A kernel keeps its module: it still launches once the module it came from is dropped.
+        let kept = gpu.load(&LIB).unwrap().kernel("add_one").unwrap();
+        drop(module);
+        // SAFETY: the test's own buffer, sized for the call.
+        unsafe { s.launch(&kept, dims, &params) }.unwrap();
+        s.download(&b, 0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 8));
     }
 
     #[test]

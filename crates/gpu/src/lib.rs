@@ -369,7 +369,7 @@ impl Gpu {
         Ok(Event { gpu: self.clone(), handle: self.0.event_create()? })
     }
     pub fn load(&self, lib: &KernelLibrary) -> Result<Module> {
-        Ok(Module { gpu: self.clone(), handle: self.0.module_load(lib)? })
+        Ok(Module(Arc::new(Loaded { gpu: self.clone(), handle: self.0.module_load(lib)? })))
     }
 }
 
@@ -559,18 +559,22 @@ impl Drop for Event {
 }
 
 /// A loaded kernel library.
-pub struct Module {
+pub struct Module(Arc<Loaded>);
+
+/// A loaded module, unloaded when its [`Module`] and the last of its [`Kernel`]s are gone.
+struct Loaded {
     gpu: Gpu,
     handle: Handle,
 }
 
 impl Module {
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
-        Ok(Kernel { gpu: self.gpu.clone(), handle: self.gpu.0.kernel(self.handle, name)? })
+        let handle = self.0.gpu.0.kernel(self.0.handle, name)?;
+        Ok(Kernel { module: self.0.clone(), handle })
     }
 }
 
-impl Drop for Module {
+impl Drop for Loaded {
     fn drop(&mut self) {
         if let Err(e) = self.gpu.0.module_unload(self.handle) {
             eprintln!("warning: unloading module: {e}");
@@ -578,15 +582,15 @@ impl Drop for Module {
     }
 }
 
-/// A kernel entry point. Keep its [`Module`] alive while it is used.
+/// A kernel entry point; it keeps the module it was loaded from alive.
 pub struct Kernel {
-    gpu: Gpu,
+    module: Arc<Loaded>,
     handle: Handle,
 }
 
 impl Kernel {
     pub fn max_resident_blocks(&self, block: u32, shared_bytes: u32) -> Result<usize> {
-        self.gpu.0.max_resident_blocks(self.handle, block, shared_bytes)
+        self.module.gpu.0.max_resident_blocks(self.handle, block, shared_bytes)
     }
 }
 

@@ -17,7 +17,7 @@ pub use collective_core::Algo;
 use collective_core::{
     check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, Module, Stream};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, Stream};
 use std::collections::HashMap;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
@@ -86,7 +86,6 @@ pub struct Symm {
     base: SymmParams,
     mine: DevicePtr,
     kernels: HashMap<DType, Kernel>,
-    _module: Module,
     _peers: Vec<DeviceBuffer>,
     _buffer: DeviceBuffer,
     /// The signal pad, where it is not at the end of the buffer.
@@ -150,7 +149,6 @@ impl Symm {
             mine: buffer.ptr(),
             base,
             kernels,
-            _module: module,
             _peers: peers.mapped,
             _buffer: buffer,
             _pad: pad,

@@ -25,7 +25,7 @@ use collective_core::{
     check_args, Collective, CollectiveError, DType, LaunchRule, Mode, Op, Sharing, Team, LINE_BYTES, MAX_BLOCKS,
     MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Module, Stream};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
@@ -232,7 +232,6 @@ pub struct SymmTuned {
     /// The same for the `*_table` kernels (None for the stems without one), and the blocks of each that fit.
     table_kernels: Vec<Option<Kernel>>,
     table_caps: Vec<usize>,
-    _module: Module,
     _peers: Vec<DeviceBuffer>,
     input: DeviceBuffer,
     output: DeviceBuffer,
@@ -344,7 +343,6 @@ impl SymmTuned {
             kernels,
             table_kernels,
             table_caps,
-            _module: module,
             _peers: peers.mapped,
             input,
             output,
