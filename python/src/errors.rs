@@ -3,7 +3,7 @@
 
 use allreduce::Error;
 use collective_core::CollectiveError;
-use gpu::GpuError;
+use gpu::{GpuError, KernelFault};
 use ipc::IpcError;
 use pyo3::PyErr;
 
@@ -65,20 +65,14 @@ fn from_ipc(e: &IpcError, msg: String) -> PyErr {
 fn from_gpu(e: &GpuError, msg: String) -> PyErr {
     match e {
         // The host driver's kernels wait for their peers with a deadline and name the ranks that never came.
-        GpuError::Kernel { msg: m, .. } => match waited_for(m) {
-            Some(ranks) => PeerError::new_err((msg, ranks)),
-            None => AllreduceError::new_err(msg),
-        },
+        GpuError::Kernel { fault: KernelFault::Wait(deadline::WaitError::TimedOut(t)), .. } => {
+            PeerError::new_err((msg, t.missing.clone()))
+        }
+        GpuError::Kernel { fault: KernelFault::Wait(deadline::WaitError::Aborted { .. }), .. } => {
+            PeerError::new_err((msg, Vec::<usize>::new()))
+        }
         GpuError::NotAvailable { .. } | GpuError::Unsupported(_) => UnsupportedError::new_err(msg),
         GpuError::BadArgs(_) => ArgumentError::new_err(msg),
         _ => AllreduceError::new_err(msg),
     }
-}
-
-/// The ranks a timed-out wait names (`deadline::TimedOut`'s text: "... waiting for rank(s) [1, 2]").
-fn waited_for(msg: &str) -> Option<Vec<usize>> {
-    let (_, tail) = msg.split_once("timed out after ")?;
-    let (_, list) = tail.split_once("waiting for rank(s) [")?;
-    let (list, _) = list.split_once(']')?;
-    list.split(',').map(|r| r.trim().parse().ok()).collect()
 }

@@ -3,7 +3,7 @@
 //! bound, and bitwise equality of the allreduce result across ranks.
 
 use collective_core::{DType, Op};
-use gpu::{DeviceBuffer, DevicePtr, Gpu, HostLaunch, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
+use gpu::{DeviceBuffer, DevicePtr, Gpu, HostLaunch, Kernel, KernelFault, KernelLibrary, LaunchDims, MemKind, Stream};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -126,18 +126,18 @@ struct FoldParams {
 const FOLD_BLOCKS: usize = 32;
 const FOLD_THREADS: u32 = 256;
 
-fn fold_bf16(l: &HostLaunch<'_>) -> Result<(), String> {
+fn fold_bf16(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     fold_host(l, DType::Bf16)
 }
-fn fold_fp16(l: &HostLaunch<'_>) -> Result<(), String> {
+fn fold_fp16(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     fold_host(l, DType::F16)
 }
-fn fold_fp32(l: &HostLaunch<'_>) -> Result<(), String> {
+fn fold_fp32(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     fold_host(l, DType::F32)
 }
 
 /// The host twin of `arx_fold`: the same per-element terms, all added to block 0's word (only the total is read).
-fn fold_host(l: &HostLaunch<'_>, dtype: DType) -> Result<(), String> {
+fn fold_host(l: &HostLaunch<'_>, dtype: DType) -> Result<(), KernelFault> {
     let p: FoldParams = l.params()?;
     // SAFETY: the launch's contract: `data` holds `count` elements, `sums` FOLD_BLOCKS words of this rank's.
     let bytes = unsafe { std::slice::from_raw_parts(p.data as *const u8, p.count as usize * dtype.size()) };

@@ -7,7 +7,7 @@ use crate::CarParams;
 use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
 use collective_core::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
 use deadline::Deadline;
-use gpu::{HostKernel, HostLaunch};
+use gpu::{HostKernel, HostLaunch, KernelFault};
 use std::time::Duration;
 
 macro_rules! kernels {
@@ -53,37 +53,37 @@ struct Knobs {
     same_half: bool,
 }
 
-fn barrier_only(l: &HostLaunch<'_>) -> Result<(), String> {
+fn barrier_only(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_barrier_only", CarKernel::BarrierOnly, Knobs::default())
 }
-fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot", CarKernel::OneShot, Knobs::default())
 }
-fn two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+fn two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_2shot", CarKernel::TwoShot, Knobs::default())
 }
-fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
+fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_rs", CarKernel::ReduceScatter, Knobs::default())
 }
-fn one_shot_round(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot_round(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_round", CarKernel::OneShot, Knobs { round: true, ..Knobs::default() })
 }
-fn one_shot_table(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_ptrtable", CarKernel::OneShot, Knobs { table: true, ..Knobs::default() })
 }
-fn one_shot_push(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot_push(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_push", CarKernel::OneShot, Knobs { push: true, ..Knobs::default() })
 }
-fn one_shot_one_block(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot_one_block(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_oneblock", CarKernel::OneShot, Knobs { one_block: true, ..Knobs::default() })
 }
-fn one_shot_cas(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot_cas(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_cas", CarKernel::OneShot, Knobs { cas: true, ..Knobs::default() })
 }
-fn one_shot_same_half(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot_same_half(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_broken_samehalf", CarKernel::OneShot, Knobs { same_half: true, ..Knobs::default() })
 }
-fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), String> {
+fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_2shot_3bar", CarKernel::TwoShot, Knobs { exit: true, ..Knobs::default() })
 }
 
@@ -100,7 +100,7 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
-    fn barrier(&self, block: usize, phase: usize, epoch: u64) -> Result<(), String> {
+    fn barrier(&self, block: usize, phase: usize, epoch: u64) -> Result<(), KernelFault> {
         // SAFETY: flags[r] for r < world are live flag arrays (signal pads), mapped at setup.
         unsafe {
             if self.knobs.cas {
@@ -142,7 +142,7 @@ impl Call<'_> {
     }
 }
 
-fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<(), String> {
+fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<(), KernelFault> {
     let p: CarParams = l.params()?;
     let world = p.world as usize;
     let flags = if knobs.table {

@@ -9,6 +9,7 @@
 
 use crate::{MAX_BLOCKS, MAX_RANKS};
 use deadline::Deadline;
+use gpu::KernelFault;
 #[cfg(loom)]
 use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
@@ -23,15 +24,16 @@ pub const FLAG_SLOTS: usize = MAX_BLOCKS * PHASES * MAX_RANKS;
 /// u32 slots of one signal pad: one per (channel, peer rank).
 pub const PAD_SLOTS: usize = MAX_BLOCKS * MAX_RANKS;
 
-/// Waits until `arrived(r)` holds for every rank in `ranks`: [`deadline::wait_all`], its error as a string.
+/// Waits until `arrived(r)` holds for every rank in `ranks`: [`deadline::wait_all`], the ranks that never came in its
+/// error.
 #[cfg(not(loom))]
 fn wait(
     what: &str,
     ranks: impl IntoIterator<Item = usize>,
     deadline: &Deadline,
     arrived: impl FnMut(usize) -> bool,
-) -> Result<(), String> {
-    deadline::wait_all(what, ranks, deadline, arrived, || None).map_err(|e| e.to_string())
+) -> Result<(), KernelFault> {
+    Ok(deadline::wait_all(what, ranks, deadline, arrived, || None)?)
 }
 
 /// Loom's twin of the wait above: the same polling of the pending ranks, yielding to loom's scheduler between
@@ -46,7 +48,7 @@ fn wait(
     ranks: impl IntoIterator<Item = usize>,
     _deadline: &Deadline,
     mut arrived: impl FnMut(usize) -> bool,
-) -> Result<(), String> {
+) -> Result<(), KernelFault> {
     let bound = std::env::var("LOOM_SPIN_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize);
     let mut pending: Vec<usize> = ranks.into_iter().collect();
     let mut rounds = 0;
@@ -100,7 +102,7 @@ pub unsafe fn flag_barrier(
     epoch: u64,
     deadline: &Deadline,
     what: &str,
-) -> Result<(), String> {
+) -> Result<(), KernelFault> {
     // SAFETY: the caller's contract.
     unsafe {
         for &peer in flags {
@@ -136,7 +138,7 @@ pub unsafe fn cas_barrier(
     channel: usize,
     deadline: &Deadline,
     what: &str,
-) -> Result<(), String> {
+) -> Result<(), KernelFault> {
     let peers = (0..pads.len()).filter(|&t| t != rank);
     // SAFETY: the caller's contract.
     unsafe {

@@ -16,7 +16,7 @@ static LIBRARY: KernelLibrary = KernelLibrary {
     host: &[("arx_empty", empty)],
 };
 
-fn empty(_: &HostLaunch<'_>) -> Result<(), String> {
+fn empty(_: &HostLaunch<'_>) -> Result<(), gpu::KernelFault> {
     Ok(())
 }
 

@@ -6,7 +6,7 @@
 //! Exits non-zero on any mismatch or driver error.
 
 use gpu::{
-    open, Backend, DriverKind, DriverOptions, Gpu, GpuError, HostLaunch, KernelLibrary, LaunchDims, MemKind,
+    open, Backend, DriverKind, DriverOptions, Gpu, GpuError, HostLaunch, KernelFault, KernelLibrary, LaunchDims, MemKind,
     ShareHandle,
 };
 use rand::Rng;
@@ -36,7 +36,7 @@ extern "C" __global__ void add_one(Params p) {
 extern "C" __global__ void empty(Params p) { (void)p; }
 "#;
 
-fn host_add_one(l: &HostLaunch<'_>) -> Result<(), String> {
+fn host_add_one(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let p: Params = l.params()?;
     // SAFETY: the caller passes a live buffer of `n` bytes, as the device kernel expects.
     let d = unsafe { std::slice::from_raw_parts_mut(p.ptr as *mut u8, p.n as usize) };
@@ -44,7 +44,7 @@ fn host_add_one(l: &HostLaunch<'_>) -> Result<(), String> {
     Ok(())
 }
 
-fn host_empty(l: &HostLaunch<'_>) -> Result<(), String> {
+fn host_empty(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     l.params::<Params>().map(|_| ())
 }
 

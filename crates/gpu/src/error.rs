@@ -13,14 +13,31 @@ pub enum GpuError {
     /// Run-time compilation failed; `log` is the compiler's output.
     #[error("compiling kernel library {library} for {arch} failed:\n{log}")]
     Compile { library: String, arch: String, log: String },
-    /// A kernel reported a failure (on the host driver: a timed-out wait names the ranks).
-    #[error("kernel {kernel} failed: {msg}")]
-    Kernel { kernel: String, msg: String },
+    /// A host kernel stopped: a wait for peers that ended (its ranks as data) or another fault.
+    #[error("kernel {kernel} failed: {fault}")]
+    Kernel { kernel: String, fault: KernelFault },
     #[error("invalid argument: {0}")]
     BadArgs(String),
 }
 
 pub type Result<T> = std::result::Result<T, GpuError>;
+
+/// Why a host kernel stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelFault {
+    /// It waited for peers past its deadline, or a peer's abort ended the wait: the ranks are in the error.
+    #[error(transparent)]
+    Wait(#[from] deadline::WaitError),
+    /// Anything else (a malformed parameter block, a message larger than an area).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<String> for KernelFault {
+    fn from(msg: String) -> KernelFault {
+        KernelFault::Other(msg)
+    }
+}
 
 impl GpuError {
     /// For nix calls on the host driver.

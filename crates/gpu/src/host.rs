@@ -3,7 +3,7 @@
 //! thread, and whose "kernels" are Rust functions that run the same algorithms with std atomics.
 
 use crate::{
-    forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelLibrary, LaunchDims, MemKind,
+    forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelFault, KernelLibrary, LaunchDims, MemKind,
     PeerLink, RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use nix::fcntl::OFlag;
@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 /// A host "kernel": the Rust twin of a device kernel, given the same by-value parameter struct.
-pub type HostKernel = fn(&HostLaunch<'_>) -> std::result::Result<(), String>;
+pub type HostKernel = fn(&HostLaunch<'_>) -> std::result::Result<(), KernelFault>;
 
 /// What a host kernel is launched with.
 pub struct HostLaunch<'a> {
@@ -185,7 +185,7 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd> {
 fn run(op: &Op) -> Result<()> {
     match op {
         Op::Launch { name, kernel, dims, params } => {
-            kernel(&HostLaunch { dims: *dims, params }).map_err(|msg| GpuError::Kernel { kernel: name.clone(), msg })
+            kernel(&HostLaunch { dims: *dims, params }).map_err(|fault| GpuError::Kernel { kernel: name.clone(), fault })
         }
         // SAFETY: device pointers on the host driver are addresses of live mappings; the caller's ranges were
         // sized by it from its own buffers, as with cuMemcpy.
@@ -462,7 +462,7 @@ impl Drop for HostDriver {
 
 #[cfg(test)]
 mod tests {
-    use crate::{open, Backend, DevicePtr, DriverOptions, GpuError, KernelLibrary, LaunchDims, MemKind, ShareHandle};
+    use crate::{open, Backend, DevicePtr, DriverOptions, GpuError, KernelFault, KernelLibrary, LaunchDims, MemKind, ShareHandle};
     use std::os::fd::AsRawFd;
 
     fn host() -> crate::Gpu {
@@ -477,7 +477,7 @@ mod tests {
         n: u64,
     }
 
-    fn add_one(l: &crate::HostLaunch<'_>) -> Result<(), String> {
+    fn add_one(l: &crate::HostLaunch<'_>) -> Result<(), KernelFault> {
         let p: AddOne = l.params()?;
         // SAFETY: the test passes a live buffer of n bytes.
         let s = unsafe { std::slice::from_raw_parts_mut(p.ptr as *mut u8, p.n as usize) };

@@ -13,7 +13,7 @@ mod hip;
 mod host;
 mod kernel_cache;
 
-pub use error::{GpuError, Result};
+pub use error::{GpuError, KernelFault, Result};
 pub use host::{HostKernel, HostLaunch};
 
 use std::fmt;

@@ -6,7 +6,7 @@ use crate::SymmParams;
 use collective_core::host_sync::cas_barrier;
 use collective_core::{block_range, shard_elems, shard_range, DType, HostElem};
 use deadline::Deadline;
-use gpu::{HostKernel, HostLaunch};
+use gpu::{HostKernel, HostLaunch, KernelFault};
 use std::time::Duration;
 
 pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
@@ -33,25 +33,25 @@ enum SymmKernel {
     ReduceScatter,
 }
 
-fn one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+fn one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, SymmKernel::OneShot)
 }
-fn two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+fn two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, SymmKernel::TwoShot)
 }
-fn two_shot_fused(l: &HostLaunch<'_>) -> Result<(), String> {
+fn two_shot_fused(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, SymmKernel::TwoShotFused)
 }
-fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), String> {
+fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, SymmKernel::ReduceScatter)
 }
 
-fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> Result<(), String> {
+fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> Result<(), KernelFault> {
     // SAFETY: pads[r] for r < world are live signal pads, mapped at setup.
     unsafe { cas_barrier(&p.pads[..p.world as usize], p.rank as usize, channel, deadline, what) }
 }
 
-fn run(l: &HostLaunch<'_>, kind: SymmKernel) -> Result<(), String> {
+fn run(l: &HostLaunch<'_>, kind: SymmKernel) -> Result<(), KernelFault> {
     let p: SymmParams = l.params()?;
     let dtype = DType::from_code(p.dtype)?;
     let deadline = Deadline::after(Duration::from_nanos(p.timeout_ns));

@@ -6,7 +6,7 @@ use crate::tuned_params::{ll_flag, TunedParams};
 use collective_core::host_sync::{flag_barrier, next_epoch};
 use collective_core::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
 use deadline::{wait_all, Deadline};
-use gpu::{HostKernel, HostLaunch};
+use gpu::{HostKernel, HostLaunch, KernelFault};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -46,15 +46,15 @@ struct Call {
     deadline: Deadline,
 }
 
-fn call(l: &HostLaunch<'_>) -> Result<Call, String> {
+fn call(l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
     call_with(l.params()?, l)
 }
 
 /// The kernels' `with_peer_table`: every rank's input and output from the table the launch names.
-fn call_from_table(l: &HostLaunch<'_>) -> Result<Call, String> {
+fn call_from_table(l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
     let mut p: TunedParams = l.params()?;
     if p.peer_table == 0 || !p.peer_table.is_multiple_of(8) {
-        return Err(format!("a *_table kernel launched with peer table {:#x}", p.peer_table));
+        return Err(format!("a *_table kernel launched with peer table {:#x}", p.peer_table).into());
     }
     // SAFETY: `peer_table` is a live slot of 2 * MAX_RANKS u64 (`run_design`'s contract for these kernels).
     let t = unsafe { std::slice::from_raw_parts(p.peer_table as *const u64, 2 * MAX_RANKS) };
@@ -63,7 +63,7 @@ fn call_from_table(l: &HostLaunch<'_>) -> Result<Call, String> {
     call_with(p, l)
 }
 
-fn call_with(p: TunedParams, l: &HostLaunch<'_>) -> Result<Call, String> {
+fn call_with(p: TunedParams, l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
     Ok(Call {
         dtype: DType::from_code(p.dtype)?,
         rank: p.rank as usize,
@@ -81,7 +81,7 @@ unsafe fn packet<'a>(area: u64, index: usize) -> &'a AtomicU64 {
     unsafe { &*(area as *const AtomicU64).add(index) }
 }
 
-fn ll(l: &HostLaunch<'_>) -> Result<(), String> {
+fn ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let c = call(l)?;
     let (p, size) = (&c.p, c.dtype.size());
     let per = 4 / size;
@@ -89,7 +89,7 @@ fn ll(l: &HostLaunch<'_>) -> Result<(), String> {
     let n = count.div_ceil(per);
     let npk = p.ll_packets as usize;
     if n > npk {
-        return Err(format!("symm_ll: {count} elements need {n} packets, the area holds {npk}"));
+        return Err(format!("symm_ll: {count} elements need {n} packets, the area holds {npk}").into());
     }
     let input = p.inputs[c.rank] as *const u8;
     let output = p.outputs[c.rank] as *mut u8;
@@ -124,7 +124,7 @@ fn ll(l: &HostLaunch<'_>) -> Result<(), String> {
                 },
                 || None,
             )
-            .map_err(|e| e.to_string())?;
+            ?;
             let bytes: Vec<[u8; 4]> = words[..c.world].iter().map(|w| w.to_le_bytes()).collect();
             let srcs: Vec<*const u8> = bytes.iter().map(|w| w.as_ptr()).collect();
             let mut sum = [0u8; 4];
@@ -156,7 +156,7 @@ fn ll_clean(p: &TunedParams, rank: usize, epoch: u64, b: usize, grid: usize) {
     }
 }
 
-fn zc(c: Call, two_shot: bool) -> Result<(), String> {
+fn zc(c: Call, two_shot: bool) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
     let name = if two_shot { "symm_zc_2shot" } else { "symm_zc_1shot" };
@@ -188,7 +188,7 @@ fn zc(c: Call, two_shot: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let c = call(l)?;
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
@@ -208,28 +208,28 @@ fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
     Ok(())
 }
 
-fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, false)
 }
-fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), String> {
+fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, true)
 }
-fn zc_one_shot_table(l: &HostLaunch<'_>) -> Result<(), String> {
+fn zc_one_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call_from_table(l)?, false)
 }
-fn zc_two_shot_table(l: &HostLaunch<'_>) -> Result<(), String> {
+fn zc_two_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call_from_table(l)?, true)
 }
-fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), String> {
+fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc_2shot_ll(call(l)?)
 }
-fn zc_two_shot_ll_table(l: &HostLaunch<'_>) -> Result<(), String> {
+fn zc_two_shot_ll_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc_2shot_ll(call_from_table(l)?)
 }
 
 /// Block b sums packets j = b (mod grid) of this rank's shard and sends them to every peer, then waits for packets
 /// j = b (mod grid) of every shard: only the peers' block b, which came before, produces them.
-fn zc_2shot_ll(c: Call) -> Result<(), String> {
+fn zc_2shot_ll(c: Call) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let per = 4 / size;
     let (count, npk) = (p.count as usize, p.ll_packets as usize);
@@ -237,7 +237,8 @@ fn zc_2shot_ll(c: Call) -> Result<(), String> {
     if shard.div_ceil(per) > npk {
         return Err(format!(
             "symm_zc_2shot_ll: shards of {shard} elements need more than the {npk} packets of an area"
-        ));
+        )
+        .into());
     }
     let srcs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
     let output = p.outputs[c.rank] as *mut u8;
@@ -269,7 +270,7 @@ fn zc_2shot_ll(c: Call) -> Result<(), String> {
                     v = unsafe { packet(p.packets[c.rank], area + s * npk + j) }.load(Ordering::Relaxed);
                     v & 0xffff_ffff_0000_0000 == flag
                 };
-                wait_all(&what, [s], &c.deadline, arrived, || None).map_err(|e| e.to_string())?;
+                wait_all(&what, [s], &c.deadline, arrived, || None)?;
                 let k = (hi - lo - j * per).min(per);
                 let word = (v as u32).to_le_bytes();
                 // SAFETY: the output holds `count` elements; [lo + j * per, + k) lies in shard s.

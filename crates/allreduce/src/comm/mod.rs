@@ -279,7 +279,7 @@ impl Communicator {
     pub fn tune_table(&self, mode: Mode, residency: Residency) -> &TuneTable {
         &self.engine.table(mode, residency).table
     }
-    /// Every table, ready for the launch path (for [`crate::methods::BuildOptions`]).
+    /// Every table, ready for the launch path (the benchmark registry builds `auto` from them).
     pub fn tables(&self) -> &Tables {
         self.engine.tables()
     }
@@ -295,7 +295,7 @@ impl Communicator {
     pub fn engine_and_rendezvous(&mut self) -> (&mut Engine, &Rendezvous) {
         (&mut self.engine, &self.rdv)
     }
-    /// The team methods are built from (for comm-bench's registry: [`crate::methods::build`]).
+    /// The team methods are built from (for the benchmark registry, the `methods` crate).
     pub fn team(&self) -> Team<'_> {
         Team::new(&self.gpu, &self.rdv, self.placement.ranks_per_device)
             .with_missing_peer_atomics(self.no_peer_atomics.as_deref())
