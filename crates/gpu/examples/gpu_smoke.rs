@@ -6,8 +6,8 @@
 //! Exits non-zero on any mismatch or driver error.
 
 use gpu::{
-    open, Backend, DriverKind, DriverOptions, Gpu, GpuError, HostLaunch, KernelFault, KernelLibrary, LaunchDims, MemKind,
-    ShareHandle,
+    open, Backend, DriverKind, DriverOptions, Gpu, GpuError, HostLaunch, KernelFault, KernelLibrary, LaunchDims,
+    MemKind, ShareHandle,
 };
 use rand::Rng;
 use std::process::ExitCode;
@@ -45,7 +45,7 @@ fn host_add_one(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 
 fn host_empty(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    l.params::<Params>().map(|_| ())
+    l.params::<Params>().map(|_| ()).map_err(KernelFault::from)
 }
 
 static SMOKE: KernelLibrary = KernelLibrary {

@@ -3,8 +3,8 @@
 //! thread, and whose "kernels" are Rust functions that run the same algorithms with std atomics.
 
 use crate::{
-    forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelFault, KernelLibrary, LaunchDims, MemKind,
-    PeerLink, RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
+    forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelFault, KernelLibrary,
+    LaunchDims, MemKind, PeerLink, RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use nix::fcntl::OFlag;
 use nix::sys::mman::{self, MapFlags, ProtFlags};
@@ -184,9 +184,8 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd> {
 
 fn run(op: &Op) -> Result<()> {
     match op {
-        Op::Launch { name, kernel, dims, params } => {
-            kernel(&HostLaunch { dims: *dims, params }).map_err(|fault| GpuError::Kernel { kernel: name.clone(), fault })
-        }
+        Op::Launch { name, kernel, dims, params } => kernel(&HostLaunch { dims: *dims, params })
+            .map_err(|fault| GpuError::Kernel { kernel: name.clone(), fault }),
         // SAFETY: device pointers on the host driver are addresses of live mappings; the caller's ranges were
         // sized by it from its own buffers, as with cuMemcpy.
         Op::Copy { dst, src, bytes } => unsafe {
@@ -462,7 +461,9 @@ impl Drop for HostDriver {
 
 #[cfg(test)]
 mod tests {
-    use crate::{open, Backend, DevicePtr, DriverOptions, GpuError, KernelFault, KernelLibrary, LaunchDims, MemKind, ShareHandle};
+    use crate::{
+        open, Backend, DevicePtr, DriverOptions, GpuError, KernelFault, KernelLibrary, LaunchDims, MemKind, ShareHandle,
+    };
     use std::os::fd::AsRawFd;
 
     fn host() -> crate::Gpu {

@@ -123,8 +123,7 @@ fn ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
                     v & 0xffff_ffff_0000_0000 == flag
                 },
                 || None,
-            )
-            ?;
+            )?;
             let bytes: Vec<[u8; 4]> = words[..c.world].iter().map(|w| w.to_le_bytes()).collect();
             let srcs: Vec<*const u8> = bytes.iter().map(|w| w.as_ptr()).collect();
             let mut sum = [0u8; 4];
