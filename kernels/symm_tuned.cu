@@ -37,6 +37,7 @@ struct TunedParams {
     u32 dtype;
     u32 reserved;
     u64 peer_table;              // the *_table kernels: u64 [inputs ARX_MAX_RANKS][outputs ARX_MAX_RANKS]
+    u64 copy_from;               // zero-copy one- and two-shot: a caller's input to copy in first, or 0
 };
 
 // The zero-copy bodies take every rank's input and output views apart from the parameters: the plain kernels pass
@@ -114,11 +115,15 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
     ll_clean(p, epoch);
 }
 
+// The fused copy-in (`copy_from`): each block copies into this rank's registered input exactly the part that the
+// same block of every rank reads after the phase-0 barrier, which publishes it. Safe to overwrite: the previous
+// call ended only after every peer had finished reading this rank's input (its last barrier, or its packets).
 template <int DT> ARX_DEV void zc_1shot(const TunedParams& p, const u64* in, const u64* out) {
     typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
-    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
+    if (p.copy_from) copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank), r);
+    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     reduce_range<DT>(in, p.world, (void*)pick(out, p.rank), r);
     flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
     ll_clean(p, epoch);
@@ -150,8 +155,12 @@ template <int DT> ARX_DEV void reduce_push(u32 world, const u64* in, const u64* 
 template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, const u64* out) {
     typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
-    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     u64 shard = shard_elems(p.count, p.world, E::VEC);
+    if (p.copy_from)
+        for (u32 s = 0; s < p.world; ++s)
+            copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
+                                 block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
+    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
     reduce_push<DT>(p.world, in, out, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC));
     flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
     ll_clean(p, epoch);

@@ -6,7 +6,7 @@
 use allreduce::engine::Engine;
 use allreduce::Tables;
 use collective_core::{Collective, CollectiveError, LaunchRule, Op, Team};
-use symm::tuned::{Design, Staging, SymmTuned, TunedOptions};
+use symm::tuned::{CopyIn, Design, Staging, SymmTuned, TunedOptions};
 
 /// What a method builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,8 +15,8 @@ pub enum Kind {
     Car(car::Algo, car::Variant),
     /// torch's symmetric-memory design; `true`: two-shot with its copy-in fused into the kernel.
     Symm(symm::Algo, bool),
-    /// A tuned symmetric-memory design, with its staging memory.
-    Tuned(Design, Staging),
+    /// A tuned symmetric-memory design, with its staging memory and its copy-in of a caller's input.
+    Tuned(Design, Staging, CopyIn),
     /// NCCL / RCCL; `symmetric`: through NCCL's registered windows.
     Nccl { symmetric: bool },
     /// The communicator's engine built on its own (`auto`).
@@ -73,7 +73,7 @@ const fn car_row(name: &'static str, algo: car::Algo, variant: car::Variant, rol
 }
 
 const fn tuned_row(name: &'static str, design: Design, staging: Staging, role: Role) -> Method {
-    row(name, AR, None, Kind::Tuned(design, staging), role)
+    row(name, AR, None, Kind::Tuned(design, staging, CopyIn::Dma), role)
 }
 
 use car::Algo::{OneShot as Car1, ReduceScatter as CarRs, TwoShot as Car2};
@@ -117,6 +117,21 @@ pub const METHODS: &[Method] = &[
     tuned_row("symm_zc_2shot_ipc", Design::ZeroCopyTwoShot, Staging::Ipc, Ablation),
     tuned_row("symm_1shot_tuned_ipc", Design::OneShotTuned, Staging::Ipc, Ablation),
     tuned_row("symm_2shot_tuned_ipc", Design::TwoShotTuned, Staging::Ipc, Ablation),
+    // The zero-copy designs with a caller's input copied in inside the kernel rather than by a memcpy before it.
+    row(
+        "symm_zc_1shot_fusedcopy",
+        AR,
+        None,
+        Kind::Tuned(Design::ZeroCopyOneShot, Staging::Vmm, CopyIn::Fused),
+        Ablation,
+    ),
+    row(
+        "symm_zc_2shot_fusedcopy",
+        AR,
+        None,
+        Kind::Tuned(Design::ZeroCopyTwoShot, Staging::Vmm, CopyIn::Fused),
+        Ablation,
+    ),
     // Host driver only: must fail the benchmark's checks of consecutive calls.
     car_row("car_1shot_broken_samehalf", Car1, V::BrokenSameHalf, Broken),
 ];
@@ -130,8 +145,8 @@ impl Method {
             Kind::Car(..) => Buffers { capacities: 2, shm: 2 },
             Kind::Symm(..) => Buffers { capacities: 1, shm: 0 },
             // Registered input and output, two staging halves; the IPC-staged ones keep the halves in /dev/shm.
-            Kind::Tuned(_, Staging::Vmm) => Buffers { capacities: 4, shm: 0 },
-            Kind::Tuned(_, Staging::Ipc) => Buffers { capacities: 4, shm: 2 },
+            Kind::Tuned(_, Staging::Vmm, _) => Buffers { capacities: 4, shm: 0 },
+            Kind::Tuned(_, Staging::Ipc, _) => Buffers { capacities: 4, shm: 2 },
             Kind::Nccl { .. } | Kind::Engine | Kind::Communicator => Buffers::default(),
         }
     }
@@ -169,7 +184,8 @@ const BASELINES: &[&str] = &[
     "symm_ll",
 ];
 
-/// car's ablation variants and torch's fused two-shot (the ablation study's variants).
+/// car's ablation variants, torch's fused two-shot and the zero-copy designs' fused copy-in (the ablation study's
+/// variants).
 const VARIANTS: &[&str] = &[
     "car_1shot_vmm",
     "car_1shot_cas",
@@ -179,6 +195,8 @@ const VARIANTS: &[&str] = &[
     "car_1shot_oneblock",
     "car_2shot_3bar",
     "symm_2shot_fused",
+    "symm_zc_1shot_fusedcopy",
+    "symm_zc_2shot_fusedcopy",
 ];
 
 /// The staging comparison: car on VMM memory and by push, the tuned designs on VMM and on IPC staging.
@@ -299,7 +317,7 @@ pub fn buffers_of(name: &str) -> Buffers {
 fn takes_shape(m: &Method) -> bool {
     match m.kind {
         Kind::Car(..) | Kind::Symm(..) => true,
-        Kind::Tuned(design, Staging::Vmm) => !matches!(design, Design::OneShotTuned | Design::TwoShotTuned),
+        Kind::Tuned(design, Staging::Vmm, _) => !matches!(design, Design::OneShotTuned | Design::TwoShotTuned),
         _ => false,
     }
 }
@@ -325,8 +343,9 @@ pub fn build(name: &str, team: Team<'_>, opts: &BuildOptions) -> Result<Box<dyn 
         Kind::Symm(algo, fused_copy_in) => {
             Box::new(symm::Symm::new(team, algo, symm::SymmOptions { capacity_bytes, rule, fused_copy_in })?)
         }
-        Kind::Tuned(design, staging) => {
-            Box::new(SymmTuned::new(team, design, TunedOptions { capacity_bytes, staging, rule, first_epoch: 0 })?)
+        Kind::Tuned(design, staging, copy_in) => {
+            let tuned_opts = TunedOptions { capacity_bytes, staging, rule, first_epoch: 0, copy_in };
+            Box::new(SymmTuned::new(team, design, tuned_opts)?)
         }
         Kind::Nccl { symmetric } => {
             Box::new(nccl::Nccl::new(team, nccl::NcclOptions { op: m.op, symmetric, capacity_bytes })?)
@@ -359,7 +378,7 @@ mod tests {
             let own = match m.kind {
                 Kind::Car(algo, variant) => variant.method(algo),
                 Kind::Symm(algo, fused) => symm::method_name(algo, fused),
-                Kind::Tuned(design, staging) => symm::tuned::method_name(design, staging),
+                Kind::Tuned(design, staging, copy_in) => symm::tuned::method_name(design, staging, copy_in),
                 Kind::Nccl { .. } | Kind::Engine | Kind::Communicator => Some(m.name),
             };
             assert_eq!(own, Some(m.name), "{m:?}");

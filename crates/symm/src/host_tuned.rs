@@ -163,13 +163,25 @@ fn zc(c: Call, two_shot: bool) -> Result<(), KernelFault> {
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
-        let (lo, hi) = if two_shot {
-            let (lo, hi) = shard_range(count, shard_elems(count, c.world, vec), c.rank);
-            block_range(lo, hi, b, c.grid, vec)
-        } else {
-            block_range(0, count, b, c.grid, vec)
+        // Block b's part of shard s (one-shot: of the whole message): what block b of every rank reads.
+        let part = |s: usize| {
+            if two_shot {
+                let (lo, hi) = shard_range(count, shard_elems(count, c.world, vec), s);
+                block_range(lo, hi, b, c.grid, vec)
+            } else {
+                block_range(0, count, b, c.grid, vec)
+            }
         };
+        if p.copy_from != 0 {
+            for s in if two_shot { 0..c.world } else { 0..1 } {
+                let (lo, hi) = part(s);
+                // SAFETY: the caller's input and our registered input hold `count` elements; no peer still reads
+                // ours (the previous call's last barrier).
+                unsafe { HostElem::copy(c.dtype, p.copy_from as *const u8, p.inputs[c.rank] as *mut u8, lo, hi) };
+            }
+        }
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
+        let (lo, hi) = part(c.rank);
         let mine = p.outputs[c.rank] as *mut u8;
         // SAFETY: registered inputs and outputs hold `count` elements.
         unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };

@@ -185,6 +185,18 @@ pub struct TunedOptions {
     /// The epoch counters' starting value (0: the first call is epoch 1); a test starts just below the packet
     /// flags' wrap to check it.
     pub first_epoch: u64,
+    /// How the zero-copy one- and two-shot take a caller's input that no peer has mapped.
+    pub copy_in: CopyIn,
+}
+
+/// How a zero-copy design gets a caller's input into its registered input, which every peer reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyIn {
+    /// A device-to-device copy on the stream before the kernel (as torch's two-shot and upstream car's two-shot).
+    Dma,
+    /// Inside the kernel, each block its own part, before the barrier that publishes it (one launch, no memcpy
+    /// node); the packet two-shot (`symm_zc_2shot_ll`) keeps the DMA copy.
+    Fused,
 }
 
 /// The allocation behind the staging buffer and the epoch flags.
@@ -198,13 +210,18 @@ pub enum Staging {
 
 impl TunedOptions {
     pub fn new(capacity_bytes: usize) -> TunedOptions {
-        TunedOptions { capacity_bytes, staging: Staging::Vmm, rule: None, first_epoch: 0 }
+        TunedOptions { capacity_bytes, staging: Staging::Vmm, rule: None, first_epoch: 0, copy_in: CopyIn::Dma }
     }
 }
 
 /// The registry name of `design` with its staging memory.
-pub fn method_name(design: Design, staging: Staging) -> Option<&'static str> {
+pub fn method_name(design: Design, staging: Staging, copy_in: CopyIn) -> Option<&'static str> {
     Some(match (design, staging) {
+        _ if copy_in == CopyIn::Fused => match (design, staging) {
+            (Design::ZeroCopyOneShot, Staging::Vmm) => "symm_zc_1shot_fusedcopy",
+            (Design::ZeroCopyTwoShot, Staging::Vmm) => "symm_zc_2shot_fusedcopy",
+            _ => return None,
+        },
         (_, Staging::Vmm) => design.method(),
         (Design::EpochOneShot, Staging::Ipc) => "symm_epoch_1shot_ipc",
         (Design::ZeroCopyOneShot, Staging::Ipc) => "symm_zc_1shot_ipc",
@@ -225,6 +242,7 @@ pub struct SymmTuned {
     caps: Vec<usize>,
     /// The launch shape asked for this communicator's own design, and the blocks of it that fit.
     fixed: Option<(LaunchRule, usize)>,
+    copy_in: CopyIn,
     base: TunedParams,
     /// Per [`Stem`], per dtype in `DType::ALL` order: plain indexing on the launch path (eager calls are
     /// bound by the host's launch work).
@@ -248,8 +266,11 @@ fn packet_bytes(ll_packets: usize) -> usize {
 impl SymmTuned {
     /// Creates, exchanges and maps the registered buffers. Collective: every rank calls it.
     pub fn new(team: Team<'_>, design: Design, opts: TunedOptions) -> Result<SymmTuned, CollectiveError> {
-        let name = method_name(design, opts.staging).ok_or_else(|| {
-            CollectiveError::BadArgs(format!("{} has no staging buffer to move to IPC memory", design.method()))
+        let name = method_name(design, opts.staging, opts.copy_in).ok_or_else(|| {
+            let (staging, copy_in) = (opts.staging, opts.copy_in);
+            CollectiveError::BadArgs(format!(
+                "{design:?} has no variant with {staging:?} staging and {copy_in:?} copy-in"
+            ))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
         team.agree_capacity(name, opts.capacity_bytes)?;
@@ -335,6 +356,7 @@ impl SymmTuned {
         Ok(SymmTuned {
             name,
             design,
+            copy_in: opts.copy_in,
             capacity: opts.capacity_bytes,
             kind: gpu.kind(),
             caps,
@@ -475,8 +497,12 @@ impl SymmTuned {
             params.inputs[me] = input.0;
             input_view = PeerView::Caller(input);
         } else if input != self.input.ptr() {
-            // SAFETY: `input` holds `count` elements (the caller's contract) and our registered input `capacity`.
-            unsafe { stream.copy(self.input.ptr(), input, bytes)? };
+            if self.copy_in == CopyIn::Fused && matches!(stem, Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot) {
+                params.copy_from = input.0;
+            } else {
+                // SAFETY: `input` holds `count` elements (the caller's contract), our registered input `capacity`.
+                unsafe { stream.copy(self.input.ptr(), input, bytes)? };
+            }
         }
         if writes_peers {
             output_view = Some(PeerView::Registered);

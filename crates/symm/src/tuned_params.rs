@@ -29,6 +29,8 @@ pub struct TunedParams {
     pub reserved: u32,
     /// The `*_table` kernels read every rank's input and output from here: u64 [inputs; MAX_RANKS][outputs; MAX_RANKS].
     pub peer_table: u64,
+    /// Zero-copy one- and two-shot: a caller's input that the kernel copies into the registered one first (0: none).
+    pub copy_from: u64,
 }
 
 /// Bytes of one peer table (see [`TunedParams::peer_table`]).
