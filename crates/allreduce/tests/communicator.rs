@@ -136,6 +136,12 @@ fn bad_calls_get_typed_errors_before_any_work() {
             assert!(matches!(comm.all_reduce(p, p.offset(16), 64, DType::F32, s), Err(Error::BadArgs(_))));
             assert!(matches!(comm.all_reduce(p, p, 0, DType::F32, s), Err(Error::BadArgs(_))));
             assert!(matches!(comm.reduce_scatter(p, p.offset(4096), 7, DType::F32, s), Err(Error::BadArgs(_))));
+            // Inside the registered buffers only from their start.
+            let (ri, ro) = (comm.registered_input().ptr(), comm.registered_output().ptr());
+            let inside = comm.all_reduce(ri.offset(256), ro, 8, DType::F32, s);
+            assert!(matches!(&inside, Err(Error::BadArgs(m)) if m.contains("registered input")), "{inside:?}");
+            let inside = comm.all_reduce(p, ro.offset(16), 8, DType::F32, s);
+            assert!(matches!(&inside, Err(Error::BadArgs(m)) if m.contains("registered output")), "{inside:?}");
         }
         let mut short = vec![0f32; 3];
         if gpu.kind() != gpu::DriverKind::Host {

@@ -517,6 +517,21 @@ impl Calls<'_> {
                 "input {i:#x} (+{bytes} bytes) and output {o:#x} (+{out_bytes}) overlap without being the same buffer"
             )));
         }
+        // The registered buffers are the zero-copy designs' own: an allreduce on them starts at their start, since a
+        // copy into or out of them from a range inside them would overlap itself.
+        if op == Op::AllReduce {
+            let bufs =
+                [("input", input, self.engine.registered_input()), ("output", output, self.engine.registered_output())];
+            for (what, p, buf) in bufs {
+                if let Some(b) = buf.filter(|b| p != b.ptr() && p.0 > b.ptr().0 && p.0 < b.ptr().0 + b.bytes() as u64) {
+                    return Err(Error::BadArgs(format!(
+                        "{what} {:#x} lies {} bytes into the registered {what}: pass the registered buffer from its start",
+                        p.0,
+                        p.0 - b.ptr().0
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
