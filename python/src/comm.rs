@@ -212,7 +212,7 @@ impl PyCommunicator {
         req.counts = counts;
         self.with(|state| {
             let comm = &mut state.comm;
-            let report = py.detach(move || comm.tune_with(&req)).map_err(from_error)?;
+            let report = py.detach(move || comm.tune_with(&req, &mut |_| {})).map_err(from_error)?;
             Ok(report.tables.into_iter().map(|t| t.1).collect())
         })
     }

@@ -14,20 +14,26 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
     let counts = cfg.counts(comm.gpu().info().size_align);
     allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(comm.gpu().kind(), &counts))?;
     let req = TuneRequest { dtype: cfg.dtype, counts: Some(counts), timing: cfg.timing };
-    let report = match comm.tune_with(&req) {
+    let rank0 = comm.rank() == 0;
+    if rank0 {
+        println!("# {:>5} {:>17} {:>10} {:>16} {:>10}", "mode", "residency", "count", "algorithm", "time(us)");
+    }
+    // Each measurement as it is made, on rank 0: a tune takes minutes.
+    let mut print = |m: &allreduce::Measured| {
+        if rank0 {
+            let t = m.ms.map_or_else(|| "failed".to_string(), |ms| format!("{:.2}", ms * 1e3));
+            println!("  {:>5} {:>17} {:>10} {:>16} {t:>10}", m.mode.name(), m.residency.name(), m.count, m.algorithm);
+        }
+    };
+    let report = match comm.tune_with(&req, &mut print) {
         Ok(r) => r,
         Err(e) => {
             comm.rendezvous().abort(&e.to_string());
             return Err(e.into());
         }
     };
-    if comm.rank() != 0 {
+    if !rank0 {
         return Ok(());
-    }
-    println!("# {:>5} {:>17} {:>10} {:>16} {:>10}", "mode", "residency", "count", "algorithm", "time(us)");
-    for m in &report.measured {
-        let t = m.ms.map_or_else(|| "failed".to_string(), |ms| format!("{:.2}", ms * 1e3));
-        println!("  {:>5} {:>17} {:>10} {:>16} {t:>10}", m.mode.name(), m.residency.name(), m.count, m.algorithm);
     }
     let tables: Vec<&TuneTable> = report.tables.iter().map(|t| &t.0).collect();
     for (table, cached) in &report.tables {

@@ -629,20 +629,13 @@ impl Calls<'_> {
     ) -> Option<(usize, Option<gpu::SharedRange>, Option<gpu::SharedRange>)> {
         let capture = self.capture.as_mut().expect("only while recording");
         let Some((slot, table)) = self.peer_tables.take() else {
-            capture.fallbacks.push(format!(
-                "graph capture: more than {CAPTURE_SLOTS} calls in one capture; the rest copy through the registered \
-                 buffers"
-            ));
+            capture.fallbacks.push(("input and output", format!("more than {CAPTURE_SLOTS} calls in one capture")));
             return None;
         };
-        let mut share = |what: &str, ptr: DevicePtr| match self.gpu.share_range(ptr, bytes) {
+        let mut share = |what: &'static str, ptr: DevicePtr| match self.gpu.share_range(ptr, bytes) {
             Ok(r) => Some(r),
             Err(e) => {
-                capture.fallbacks.push(format!(
-                    "graph capture: the {what} at {:#x} cannot be shared ({e}); that call copies through the \
-                     registered buffers",
-                    ptr.0
-                ));
+                capture.fallbacks.push((what, format!("the {what} at {:#x} cannot be shared ({e})", ptr.0)));
                 None
             }
         };

@@ -85,8 +85,8 @@ pub(super) struct DeferredCall {
 #[derive(Default)]
 pub(super) struct Capture {
     pub(super) calls: Vec<DeferredCall>,
-    /// Why some calls kept their copies (memory a driver cannot share, slots used up).
-    pub(super) fallbacks: Vec<String>,
+    /// Calls that kept a copy: of what, and why (memory a driver cannot share, slots used up).
+    pub(super) fallbacks: Vec<(&'static str, String)>,
 }
 
 /// The exchange's message format; a rank that speaks another is named rather than misread.
@@ -217,9 +217,14 @@ impl Communicator {
             .capture
             .take()
             .ok_or_else(|| Error::BadArgs("end_graph_capture without begin_graph_capture".into()))?;
-        for why in capture.fallbacks {
-            if !self.notes.contains(&why) {
-                self.notes.push(why);
+        // One note per kind of copy kept, with its count and the first reason.
+        for what in ["input", "output", "input and output"] {
+            let why: Vec<&String> = capture.fallbacks.iter().filter(|f| f.0 == what).map(|f| &f.1).collect();
+            if let Some(first) = why.first() {
+                let n = why.len();
+                self.notes.push(format!(
+                    "graph capture: {n} call(s) copy their {what} through the registered buffers; the first: {first}"
+                ));
             }
         }
         let mut offers = Vec::new();

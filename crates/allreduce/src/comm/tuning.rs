@@ -48,14 +48,15 @@ pub struct TuneReport {
 impl Communicator {
     /// [`Communicator::tune_with`] at comm_bench.py's sizes up to the capacity, 3 repeats of 20 calls.
     pub fn tune(&mut self, dtype: DType) -> Result<TuneReport, Error> {
-        self.tune_with(&TuneRequest::new(dtype))
+        self.tune_with(&TuneRequest::new(dtype), &mut |_| {})
     }
 
     /// Measures every candidate at the requested sizes through this communicator's call path, eagerly and in graph
     /// replays, on each residency (the caller's memory, the registered buffers, caller memory registered with every
     /// peer), checks each against the float64 reference first, and stores the fastest per size as this machine's
-    /// tables in the cache directory, where later communicators find them. Collective.
-    pub fn tune_with(&mut self, req: &TuneRequest) -> Result<TuneReport, Error> {
+    /// tables in the cache directory, where later communicators find them. Collective. `progress` sees each
+    /// measurement as it is made (a tune takes minutes).
+    pub fn tune_with(&mut self, req: &TuneRequest, progress: &mut dyn FnMut(&Measured)) -> Result<TuneReport, Error> {
         let dir = self
             .tune_dir
             .clone()
@@ -82,7 +83,7 @@ impl Communicator {
         // SAFETY: our own allocations, released below before they are freed.
         let ids =
             unsafe { [self.register(shared[0].ptr(), self.capacity)?, self.register(shared[1].ptr(), self.capacity)?] };
-        let result = self.measure_all(req, &counts, &timer, &own, &shared);
+        let result = self.measure_all(req, &counts, &timer, &own, &shared, progress);
         timer.stream.sync()?;
         self.forget_stream(timer.stream.handle());
         for id in ids {
@@ -120,6 +121,7 @@ impl Communicator {
         timer: &Timer,
         own: &[DeviceBuffer; 2],
         shared: &[DeviceBuffer; 2],
+        progress: &mut dyn FnMut(&Measured),
     ) -> Result<Vec<Measured>, Error> {
         let dtype = req.dtype;
         let mut out = Vec::new();
@@ -163,7 +165,9 @@ impl Communicator {
                             })?;
                             Some(t.median_ms())
                         };
-                        out.push(Measured { mode, residency, count, algorithm, ms });
+                        let m = Measured { mode, residency, count, algorithm, ms };
+                        progress(&m);
+                        out.push(m);
                     }
                 }
             }
