@@ -226,7 +226,7 @@ fn registered_caller_buffers_are_read_in_place() {
         let refused = unsafe { comm.register(private.ptr(), 4096) };
         assert!(matches!(refused, Err(Error::Unsupported(_)) | Err(Error::Gpu(_))), "{:?}", refused.err());
         // SAFETY: as above.
-        unsafe { comm.register(mine.ptr(), 2 * capacity).unwrap() };
+        let id = unsafe { comm.register(mine.ptr(), 2 * capacity).unwrap() };
         let out = mine.ptr().offset(capacity);
         for count in [8, 4099, 300_000] {
             let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
@@ -252,6 +252,18 @@ fn registered_caller_buffers_are_read_in_place() {
                 assert_eq!(v.unwrap(), None, "{algo} x {count}");
             }
         }
+        // Released on every rank: later calls on the range still run, exactly (through the copy-in now); a second
+        // release of the same registration is refused on every rank.
+        assert_eq!(comm.last_algorithm(), Some(Algorithm::SymmZc2ShotLl));
+        stream.sync().unwrap();
+        // SAFETY: every call on the registration has run (the stream is idle).
+        unsafe { comm.release(id).unwrap() };
+        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let zc = Some(Algorithm::SymmZc2Shot);
+        checked_call(&mut comm, seed, &stream, &mine, (0, capacity), 4099, DType::Bf16, zc, "after release");
+        // SAFETY: refused before anything is unmapped.
+        let again = unsafe { comm.release(id) };
+        assert!(matches!(&again, Err(Error::Mismatch(m)) if m.contains("no such registration")), "{again:?}");
     });
 }
 
