@@ -1,5 +1,6 @@
 # Sourced by the GPU-node scripts: the environment every run shares, and MPS when ranks share GPUs.
-#   source gpu_env.sh OUT_DIR   (sets ranks, gpus, mps_started; stops MPS on exit)
+#   source gpu_env.sh OUT_DIR   (sets ranks, gpus, mps_started and out=OUT_DIR; stops MPS on exit; defines
+#   machine and step)
 # Never NVLink multicast: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$1/kernel-cache}
@@ -18,3 +19,23 @@ if command -v nvidia-cuda-mps-control >/dev/null && [ "$gpus" -lt "$ranks" ] && 
     nvidia-cuda-mps-control -d && mps_started=1
     echo "# $ranks ranks on $gpus GPU(s): MPS started"
 fi
+out=$1
+# What runs where: date, device, driver, ranks and MPS (the scripts tee it into OUT_DIR).
+machine() {
+    echo "date: $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
+}
+# step NAME CMD...: runs CMD with its output in OUT_DIR/NAME.txt and shows its end; a failure is marked there and
+# sets status=1, and the script goes on with the next step.
+status=0
+step() {
+    local name=$1
+    shift
+    echo "## $name: $*" | tee "$out/$name.txt"
+    if ! "$@" >>"$out/$name.txt" 2>&1; then
+        echo "## $name FAILED" | tee -a "$out/$name.txt"
+        status=1
+    fi
+    tail -n 12 "$out/$name.txt"
+}

@@ -11,22 +11,7 @@ out=${1:?usage: gpu_library.sh OUT_DIR}
 mkdir -p "$out"
 export ALLREDUCE_TUNE_DIR=$out/tune-cache
 source "$here/gpu_env.sh" "$out"
-{
-    echo "date: $(date -u +%FT%TZ)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
-} | tee "$out/machine.txt"
-status=0
-step() {
-    local name=$1
-    shift
-    echo "## $name: $*" | tee "$out/$name.txt"
-    if ! "$@" >>"$out/$name.txt" 2>&1; then
-        echo "## $name FAILED" | tee -a "$out/$name.txt"
-        status=1
-    fi
-    tail -n 5 "$out/$name.txt"
-}
+machine | tee "$out/machine.txt"
 # Warm the kernel cache with one rank, so 8 cold compiles do not race the set-up deadline.
 step smoke "$here/gpu_smoke" --backend cuda
 step foreign "$here/cuda_foreign"

@@ -9,11 +9,7 @@ out=${1:?usage: gpu_node.sh OUT_DIR [comm-bench args...]}
 shift
 mkdir -p "$out"
 source "$here/gpu_env.sh" "$out"
-{
-    echo "date: $(date -u +%FT%TZ)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
-} | tee "$out/machine.txt"
+machine | tee "$out/machine.txt"
 "$here/gpu_smoke" --backend cuda 2>&1 | tee "$out/gpu_smoke.txt"
 # auto's table, measured here in graph mode (kernel and protocol cost, launches out of the way); TUNE=0 skips it
 # (e.g. for `--methods ablation`, which has no auto).

@@ -23,22 +23,9 @@ site=$(mktemp -d /tmp/allreduce-rs-site.XXXXXX)
 "$python" -m pip install --quiet --no-index --no-deps --target "$site" "${wheels[@]}"
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 {
-    echo "date: $(date -u +%FT%TZ)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
+    machine
     "$python" -c "import sys, torch, allreduce_rs; print('python', sys.version.split()[0], 'torch', torch.__version__, 'allreduce_rs', allreduce_rs.__version__)"
 } | tee "$out/machine.txt"
-status=0
-step() {
-    local name=$1
-    shift
-    echo "## $name: $*" | tee "$out/$name.txt"
-    if ! "$@" >>"$out/$name.txt" 2>&1; then
-        echo "## $name FAILED" | tee -a "$out/$name.txt"
-        status=1
-    fi
-    tail -n 5 "$out/$name.txt"
-}
 launch=("$python" -m allreduce_rs.launch -n "$ranks" --)
 bench=("$python" -m allreduce_rs.bench --backend cuda)
 # Warm the kernel cache with one rank, so 8 cold compiles do not race the set-up deadline.

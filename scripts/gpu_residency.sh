@@ -19,22 +19,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export ALLREDUCE_TUNE_DIR=$out/tune-cache PYTHONUNBUFFERED=1
 source "$here/gpu_env.sh" "$out"
-{
-    echo "date: $(date -u +%FT%TZ)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
-} | tee "$out/machine-$what.txt"
-status=0
-step() {
-    local name=$1
-    shift
-    echo "## $name: $*" | tee "$out/$name.txt"
-    if ! "$@" >>"$out/$name.txt" 2>&1; then
-        echo "## $name FAILED" | tee -a "$out/$name.txt"
-        status=1
-    fi
-    tail -n 12 "$out/$name.txt"
-}
+machine | tee "$out/machine-$what.txt"
 bench=("$here/comm-bench" --backend cuda --num_ranks "$ranks")
 methods=car_1shot,car_2shot,symm_2shot,auto,symm_ll,symm_epoch_1shot,symm_zc_1shot,symm_zc_2shot_ll,symm_zc_2shot
 # Warm the kernel cache with one rank, so 8 cold compiles do not race the set-up deadline.

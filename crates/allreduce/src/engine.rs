@@ -71,6 +71,12 @@ impl Engine {
         }
     }
 
+    /// Whether `algo` at `bytes` reads its peers' buffers in place (the zero-copy designs), so that a call captured
+    /// on unregistered buffers needs their addresses deferred to a peer table.
+    pub fn reads_peer_buffers(&self, algo: Algorithm, bytes: usize) -> bool {
+        matches!(self.runs_as(algo, bytes), Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotLl)
+    }
+
     /// Runs `algo` (an allreduce candidate) on `bufs`; with `bufs.deferred`, what its peer table must hold (None:
     /// the algorithm reads no peer's buffers in place, so the table is unused).
     ///

@@ -275,54 +275,23 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Cli;
-    use crate::config::Report;
-    use crate::report::{Row, RunNotes, Status};
-    use clap::Parser;
+    use crate::report::Status;
 
     fn outcome() -> Outcome {
         outcome_of(2)
     }
 
     fn outcome_of(world: usize) -> Outcome {
-        let args = Cli::try_parse_from(["comm-bench"]).unwrap().bench.config();
-        let info = gpu::DeviceInfo {
-            kind: gpu::DriverKind::Host,
-            name: "test host".into(),
-            ordinal: 0,
-            count: 1,
-            arch: "host".into(),
-            multiprocessors: 2,
-            size_align: 256,
-            bus_id: "host".into(),
-            driver_version: "host".into(),
-        };
         let mut rows = Vec::new();
         for (k, method) in ["car_1shot", "symm_1shot", "car_2shot"].iter().enumerate() {
             for e in 10..=24 {
                 let count = 1usize << e;
                 let ms = 0.005 * (k + 1) as f64 + count as f64 * 2e-9;
-                let t = allreduce::timing::Timing {
-                    repeats_ms: vec![ms],
-                    rank0_ms: ms,
-                    issue_ms: vec![ms],
-                    ranks_ms: vec![vec![ms; world]],
-                };
-                rows.push(Row::new(method, &args, count, world, Status::Passed).timed(t, Report::Max));
+                rows.push((*method, count, Status::Passed, Some(ms)));
             }
         }
-        rows.push(Row::new("nccl", &args, 1024, world, Status::Skipped("no library".into())));
-        let ceilings = crate::ceilings::Ceilings {
-            copy_bytes: 1 << 20,
-            copy_gbs: 10.0,
-            empty_launch_us: 1.0,
-            empty_graph_replay_us: 1.0,
-            empty_all_ranks_us: 1.0,
-            barrier_us: None,
-        };
-        let notes =
-            RunNotes { tune_table: "test".into(), ceilings, unavailable: Vec::new(), provenance: Default::default() };
-        Outcome::new(&info, world, &args, notes, rows)
+        rows.push(("nccl", 1024, Status::Skipped("no library".into()), None));
+        crate::report::fixtures::outcome(world, &rows)
     }
 
     fn run() -> Run {

@@ -250,3 +250,58 @@ pub fn tune_table_text(table: &allreduce::TuneTable) -> String {
     }
     out
 }
+
+/// Outcomes built by hand, for the renderings' tests.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::{Outcome, Row, RunNotes, Status};
+    use crate::cli::Cli;
+    use crate::config::Report;
+    use clap::Parser;
+
+    /// A sweep of comm-bench's default flags on the host driver, `world` ranks, of `(method, count, status, ms)`
+    /// rows, every rank at that time (`None`: not timed).
+    pub fn outcome(world: usize, rows: &[(&str, usize, Status, Option<f64>)]) -> Outcome {
+        let cfg = Cli::try_parse_from(["comm-bench"]).unwrap().bench.config();
+        let info = gpu::DeviceInfo {
+            kind: gpu::DriverKind::Host,
+            name: "test host".into(),
+            ordinal: 0,
+            count: 1,
+            arch: "host".into(),
+            multiprocessors: 2,
+            size_align: 256,
+            bus_id: "host".into(),
+            driver_version: "host".into(),
+        };
+        let rows = rows
+            .iter()
+            .map(|(method, count, status, ms)| {
+                let row = Row::new(method, &cfg, *count, world, status.clone());
+                match *ms {
+                    Some(ms) => {
+                        let t = allreduce::timing::Timing {
+                            repeats_ms: vec![ms],
+                            rank0_ms: ms,
+                            issue_ms: vec![ms],
+                            ranks_ms: vec![vec![ms; world]],
+                        };
+                        row.timed(t, Report::Max)
+                    }
+                    None => row,
+                }
+            })
+            .collect();
+        let ceilings = crate::ceilings::Ceilings {
+            copy_bytes: 1 << 20,
+            copy_gbs: 10.0,
+            empty_launch_us: 1.0,
+            empty_graph_replay_us: 1.0,
+            empty_all_ranks_us: 1.0,
+            barrier_us: None,
+        };
+        let notes =
+            RunNotes { tune_table: "test".into(), ceilings, unavailable: Vec::new(), provenance: Default::default() };
+        Outcome::new(&info, world, &cfg, notes, rows)
+    }
+}

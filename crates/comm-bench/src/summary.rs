@@ -4,6 +4,7 @@
 //! method of that residency at each size, flagging where `auto` is more than [`AUTO_SLOW_RATIO`] slower.
 
 use crate::report::{Outcome, Row, Status};
+use allreduce::Residency;
 use std::fmt::Write as _;
 
 /// The methods in the order they first appear.
@@ -85,47 +86,31 @@ pub fn render(outcome: &Outcome) -> String {
 /// Above this ratio of `auto`'s time to the fastest other method's, the summary says `auto` chose wrong.
 pub const AUTO_SLOW_RATIO: f64 = 1.05;
 
-/// Which buffers a row's method was timed on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowResidency {
-    /// The benchmark's own buffers (a caller's ordinary tensors): the plainly named rows.
-    Caller,
-    /// The method's registered buffers: the `METHOD+reg` rows.
-    Registered,
+/// The residencies a sweep's rows are timed on: the benchmark's own buffers (a caller's ordinary tensors, the plainly
+/// named rows) and the methods' registered buffers (the `METHOD+reg` rows).
+pub const ROW_RESIDENCIES: [Residency; 2] = [Residency::Caller, Residency::Registered];
+
+/// The residency of a row's method name, and the method's name without the `+reg` suffix.
+pub fn residency_of(method: &str) -> (Residency, &str) {
+    match method.strip_suffix("+reg") {
+        Some(base) => (Residency::Registered, base),
+        None => (Residency::Caller, method),
+    }
 }
 
-impl RowResidency {
-    pub const ALL: [RowResidency; 2] = [RowResidency::Caller, RowResidency::Registered];
-
-    /// The residency of a row's method name, and the method's name without the `+reg` suffix.
-    pub fn of(method: &str) -> (RowResidency, &str) {
-        match method.strip_suffix("+reg") {
-            Some(base) => (RowResidency::Registered, base),
-            None => (RowResidency::Caller, method),
-        }
-    }
-
-    /// `caller buffers` or `registered buffers`.
-    pub fn label(self) -> &'static str {
-        match self {
-            RowResidency::Caller => "caller buffers",
-            RowResidency::Registered => "registered buffers",
-        }
-    }
-
-    /// The name of `auto`'s rows of this residency: `auto` or `auto+reg`.
-    pub fn auto_method(self) -> &'static str {
-        match self {
-            RowResidency::Caller => "auto",
-            RowResidency::Registered => "auto+reg",
-        }
+/// The name of `auto`'s rows of `residency`: `auto` or `auto+reg`.
+fn auto_method(residency: Residency) -> &'static str {
+    if residency == Residency::Registered {
+        "auto+reg"
+    } else {
+        "auto"
     }
 }
 
 /// `auto` at one size against the fastest other passed method of the same residency.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AutoRatio {
-    pub residency: RowResidency,
+    pub residency: Residency,
     pub count: usize,
     /// `auto`'s (or `auto+reg`'s) time per call.
     pub auto_ms: f64,
@@ -146,7 +131,7 @@ impl AutoRatio {
 /// Whether a method name is the communicator's own engine (`auto`, `communicator`, either `+reg`): never a
 /// competitor of `auto`.
 fn is_engine(method: &str) -> bool {
-    matches!(RowResidency::of(method).1, "auto" | "communicator")
+    matches!(residency_of(method).1, "auto" | "communicator")
 }
 
 /// Per residency (caller first) and size (in the order of the rows), `auto`'s time against the fastest other
@@ -160,16 +145,16 @@ pub fn auto_ratios(outcome: &Outcome) -> Vec<AutoRatio> {
         }
     }
     let mut out = Vec::new();
-    for residency in RowResidency::ALL {
+    for residency in ROW_RESIDENCIES {
         for &count in &counts {
             let passed = || {
                 outcome
                     .rows
                     .iter()
-                    .filter(move |r| r.count == count && RowResidency::of(&r.method).0 == residency)
+                    .filter(move |r| r.count == count && residency_of(&r.method).0 == residency)
                     .filter_map(|r| Some((r, passed_time(r)?)))
             };
-            let Some(auto_ms) = passed().find(|(r, _)| r.method == residency.auto_method()).map(|(_, t)| t) else {
+            let Some(auto_ms) = passed().find(|(r, _)| r.method == auto_method(residency)).map(|(_, t)| t) else {
                 continue;
             };
             let best = passed().filter(|(r, _)| !is_engine(&r.method)).min_by(|a, b| a.1.total_cmp(&b.1));
@@ -192,16 +177,13 @@ pub fn auto_ratios(outcome: &Outcome) -> Vec<AutoRatio> {
 fn render_auto(w: &mut String, outcome: &Outcome) {
     let ratios = auto_ratios(outcome);
     let over = (AUTO_SLOW_RATIO - 1.0) * 100.0;
-    for residency in RowResidency::ALL {
-        if !outcome.rows.iter().any(|r| RowResidency::of(&r.method).0 == residency) {
+    for residency in ROW_RESIDENCIES {
+        if !outcome.rows.iter().any(|r| residency_of(&r.method).0 == residency) {
             continue;
         }
-        let (auto, label) = (residency.auto_method(), residency.label());
-        let kind = match residency {
-            RowResidency::Caller => "caller-buffer",
-            RowResidency::Registered => "registered-buffer",
-        };
-        let what = format!("the fastest other {kind} method");
+        let auto = auto_method(residency);
+        let label = format!("{} buffers", residency.name());
+        let what = format!("the fastest other {}-buffer method", residency.name());
         if !outcome.rows.iter().any(|r| r.method == auto) {
             let _ = writeln!(w, "#\n# {auto} ({label}): not in this sweep, nothing to compare with {what}");
             continue;
@@ -238,50 +220,11 @@ pub fn measured_any(outcome: &Outcome) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Cli;
-    use crate::config::Report;
-    use crate::report::RunNotes;
-    use clap::Parser;
 
     /// An outcome of `(method, count, status, us per call)` rows, every rank at that time.
     fn outcome(rows: &[(&str, usize, Status, f64)]) -> Outcome {
-        let cfg = Cli::try_parse_from(["comm-bench"]).unwrap().bench.config();
-        let world = 2;
-        let info = gpu::DeviceInfo {
-            kind: gpu::DriverKind::Host,
-            name: "test host".into(),
-            ordinal: 0,
-            count: 1,
-            arch: "host".into(),
-            multiprocessors: 2,
-            size_align: 256,
-            bus_id: "host".into(),
-            driver_version: "host".into(),
-        };
-        let rows = rows
-            .iter()
-            .map(|(method, count, status, us)| {
-                let ms = us * 1e-3;
-                let t = allreduce::timing::Timing {
-                    repeats_ms: vec![ms],
-                    rank0_ms: ms,
-                    issue_ms: vec![ms],
-                    ranks_ms: vec![vec![ms; world]],
-                };
-                Row::new(method, &cfg, *count, world, status.clone()).timed(t, Report::Max)
-            })
-            .collect();
-        let ceilings = crate::ceilings::Ceilings {
-            copy_bytes: 1 << 20,
-            copy_gbs: 10.0,
-            empty_launch_us: 1.0,
-            empty_graph_replay_us: 1.0,
-            empty_all_ranks_us: 1.0,
-            barrier_us: None,
-        };
-        let notes =
-            RunNotes { tune_table: "test".into(), ceilings, unavailable: Vec::new(), provenance: Default::default() };
-        Outcome::new(&info, world, &cfg, notes, rows)
+        let rows: Vec<_> = rows.iter().map(|(m, n, st, us)| (*m, *n, st.clone(), Some(us * 1e-3))).collect();
+        crate::report::fixtures::outcome(2, &rows)
     }
 
     /// `auto` 10% slower than car_1shot at 1024 and 10% faster at 2048; `auto+reg` 4% faster than the fastest `+reg`
@@ -325,15 +268,15 @@ mod tests {
     #[test]
     fn auto_ratios_compare_each_residency_with_itself_only() {
         let ratios = auto_ratios(&mixed());
-        let got: Vec<(RowResidency, usize, &str)> =
+        let got: Vec<(Residency, usize, &str)> =
             ratios.iter().map(|a| (a.residency, a.count, a.best_method.as_str())).collect();
         assert_eq!(
             got,
             [
-                (RowResidency::Caller, 1024, "car_1shot"),
-                (RowResidency::Caller, 2048, "car_1shot"),
-                (RowResidency::Registered, 1024, "symm_zc_2shot+reg"),
-                (RowResidency::Registered, 2048, "symm_zc_2shot+reg"),
+                (Residency::Caller, 1024, "car_1shot"),
+                (Residency::Caller, 2048, "car_1shot"),
+                (Residency::Registered, 1024, "symm_zc_2shot+reg"),
+                (Residency::Registered, 2048, "symm_zc_2shot+reg"),
             ],
             "{ratios:?}"
         );
@@ -342,9 +285,9 @@ mod tests {
             assert!(close(a.auto_ms, auto_us * 1e-3) && close(a.best_ms, best_us * 1e-3), "{a:?}");
             assert!(close(a.ratio, ratio), "{a:?}: want {ratio}");
         }
-        let flagged: Vec<(RowResidency, usize)> =
+        let flagged: Vec<(Residency, usize)> =
             ratios.iter().filter(|a| a.flagged()).map(|a| (a.residency, a.count)).collect();
-        assert_eq!(flagged, [(RowResidency::Caller, 1024), (RowResidency::Registered, 2048)]);
+        assert_eq!(flagged, [(Residency::Caller, 1024), (Residency::Registered, 2048)]);
     }
 
     #[test]

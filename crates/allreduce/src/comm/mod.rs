@@ -598,22 +598,22 @@ impl Calls<'_> {
             _ if bufs.peer_inputs.is_some() || deferring => Residency::CallerRegistered,
             _ => Residency::Caller,
         };
-        let slot = if deferring { self.deferred_slot(&mut bufs, bytes) } else { None };
-        let s = &self.streams[k].1;
         let algo = match algo {
             Some(a) => a,
-            None => self.engine.choose(bytes, residency, s)?,
+            None => self.engine.choose(bytes, residency, &self.streams[k].1)?,
+        };
+        // Only a design that reads its peers' buffers in place needs their addresses deferred.
+        let slot = if deferring && self.engine.reads_peer_buffers(algo, bytes) {
+            self.deferred_slot(&mut bufs, bytes)
+        } else {
+            None
         };
         // SAFETY: the caller's contract, which is run_algorithm's; a deferred call's table holds the registered
         // buffers' addresses until end_graph_capture fills it.
-        let used = unsafe { self.engine.run_algorithm(algo, dtype, &bufs, count, s)? };
-        match (used, slot) {
-            (Some(used), Some((slot, input, output))) => {
-                let capture = self.capture.as_mut().expect("deferring");
-                capture.calls.push(DeferredCall { slot, bytes, used, input, output });
-            }
-            (None, Some((slot, ..))) => self.peer_tables.give_back(slot),
-            _ => {}
+        let used = unsafe { self.engine.run_algorithm(algo, dtype, &bufs, count, &self.streams[k].1)? };
+        if let (Some(used), Some((slot, input, output))) = (used, slot) {
+            let capture = self.capture.as_mut().expect("deferring");
+            capture.calls.push(DeferredCall { slot, bytes, used, input, output });
         }
         *self.last = Some(algo);
         Ok(algo)

@@ -57,13 +57,6 @@ impl PeerTables {
         Some(at)
     }
 
-    /// Returns the slot just taken (its call read no peer's buffers in place).
-    pub(super) fn give_back(&mut self, index: usize) {
-        if index + 1 == self.used {
-            self.used = index;
-        }
-    }
-
     /// Slot `index`'s chunk and byte offset in it.
     fn place(&self, index: usize) -> (&DeviceBuffer, usize) {
         (&self.chunks[index / CAPTURE_SLOTS], (index % CAPTURE_SLOTS) * PEER_TABLE_BYTES)
