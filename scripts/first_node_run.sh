@@ -47,7 +47,7 @@ step warm_cache "$here/comm-bench" --backend "$BACKEND" --num_ranks 1 --counts 1
     --methods car_1shot,car_1shot_vmm,symm_1shot,symm_2shot,symm_1shot_tuned,symm_zc_2shot_ll
 # Placement (rank, device, bus id) and the peer link matrix are in every comm-bench header; one method group per
 # process.
-for group in "car_1shot,car_2shot,symm_1shot,symm_2shot" "auto,communicator,symm_1shot_tuned,symm_2shot_tuned" \
+for group in "car_1shot,car_2shot,symm_1shot,symm_2shot" "auto,symm_1shot_tuned,symm_2shot_tuned" \
     "ablation" "staging" "shapes"; do
     name=group_$(echo "$group" | tr ',' '_' | cut -c1-40)
     step "$name" "${bench[@]}" --methods "$group" --export_csv --output_dir "$out/$name"

@@ -3,8 +3,8 @@
 #   gpu_library.sh OUT_DIR
 # gpu_smoke and cuda_foreign (streams and memory the caller owns), the communicator's tests on the GPU driver
 # (every algorithm the same bits on both sides of every hand-over), the cudarc example (its own stream, eager and
-# inside its own graph, every comm_bench.py size checked), and the communicator's cost over the engine called
-# directly at 1024 elements, eager and graph. With fewer GPUs than ranks the ranks run under MPS.
+# inside its own graph, every comm_bench.py size checked), and the communicator's public call (`auto`) at 1024
+# elements, eager and graph. With fewer GPUs than ranks the ranks run under MPS.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: gpu_library.sh OUT_DIR}
@@ -22,7 +22,7 @@ step cuda_example "$here/comm-bench" launch -n "$ranks" -- "$here/cuda_graph_all
 for mode in eager graph; do
     flag=(); [ "$mode" = graph ] && flag=(--graph)
     step "overhead_$mode" "$here/comm-bench" --backend cuda --num_ranks "$ranks" --counts 1024 \
-        --methods auto,communicator --num_iters 200 --repeats 15 --export_csv --output_dir "$out/overhead_$mode" \
+        --methods auto --num_iters 200 --repeats 15 --export_csv --output_dir "$out/overhead_$mode" \
         "${flag[@]}"
 done
 exit $status

@@ -7,7 +7,7 @@
 # for the same bits on every rank (plus in place, reduce-scatter, the registered buffers through DLPack, register of
 # a torch tensor, and the refusals); CPU tensors on the host driver; the README's row-parallel layer under torchrun;
 # the Python bench's sweep, eager and graph; and the Python path's per-call cost over comm-bench's own
-# `communicator` at 1024 elements (OUT_DIR/overhead.txt).
+# `auto` at 1024 elements (OUT_DIR/overhead.txt).
 # With fewer GPUs than ranks the ranks run under MPS.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,10 +35,10 @@ step check_host "$python" -m allreduce_rs.launch -n 2 -- "$python" "$here/gpu_py
 step torchrun "$python" -m torch.distributed.run --nproc-per-node "$ranks" "$here/row_parallel.py"
 step sweep_eager "${launch[@]}" "${bench[@]}" --output "$out/sweep_eager.json"
 step sweep_graph "${launch[@]}" "${bench[@]}" --graph --output "$out/sweep_graph.json"
-# The per-call cost at 1024 elements: the Python path and comm-bench's own communicator, the same iterations.
+# The per-call cost at 1024 elements: the Python path and comm-bench's auto (the communicator's public call), the same iterations.
 for mode in eager graph; do
     flag=(); [ "$mode" = graph ] && flag=(--graph)
-    step "cb_$mode" "$here/comm-bench" --backend cuda --num_ranks "$ranks" --counts 1024 --methods auto,communicator \
+    step "cb_$mode" "$here/comm-bench" --backend cuda --num_ranks "$ranks" --counts 1024 --methods auto \
         --num_iters 200 --repeats 15 --export_csv --output_dir "$out/cb_$mode" "${flag[@]}"
     step "py_$mode" "${launch[@]}" "${bench[@]}" --counts 1024 --methods py,py_inplace,py+reg --num_iters 200 \
         --num_warmup_iters 20 --repeats 15 --output "$out/py_$mode.json" "${flag[@]}"

@@ -9,7 +9,7 @@ the refusals (wrong device, dtype, layout, alignment, size). With ``--backend ho
 (no graphs, no register). Every rank prints its failures; the job fails when any rank had one.
 
 ``python gpu_python_check.py overhead OUT`` compares, at 1024 elements, the Python path's figures
-(``OUT/py_{eager,graph}.json`` from ``python -m allreduce_rs.bench``) with comm-bench's own ``communicator``
+(``OUT/py_{eager,graph}.json`` from ``python -m allreduce_rs.bench``) with comm-bench's ``auto`` (the communicator's public call)
 (``OUT/cb_{eager,graph}/comm_ops_benchmark.json``) and writes ``OUT/overhead.txt`` and ``OUT/overhead.json``.
 """
 
@@ -346,9 +346,9 @@ class Check:
 
 
 def overhead(out):
-    """The Python path's cost over comm-bench's own communicator at 1024 elements, eager and in graph replays."""
+    """The Python path's cost over comm-bench's auto (the communicator's public call) at 1024 elements, eager and in graph replays."""
     rows, lines = [], []
-    lines.append("# Python path (allreduce_rs.bench) over comm-bench's `communicator`, 1024 elements, bf16")
+    lines.append("# Python path (allreduce_rs.bench) over comm-bench's `auto`, 1024 elements, bf16")
     lines.append("# time: slowest rank's time per call (events); issue: host time per call spent issuing the calls")
     lines.append(
         f"{'mode':<6} {'method':<12} {'time us':>9} {'issue us':>9} {'cb time us':>10} {'cb issue us':>11} "
@@ -365,9 +365,9 @@ def overhead(out):
             for r in json.load(open(f"{out}/py_{mode}.json"))["rows"]
             if r["count"] == 1024 and r["status"] == "passed"
         }
-        base = cb.get("communicator")
+        base = cb.get("auto")
         if base is None:
-            lines.append(f"{mode}: comm-bench's communicator row is missing or failed")
+            lines.append(f"{mode}: comm-bench's auto row is missing or failed")
             continue
         for method, r in sorted(py.items()):
             row = {

@@ -4,18 +4,19 @@
 //! The other ranks only follow rank 0's commands, so criterion's own arguments (filters, `--list`, baselines)
 //! need no handling there. Every method is checked against the float64 reference before it is timed.
 
-use allreduce::check::{agree_verdict, input_values, reference, tolerance, POISON};
-use allreduce::timing::{Timer, TimingOptions};
-use allreduce::{Collective, Communicator, DType, Op, Options};
+use allreduce::{Communicator, DType, Op, Options};
 use allreduce_benches::{
     env_flag, methods as method_list, sizes, Command, Entry, Summary, COPY, METHODS_ENV, QUICK_ENV, RANKS_ENV,
 };
 use allreduce_benches::{SUMMARY_ENV, SUMMARY_SAMPLES};
+use collective_core::{Call, Collective};
 use comm_bench::BenchError;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use gpu::{DeviceBuffer, DriverKind, Gpu, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
+use measure::check::{agree_verdict, input_values, reference, tolerance, POISON};
+use measure::timing::{Timer, TimingOptions};
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -98,10 +99,10 @@ fn gpu_present() -> Result<bool, BenchError> {
 }
 
 /// What a benchmark times.
-enum Target {
+enum Target<'a> {
     /// A plain device copy of the same bytes: the machine-speed reference.
     Copy,
-    Method(Box<dyn Collective>),
+    Method(Box<dyn Collective + 'a>),
 }
 
 struct Job<'a> {
@@ -110,7 +111,7 @@ struct Job<'a> {
     sizes: Vec<usize>,
     /// Names of `targets`, kept after teardown drops the methods.
     names: Vec<String>,
-    targets: Vec<Target>,
+    targets: Vec<Target<'a>>,
     input: DeviceBuffer,
     output: DeviceBuffer,
     /// Taken out while a call borrows the job.
@@ -130,10 +131,9 @@ impl<'a> Job<'a> {
         }
         let capacity = sizes.iter().max().copied().unwrap_or(1) * DTYPE.size();
         let (mut names, mut targets) = (vec![COPY.to_string()], vec![Target::Copy]);
-        let opts =
-            methods::BuildOptions { capacity_bytes: capacity, tables: comm.tables().clone(), car_uncached: true };
+        let opts = methods::BuildOptions { capacity_bytes: capacity, car_uncached: true };
         for name in &list {
-            let m = methods::build(name, comm.team(), &opts).map_err(|e| e.to_string());
+            let m = methods::build(name, comm, &opts).map_err(|e| e.to_string());
             // Every rank learns whether every rank built it, so all skip it together.
             let ok = rdv.all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
             let m = match ok.iter().position(|v| v[..] != [1]) {
@@ -295,7 +295,10 @@ impl<'a> Job<'a> {
         // SAFETY: the job's own input and output, each of the largest size's bytes.
         match &mut self.targets[t] {
             Target::Copy => unsafe { stream.copy(output, input, count * DTYPE.size())? },
-            Target::Method(m) => unsafe { m.run(OP, DTYPE, input, output, count, stream)? },
+            Target::Method(m) => {
+                let call = Call::new(OP, DTYPE, input, output, count, self.rdv.world(), m.capacity_bytes())?;
+                unsafe { m.run(&call, stream)? }
+            }
         }
         Ok(())
     }
@@ -305,9 +308,7 @@ impl<'a> Job<'a> {
         let count = self.sizes[s];
         let opts = TimingOptions { iters: iters.max(1), warmup: 0, repeats: 1, graph: false };
         let timer = self.timer.take().expect("the job's timer is back after every call");
-        let timing = timer.time_calls(&opts, self.rdv, |stream| {
-            self.call(t, count, stream).map_err(|e| allreduce::Error::BadArgs(e.to_string()))
-        });
+        let timing = timer.time_calls(&opts, self.rdv, |stream| self.call(t, count, stream));
         self.timer = Some(timer);
         Ok(Duration::from_secs_f64(timing?.median_ms() * 1e-3 * iters as f64))
     }
@@ -316,7 +317,7 @@ impl<'a> Job<'a> {
     /// input; a method, the float64 reference sum, bitwise equal on every rank.
     fn check(&mut self, t: usize, count: usize) -> Result<Option<String>, BenchError> {
         let (rank, world) = (self.rdv.rank(), self.rdv.world());
-        let seed = allreduce::agree_seed(self.rdv)?;
+        let seed = measure::check::agree_seed(self.rdv)?;
         let values = input_values(seed, rank, count, DTYPE);
         let timer = self.timer.take().expect("the job's timer is back after every call");
         let stream = &timer.stream;
@@ -356,7 +357,7 @@ impl<'a> Job<'a> {
                     method: self.names[key.0].clone(),
                     count,
                     bytes: count * DTYPE.size(),
-                    median_ns: allreduce::timing::median(measured),
+                    median_ns: measure::timing::median(measured),
                     samples: measured.len(),
                 })
             })

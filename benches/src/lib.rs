@@ -79,7 +79,7 @@ impl Command {
 /// Element counts: three on the host driver (CI time), five of comm_bench.py's 20 on a GPU driver.
 pub fn sizes(gpu: bool, align: usize) -> Vec<usize> {
     if gpu {
-        let all = allreduce::sizes::comm_bench_sizes(10, 24, 20, align);
+        let all = measure::sizes::comm_bench_sizes(10, 24, 20, align);
         [0, 5, 10, 15, 19].iter().map(|&i| all[i]).collect()
     } else {
         vec![1024, 65536, 1 << 20]

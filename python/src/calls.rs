@@ -1,7 +1,7 @@
 //! Calls issued again and again: prepared calls (checked once) and the graph-capture context manager.
 
-use crate::args::Arg;
 use crate::comm_core::PyCommunicator;
+use crate::comm_core::Request;
 use crate::errors::ArgumentError;
 use allreduce::Algorithm;
 use collective_core::Op;
@@ -25,31 +25,22 @@ pub(crate) fn algorithm_named(name: Option<&str>) -> PyResult<Option<Algorithm>>
 #[pyclass(module = "allreduce_rs", name = "PreparedCall", frozen)]
 pub struct PreparedCall {
     comm: Py<PyCommunicator>,
-    op: Op,
-    algo: Option<Algorithm>,
-    input: Arg,
-    output: Option<Arg>,
+    req: Request,
     /// The storages behind the tensors (`untyped_storage()`), kept so their memory cannot be freed or reused.
     _storage: Vec<Py<PyAny>>,
 }
 
 impl PreparedCall {
-    pub(crate) fn new(
-        comm: &Bound<'_, PyCommunicator>,
-        op: Op,
-        algo: Option<Algorithm>,
-        input: Arg,
-        output: Option<Arg>,
-    ) -> PyResult<PreparedCall> {
+    pub(crate) fn new(comm: &Bound<'_, PyCommunicator>, req: Request) -> PyResult<PreparedCall> {
         let py = comm.py();
         let mut storage = Vec::new();
-        for arg in std::iter::once(&input).chain(output.as_ref()) {
+        for arg in std::iter::once(&req.input).chain(req.output.as_ref()) {
             // A torch tensor's memory belongs to its storage; a host array's to the array, held as `obj`.
             if let Ok(s) = arg.obj.bind(py).call_method0(pyo3::intern!(py, "untyped_storage")) {
                 storage.push(s.unbind());
             }
         }
-        Ok(PreparedCall { comm: comm.clone().unbind(), op, algo, input, output, _storage: storage })
+        Ok(PreparedCall { comm: comm.clone().unbind(), req, _storage: storage })
     }
 }
 
@@ -60,18 +51,19 @@ impl PreparedCall {
     fn __call__<'py>(&self, py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
         let comm = self.comm.get();
         let handle = comm.stream_handle(py, stream)?;
-        comm.issue(py, self.op, self.algo, &self.input, self.output.as_ref(), handle)?;
-        Ok(self.output.as_ref().unwrap_or(&self.input).obj.bind(py).clone())
+        comm.issue(py, &self.req, handle)?;
+        Ok(self.req.output.as_ref().unwrap_or(&self.req.input).obj.bind(py).clone())
     }
 
     fn __repr__(&self) -> String {
-        let what = match self.op {
-            Op::AllReduce if self.output.is_none() => "all_reduce in place",
+        let what = match self.req.op {
+            Op::AllReduce if self.req.output.is_none() => "all_reduce in place",
             Op::AllReduce => "all_reduce",
             Op::ReduceScatter => "reduce_scatter",
         };
-        let algo = self.algo.map_or("auto".to_string(), |a| a.name().to_string());
-        format!("PreparedCall({what}, {} elements of {}, algorithm={algo})", self.input.count, self.input.dtype)
+        let algo = self.req.algo.map_or("auto".to_string(), |a| a.name().to_string());
+        let (count, dtype) = (self.req.input.count, self.req.input.dtype);
+        format!("PreparedCall({what}, {count} elements of {dtype}, algorithm={algo})")
     }
 }
 

@@ -108,8 +108,9 @@ impl PyCommunicator {
         let algo = algorithm_named(algorithm)?;
         let (input, output) = self.all_reduce_args(tensor, out)?;
         let handle = self.stream_handle(py, stream)?;
-        self.issue(py, Op::AllReduce, algo, &input, output.as_ref(), handle)?;
-        Ok(output.map_or(input.obj, |o| o.obj).into_bound(py))
+        let req = self.request(Op::AllReduce, algo, input, output)?;
+        self.issue(py, &req, handle)?;
+        Ok(req.output.map_or(req.input.obj, |o| o.obj).into_bound(py))
     }
 
     /// Reduce-scatter: rank r receives elements [r * n / W, (r + 1) * n / W) of the sum of every rank's `input`
@@ -124,8 +125,9 @@ impl PyCommunicator {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (input, output) = self.reduce_scatter_args(input, out)?;
         let handle = self.stream_handle(py, stream)?;
-        self.issue(py, Op::ReduceScatter, None, &input, Some(&output), handle)?;
-        Ok(output.obj.into_bound(py))
+        let req = self.request(Op::ReduceScatter, None, input, Some(output))?;
+        self.issue(py, &req, handle)?;
+        Ok(req.output.expect("a reduce-scatter has an output").obj.into_bound(py))
     }
 
     /// all_reduce(tensor, out, algorithm=...) checked once and bound: the returned PreparedCall issues it with
@@ -140,7 +142,7 @@ impl PyCommunicator {
     ) -> PyResult<PreparedCall> {
         let algo = algorithm_named(algorithm)?;
         let (input, output) = slf.get().all_reduce_args(tensor, out)?;
-        PreparedCall::new(slf, Op::AllReduce, algo, input, output)
+        PreparedCall::new(slf, slf.get().request(Op::AllReduce, algo, input, output)?)
     }
 
     /// reduce_scatter(input, out) checked once and bound, as prepare_all_reduce.
@@ -150,7 +152,7 @@ impl PyCommunicator {
         out: &Bound<'_, PyAny>,
     ) -> PyResult<PreparedCall> {
         let (input, output) = slf.get().reduce_scatter_args(input, out)?;
-        PreparedCall::new(slf, Op::ReduceScatter, None, input, Some(output))
+        PreparedCall::new(slf, slf.get().request(Op::ReduceScatter, None, input, Some(output))?)
     }
 
     /// Registers the memory of `tensor` (a CUDA / ROCm tensor of this device) with every peer, so calls on tensors

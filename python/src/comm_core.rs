@@ -3,9 +3,9 @@
 //! buffers (`registered.rs`) build on it.
 
 use crate::args::{self, Arg, Memory};
-use crate::errors::{from_error, AllreduceError, ArgumentError, CapacityError};
-use allreduce::{Algorithm, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
-use collective_core::{Op, VEC_BYTES};
+use crate::errors::{from_error, AllreduceError, ArgumentError};
+use allreduce::{Algorithm, Call, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
+use collective_core::Op;
 use pyo3::prelude::*;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -99,7 +99,8 @@ impl PyCommunicator {
         }
     }
 
-    /// Refuses a tensor this communicator's driver cannot reach, or one larger than the capacity.
+    /// Refuses a tensor this communicator's driver cannot reach. The call's own rules (capacity, alignment of device
+    /// memory, divisibility, overlap) are [`Communicator::call`]'s, checked once when the call is built.
     pub(crate) fn check(&self, arg: &Arg, what: &str) -> PyResult<()> {
         let wrong_place = |there: String| {
             let here = match self.driver {
@@ -118,26 +119,22 @@ impl PyCommunicator {
             (Memory::Device(d), _) => return Err(wrong_place(format!("on torch device cuda:{d}"))),
             (Memory::Other(kind), _) => return Err(wrong_place(format!("on a torch {kind} device"))),
         }
-        if arg.bytes() > self.capacity {
-            return Err(CapacityError::new_err((
-                format!(
-                    "{what}: {} elements of {} are {} bytes, beyond the communicator's capacity_bytes={}",
-                    arg.count,
-                    arg.dtype,
-                    arg.bytes(),
-                    self.capacity
-                ),
-                arg.bytes(),
-                self.capacity,
-            )));
-        }
-        // Host slices are read as `&[T]`, which needs element alignment; device pointers the kernels load need 16.
-        let align = if self.driver == DriverKind::Host { arg.dtype.size() } else { VEC_BYTES };
-        if !arg.ptr.is_multiple_of(align as u64) {
+        // Host memory is read as `&[T]`, which needs element alignment (the library stages what is not 16-aligned).
+        let align = arg.dtype.size();
+        if self.driver == DriverKind::Host && !arg.ptr.is_multiple_of(align as u64) {
             return Err(ArgumentError::new_err(format!(
                 "{what}: address {:#x} is not aligned to {align} bytes (a view at an odd offset?): pass a copy",
                 arg.ptr
             )));
+        }
+        Ok(())
+    }
+
+    /// On the host driver the arrays become Rust slices, which must not alias unless they are one (a device call's
+    /// overlap is its [`allreduce::Call`]'s to refuse).
+    fn refuse_aliasing_slices(&self, input: &Arg, output: &Arg, what: &str) -> PyResult<()> {
+        if self.driver == DriverKind::Host && output.overlaps(input) {
+            return Err(ArgumentError::new_err(format!("out overlaps {what} without being the same memory")));
         }
         Ok(())
     }
@@ -164,11 +161,8 @@ impl PyCommunicator {
                 }
                 if o.ptr == input.ptr {
                     None
-                } else if o.overlaps(&input) {
-                    return Err(ArgumentError::new_err(
-                        "out overlaps tensor without being the same memory: pass the same tensor, or disjoint ones",
-                    ));
                 } else {
+                    self.refuse_aliasing_slices(&input, &o, "tensor")?;
                     Some(o)
                 }
             }
@@ -186,55 +180,63 @@ impl PyCommunicator {
         self.check(&input, "input")?;
         let output = args::describe(out, "out")?;
         self.check(&output, "out")?;
-        if !input.count.is_multiple_of(self.world) {
-            return Err(ArgumentError::new_err(format!(
-                "input: {} elements do not divide among {} ranks",
-                input.count, self.world
-            )));
+        // A count that does not divide has no shard shape: the call refuses it, saying so.
+        if input.count.is_multiple_of(self.world) {
+            same_shape(&input, &output, input.count / self.world, "a shard of the input's")?;
         }
-        same_shape(&input, &output, input.count / self.world, "a shard of the input's")?;
         if !output.writable {
             return Err(ArgumentError::new_err("out: read-only"));
         }
-        if output.overlaps(&input) {
-            return Err(ArgumentError::new_err("out overlaps input: a reduce-scatter needs disjoint buffers"));
-        }
+        self.refuse_aliasing_slices(&input, &output, "input")?;
         Ok((input, output))
     }
 
-    /// Issues one checked call (`all_reduce_args` / `reduce_scatter_args`) on stream `handle`.
-    pub(crate) fn issue(
+    /// The request `all_reduce_args` / `reduce_scatter_args` describe, with the communicator's checked call built
+    /// once (through [`Communicator::call`], as every Rust caller's).
+    pub(crate) fn request(
         &self,
-        py: Python<'_>,
         op: Op,
         algo: Option<Algorithm>,
-        input: &Arg,
-        output: Option<&Arg>,
-        handle: u64,
-    ) -> PyResult<Algorithm> {
+        input: Arg,
+        output: Option<Arg>,
+    ) -> PyResult<Request> {
+        let call = if self.driver == DriverKind::Host && algo.is_none() {
+            None
+        } else {
+            let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.as_ref().map_or(input.ptr, |o| o.ptr)));
+            Some(self.with(|state| state.comm.call(op, input.dtype, i, o, input.count).map_err(from_error))?)
+        };
+        Ok(Request { op, algo, input, output, call })
+    }
+
+    /// Issues a request on stream `handle` (ignored on the host driver, which runs it on this thread).
+    pub(crate) fn issue(&self, py: Python<'_>, req: &Request, handle: u64) -> PyResult<Algorithm> {
         self.with(|state| {
-            if self.driver == DriverKind::Host {
-                return PyCommunicator::host_call(state, op, algo, input, output);
-            }
-            let out = output.map_or(input.ptr, |o| o.ptr);
-            // SAFETY: checked by the *_args functions: device memory of this communicator's device holding `count`
-            // elements (a shard's for a reduce-scatter's output), 16-byte aligned, identical or disjoint; alive
-            // while torch holds the tensors (a PreparedCall holds their storage), whose caching allocator reuses
-            // their memory only in the order of the stream they were made on (the current stream, unless the
-            // caller passed another and recorded it, as for any side-stream work). That every rank makes the same
-            // calls is the caller's part, as with torch.distributed.
-            let (ptr, out, count, dtype) = (DevicePtr(input.ptr), DevicePtr(out), input.count, input.dtype);
-            let algo = unsafe {
-                match op {
-                    Op::AllReduce => state.comm.all_reduce_with(algo, ptr, out, count, dtype, handle),
-                    Op::ReduceScatter => state.comm.reduce_scatter(ptr, out, count, dtype, handle),
-                }
-            }
-            .map_err(from_error)?;
+            let Some(call) = req.call else {
+                let (input, output) = (&req.input, req.output.as_ref());
+                return match input.dtype {
+                    DType::Bf16 => host_slices::<half::bf16>(state, req.op, input, output),
+                    DType::F16 => host_slices::<half::f16>(state, req.op, input, output),
+                    DType::F32 => host_slices::<f32>(state, req.op, input, output),
+                };
+            };
+            let handle = match &state.host_stream {
+                Some(s) => s.handle(),
+                None => handle,
+            };
+            // SAFETY: the call was checked by the communicator (capacity, alignment, overlap) on memory that the
+            // *_args functions found on this communicator's device (on the host driver: process memory, run to
+            // completion on this thread, which holds the GIL); it is alive while torch holds the tensors (a
+            // PreparedCall holds their storage), whose caching allocator reuses their memory only in the order of
+            // the stream they were made on (the current stream, unless the caller passed another and recorded it,
+            // as for any side-stream work). That every rank makes the same calls is the caller's part, as with
+            // torch.distributed.
+            let algo = unsafe { state.comm.issue(call, req.algo, handle) }.map_err(from_error)?;
             // A recorded capture's calls may read these tensors in place from every peer at each replay: kept alive
             // with the communicator, as end_graph_capture requires.
             if state.comm.recording_graph_capture() {
-                state.registered.extend(std::iter::once(input).chain(output).map(|a| a.obj.clone_ref(py)));
+                let objs = std::iter::once(&req.input).chain(&req.output).map(|a| a.obj.clone_ref(py));
+                state.registered.extend(objs);
             }
             Ok(algo)
         })
@@ -264,41 +266,16 @@ impl PyCommunicator {
             }
         }
     }
+}
 
-    /// One call on the host driver: through the slice calls (which stage unaligned memory) or, with a forced
-    /// algorithm, through the raw call on the host stream (16-byte alignment required).
-    pub(crate) fn host_call(
-        state: &mut State,
-        op: Op,
-        algo: Option<Algorithm>,
-        input: &Arg,
-        output: Option<&Arg>,
-    ) -> PyResult<Algorithm> {
-        let (count, dtype) = (input.count, input.dtype);
-        if let Some(a) = algo {
-            for (what, p) in [("tensor", input.ptr), ("out", output.map_or(input.ptr, |o| o.ptr))] {
-                if !p.is_multiple_of(VEC_BYTES as u64) {
-                    return Err(ArgumentError::new_err(format!(
-                        "{what}: address {p:#x} is not aligned to {VEC_BYTES} bytes, which algorithm={a} needs"
-                    )));
-                }
-            }
-            let out = output.map_or(input.ptr, |o| o.ptr);
-            let stream = state.host_stream.as_ref().expect("the host driver has a stream").handle();
-            // SAFETY: on the host driver device memory is process memory; the arrays are alive (held by the
-            // caller, or by a PreparedCall) and untouched while this thread, holding the GIL, runs the call to
-            // completion.
-            return unsafe {
-                state.comm.all_reduce_with(algo, DevicePtr(input.ptr), DevicePtr(out), count, dtype, stream)
-            }
-            .map_err(from_error);
-        }
-        match dtype {
-            DType::Bf16 => host_slices::<half::bf16>(state, op, input, output),
-            DType::F16 => host_slices::<half::f16>(state, op, input, output),
-            DType::F32 => host_slices::<f32>(state, op, input, output),
-        }
-    }
+/// One call as Python asked for it: its tensors, the algorithm forced, and the communicator's checked call (`None`
+/// for the host driver's slice calls, which check and stage their own).
+pub(crate) struct Request {
+    pub(crate) op: Op,
+    pub(crate) algo: Option<Algorithm>,
+    pub(crate) input: Arg,
+    pub(crate) output: Option<Arg>,
+    pub(crate) call: Option<Call>,
 }
 
 /// The slice calls on `input` / `output` as `[T]`.

@@ -2,7 +2,7 @@
 //! arguments, ranks that disagree, a peer that is gone (named), something the driver cannot do, the launcher.
 
 use allreduce::Error;
-use collective_core::CollectiveError;
+use collective_core::{CallError, CollectiveError};
 use gpu::{GpuError, KernelFault};
 use ipc::IpcError;
 use pyo3::PyErr;
@@ -19,8 +19,8 @@ pyo3::import_exception!(allreduce_rs.errors, LauncherError);
 pub fn from_error(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
-        Error::TooLarge { bytes, capacity } => CapacityError::new_err((msg, bytes, capacity)),
-        Error::Misaligned { .. } | Error::BadArgs(_) | Error::Placement(_) => ArgumentError::new_err(msg),
+        Error::Call(c) => from_call(&c, msg),
+        Error::BadArgs(_) | Error::Placement(_) => ArgumentError::new_err(msg),
         Error::Mismatch(_) => MismatchError::new_err(msg),
         Error::Unsupported(_) => UnsupportedError::new_err(msg),
         Error::NoLauncher => LauncherError::new_err(msg),
@@ -42,8 +42,17 @@ pub fn from_launch(e: launch::LaunchError) -> PyErr {
     }
 }
 
+/// A call the communicator refused before any work: too large for the capacity, else a bad argument.
+fn from_call(e: &CallError, msg: String) -> PyErr {
+    match e {
+        CallError::TooLarge { bytes, capacity } => CapacityError::new_err((msg, *bytes, *capacity)),
+        _ => ArgumentError::new_err(msg),
+    }
+}
+
 fn from_collective(e: &CollectiveError, msg: String) -> PyErr {
     match e {
+        CollectiveError::Call(c) => from_call(c, msg),
         CollectiveError::Gpu(g) => from_gpu(g, msg),
         CollectiveError::Ipc(i) => from_ipc(i, msg),
         CollectiveError::BadArgs(_) => ArgumentError::new_err(msg),

@@ -24,7 +24,7 @@ impl Communicator {
     /// may be captured into the caller's graph (with cudarc's event tracking off while capturing, as cudarc's own
     /// graphs need). Collective: every rank makes the same calls in the same order.
     pub fn all_reduce_cuda<T: Scalar + DeviceRepr>(
-        &mut self,
+        &self,
         input: &CudaSlice<T>,
         output: &mut CudaSlice<T>,
         stream: &CudaStream,
@@ -43,7 +43,7 @@ impl Communicator {
 
     /// Enqueues an in-place allreduce of `data` on `stream`.
     pub fn all_reduce_cuda_in_place<T: Scalar + DeviceRepr>(
-        &mut self,
+        &self,
         data: &mut CudaSlice<T>,
         stream: &CudaStream,
     ) -> Result<Algorithm, Error> {
@@ -56,7 +56,7 @@ impl Communicator {
 
     /// Enqueues a reduce-scatter of `input` into `output` (`input.len() / W` elements) on `stream`.
     pub fn reduce_scatter_cuda<T: Scalar + DeviceRepr>(
-        &mut self,
+        &self,
         input: &CudaSlice<T>,
         output: &mut CudaSlice<T>,
         stream: &CudaStream,

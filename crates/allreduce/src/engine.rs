@@ -3,9 +3,9 @@
 //! names.
 
 use crate::tune::{Algorithm, LoadedTable, Mode, Residency, Tables};
-use collective_core::{Collective, CollectiveError, DType, Op, Team};
+use collective_core::{Call, Collective, CollectiveError, Team};
 use gpu::{DeviceBuffer, DevicePtr, Stream};
-use symm::tuned::{CallBuffers, DeferredUse, Design, SymmTuned, TunedOptions};
+use symm::tuned::{DeferredUse, Design, PeerBuffers, SymmTuned, TunedOptions};
 
 pub struct Engine {
     tables: Tables,
@@ -50,9 +50,19 @@ impl Engine {
         Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
     }
 
+    /// The registered input: a caller that writes its input here saves the zero-copy designs their copy-in.
+    pub fn registered_input(&self) -> &DeviceBuffer {
+        self.symm.registered_input().expect("the tuned designs have registered buffers")
+    }
+
+    /// The registered output, which the zero-copy two-shot's peers write into directly.
+    pub fn registered_output(&self) -> &DeviceBuffer {
+        self.symm.registered_output().expect("the tuned designs have registered buffers")
+    }
+
     /// Where a call on `input` with no caller registration lives: the registered input, or the caller's memory.
     pub fn residency_of(&self, input: DevicePtr) -> Residency {
-        if self.symm.registered_input().is_some_and(|b| b.ptr() == input) {
+        if self.registered_input().ptr() == input {
             Residency::Registered
         } else {
             Residency::Caller
@@ -77,29 +87,22 @@ impl Engine {
         matches!(self.runs_as(algo, bytes), Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotLl)
     }
 
-    /// Runs `algo` (an allreduce candidate) on `bufs`; with `bufs.deferred`, what its peer table must hold (None:
+    /// Runs `algo` (an allreduce candidate) on `call`; with `peers.deferred`, what its peer table must hold (None:
     /// the algorithm reads no peer's buffers in place, so the table is unused).
     ///
     /// # Safety
-    /// As [`SymmTuned::run_design`].
+    /// As [`SymmTuned::run_design`], with `call` checked for no more than the engine's capacity.
     pub unsafe fn run_algorithm(
-        &mut self,
+        &self,
         algo: Algorithm,
-        dtype: DType,
-        bufs: &CallBuffers,
-        count: usize,
+        call: &Call,
+        peers: &PeerBuffers,
         stream: &Stream,
     ) -> Result<Option<DeferredUse>, CollectiveError> {
-        let bytes = count * dtype.size();
-        let (input, output) = (bufs.input, bufs.output);
-        let design = match self.runs_as(algo, bytes) {
+        let design = match self.runs_as(algo, call.bytes()) {
             // SAFETY (both car arms): the caller's contract.
-            Algorithm::Car1Shot => {
-                return unsafe { self.car_1shot.run(Op::AllReduce, dtype, input, output, count, stream) }.map(|_| None)
-            }
-            Algorithm::Car2Shot => {
-                return unsafe { self.car_2shot.run(Op::AllReduce, dtype, input, output, count, stream) }.map(|_| None)
-            }
+            Algorithm::Car1Shot => return unsafe { self.car_1shot.enqueue(call, stream) }.map(|_| None),
+            Algorithm::Car2Shot => return unsafe { self.car_2shot.enqueue(call, stream) }.map(|_| None),
             Algorithm::SymmLl => Design::Ll,
             Algorithm::SymmZc1Shot => Design::ZeroCopyOneShot,
             Algorithm::SymmEpoch1Shot => Design::EpochOneShot,
@@ -109,44 +112,7 @@ impl Engine {
                 return Err(CollectiveError::BadArgs("car_rs is a reduce-scatter, not an allreduce".into()))
             }
         };
-        // SAFETY: the caller's contract.
-        unsafe { self.symm.run_design(design, dtype, bufs, count, stream) }
-    }
-}
-
-impl Collective for Engine {
-    fn name(&self) -> &str {
-        "auto"
-    }
-
-    fn op(&self) -> Op {
-        Op::AllReduce
-    }
-
-    fn capacity_bytes(&self) -> usize {
-        self.symm.capacity_bytes()
-    }
-
-    fn registered_input(&self) -> Option<&DeviceBuffer> {
-        self.symm.registered_input()
-    }
-
-    fn registered_output(&self) -> Option<&DeviceBuffer> {
-        self.symm.registered_output()
-    }
-
-    unsafe fn run(
-        &mut self,
-        op: Op,
-        dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
-        let algo = self.choose(count * dtype.size(), self.residency_of(input), stream)?;
-        // SAFETY: the caller's contract, with no registered peer buffers.
-        unsafe { self.run_algorithm(algo, dtype, &CallBuffers::local(input, output), count, stream) }.map(|_| ())
+        // SAFETY: the caller's contract; runs_as keeps the packet designs within their areas.
+        unsafe { self.symm.run_design(design, call, peers, stream) }
     }
 }

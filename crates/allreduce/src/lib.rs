@@ -16,21 +16,18 @@
 //! points take host slices on the host driver ([`Communicator::all_reduce_host`]) and, with the `cudarc` feature,
 //! cudarc's `CudaSlice` on a `CudaStream`.
 //!
-//! [`timing`] and [`check`] measure and check calls ([`Communicator::tune`] uses them, and so do the benchmark and
-//! the criterion benches, which build single methods by name through their registry, the `methods` crate).
+//! Every call is checked once, where it enters: [`Communicator::call`] turns a request into a [`Call`], which
+//! [`Communicator::issue`] and everything below it take as it is (the plain calls do both in one step).
 
-pub mod check;
 mod comm;
 #[cfg(feature = "cudarc")]
 mod cuda_slices;
-pub mod engine;
+mod engine;
 pub mod placement;
-pub mod sizes;
-pub mod timing;
 pub mod tune;
 
-pub use collective_core::{Collective, DType, Op};
-pub use comm::{Calls, Communicator, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS};
+pub use collective_core::{Call, CallError, DType, Op};
+pub use comm::{Communicator, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS};
 pub use gpu::{Backend, DevicePtr, DriverKind};
 pub use launch::RankInfo;
 pub use placement::Placement;
@@ -49,15 +46,13 @@ pub enum Error {
     Collective(#[from] collective_core::CollectiveError),
     #[error(transparent)]
     Launch(#[from] launch::LaunchError),
+    #[error(transparent)]
+    Call(#[from] CallError),
     #[error(
         "no launcher environment found (RANK/WORLD_SIZE of torchrun or comm-bench launch, OMPI_COMM_WORLD_*, \
          SLURM_*, PMI_*): start the program under a launcher, or build the communicator with Communicator::new"
     )]
     NoLauncher,
-    #[error("{bytes} bytes exceed the communicator's capacity of {capacity} bytes")]
-    TooLarge { bytes: usize, capacity: usize },
-    #[error("{what} pointer {ptr:#x} is not aligned to {align} bytes, which the kernels load at once")]
-    Misaligned { what: &'static str, ptr: u64, align: usize },
     #[error("invalid argument: {0}")]
     BadArgs(String),
     #[error("placement: {0}")]
@@ -101,10 +96,4 @@ pub fn agree(rdv: &Rendezvous, what: &str, mine: &str) -> Result<(), Error> {
         return Err(Error::Mismatch(format!("{what}: rank {} has {b}, rank 0 has {a}", rdv.rank())));
     }
     Ok(())
-}
-
-/// A fresh random seed every rank shares (rank 0 draws it).
-pub fn agree_seed(rdv: &Rendezvous) -> Result<u64, Error> {
-    let got = rdv.broadcast("seed", 0, &rand::random::<u64>().to_le_bytes())?;
-    Ok(u64::from_le_bytes(got.try_into().map_err(|_| Error::Mismatch("malformed seed".into()))?))
 }

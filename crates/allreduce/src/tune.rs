@@ -62,42 +62,7 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// Where a call's input lives. It decides what a design pays: the zero-copy designs read every peer's input where
-/// it is, so on memory no peer has mapped they copy it into the registered buffer first, and a table measured on
-/// one residency picks the wrong design on another.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Residency {
-    /// The caller's own memory, which no peer has mapped.
-    Caller,
-    /// The communicator's registered buffers ([`crate::Communicator::registered_input`]).
-    Registered,
-    /// Caller memory every peer has mapped: [`crate::Communicator::register`], or a graph capture's buffers
-    /// registered when the capture ends ([`crate::Communicator::end_graph_capture`]).
-    CallerRegistered,
-}
-
-impl Residency {
-    pub const ALL: [Residency; 3] = [Residency::Caller, Residency::Registered, Residency::CallerRegistered];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Residency::Caller => "caller",
-            Residency::Registered => "registered",
-            Residency::CallerRegistered => "caller_registered",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Residency> {
-        Residency::ALL.into_iter().find(|r| r.name() == name)
-    }
-}
-
-impl fmt::Display for Residency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use collective_core::Residency;
 
 /// Which machine, job shape and call kind a table was measured for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -2,9 +2,9 @@
 //! project's launcher) and the ranks run the test's body. On the host driver by default; `ARX_TEST_BACKEND=cuda`
 //! (or hip) and `ARX_TEST_RANKS=8` run the driver-independent tests on a GPU node (8 ranks on one GPU under MPS).
 
-use allreduce::check::{agree_verdict, fingerprint, input_values, reference, tolerance};
-use allreduce::{Algorithm, Communicator, DType, DevicePtr, Error, Mode, Options, Residency};
+use allreduce::{Algorithm, CallError, Communicator, DType, DevicePtr, Error, Mode, Options, Residency};
 use gpu::MemKind;
+use measure::check::{agree_verdict, fingerprint, input_values, reference, tolerance};
 use symm::tuned::TWO_SHOT_EPOCH_MAX_BYTES;
 use symm::tuned::{EPOCH_MAX_BYTES, LL_HANDOVER_EAGER_BYTES, LL_HANDOVER_GRAPH_BYTES, LL_MAX_BYTES};
 
@@ -39,6 +39,24 @@ fn host_comm(info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
     comm_on(gpu::Backend::Host, info, capacity_bytes)
 }
 
+/// An allreduce checked, then issued with `algo` forced (`None`: the table's).
+///
+/// # Safety
+/// As `Communicator::issue`.
+unsafe fn all_reduce_with(
+    comm: &Communicator,
+    algo: Option<Algorithm>,
+    input: DevicePtr,
+    output: DevicePtr,
+    count: usize,
+    dtype: DType,
+    stream: u64,
+) -> Result<Algorithm, Error> {
+    let call = comm.call(allreduce::Op::AllReduce, dtype, input, output, count)?;
+    // SAFETY: the caller's contract.
+    unsafe { comm.issue(call, algo, stream) }
+}
+
 /// Element counts on both sides of every size at which some choice changes: the tuned designs' hand-overs, the
 /// packet area's end, and every built-in table's range bounds.
 fn handover_counts(dtype: DType, capacity: usize) -> Vec<usize> {
@@ -64,7 +82,7 @@ fn handover_counts(dtype: DType, capacity: usize) -> Vec<usize> {
 fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
     as_job("every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover", ranks(3), |info| {
         let capacity = 1 << 20;
-        let mut comm = comm_on(backend(), info, capacity);
+        let comm = comm_on(backend(), info, capacity);
         let (rank, world) = (comm.rank(), comm.world());
         let gpu = comm.gpu().clone();
         let stream = gpu.stream().unwrap();
@@ -72,7 +90,7 @@ fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
         let output = gpu.alloc(capacity, MemKind::Device).unwrap();
         for dtype in DType::ALL {
             for count in handover_counts(dtype, capacity) {
-                let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+                let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
                 let values = dtype.encode(&input_values(seed, rank, count, dtype));
                 let want = reference(seed, world, count, dtype, 0, count);
                 let mut prints = Vec::new();
@@ -85,7 +103,7 @@ fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
                     let out = if in_place { &input } else { &output };
                     // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
                     unsafe {
-                        comm.all_reduce_with(algo, input.ptr(), out.ptr(), count, dtype, stream.handle()).unwrap()
+                        all_reduce_with(&comm, algo, input.ptr(), out.ptr(), count, dtype, stream.handle()).unwrap()
                     };
                     stream.sync().unwrap();
                     let mut got = vec![0u8; count * dtype.size()];
@@ -116,7 +134,7 @@ fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
 fn bad_calls_get_typed_errors_before_any_work() {
     as_job("bad_calls_get_typed_errors_before_any_work", ranks(2), |info| {
         let capacity = 4096;
-        let mut comm = comm_on(backend(), info, capacity);
+        let comm = comm_on(backend(), info, capacity);
         let gpu = comm.gpu().clone();
         let stream = gpu.stream().unwrap();
         let buf = gpu.alloc(2 * capacity, MemKind::Device).unwrap();
@@ -124,18 +142,23 @@ fn bad_calls_get_typed_errors_before_any_work() {
         let s = stream.handle();
         // SAFETY: every call below is refused before it touches memory (and the buffers are ours anyway).
         unsafe {
-            assert!(matches!(comm.all_reduce(p, p, 4097, DType::F32, s), Err(Error::TooLarge { .. })));
+            assert!(matches!(comm.all_reduce(p, p, 4097, DType::F32, s), Err(Error::Call(CallError::TooLarge { .. }))));
             assert!(matches!(
                 comm.all_reduce(p.offset(2), p.offset(2), 8, DType::Bf16, s),
-                Err(Error::Misaligned { what: "input", .. })
+                Err(Error::Call(CallError::Misaligned { what: "input", .. }))
             ));
             assert!(matches!(
                 comm.all_reduce(p, p.offset(18), 8, DType::Bf16, s),
-                Err(Error::Misaligned { what: "output", .. })
+                Err(Error::Call(CallError::Misaligned { what: "output", .. }))
             ));
-            assert!(matches!(comm.all_reduce(p, p.offset(16), 64, DType::F32, s), Err(Error::BadArgs(_))));
-            assert!(matches!(comm.all_reduce(p, p, 0, DType::F32, s), Err(Error::BadArgs(_))));
-            assert!(matches!(comm.reduce_scatter(p, p.offset(4096), 7, DType::F32, s), Err(Error::BadArgs(_))));
+            let overlap = comm.all_reduce(p, p.offset(16), 64, DType::F32, s);
+            assert!(matches!(overlap, Err(Error::Call(CallError::Overlap { .. }))));
+            assert!(matches!(comm.all_reduce(p, p, 0, DType::F32, s), Err(Error::Call(CallError::Empty))));
+            let rs = comm.reduce_scatter(p, p.offset(4096), 7, DType::F32, s);
+            assert!(matches!(rs, Err(Error::Call(CallError::Indivisible { .. }))));
+            // A call checked for another communicator (another world size) is refused, not run.
+            let foreign = allreduce::Call::new(allreduce::Op::AllReduce, DType::F32, p, p, 8, comm.world() + 1, 64);
+            assert!(matches!(comm.issue(foreign.unwrap(), None, s), Err(Error::Call(CallError::Foreign { .. }))));
             // Inside the registered buffers only from their start.
             let (ri, ro) = (comm.registered_input().ptr(), comm.registered_output().ptr());
             let inside = comm.all_reduce(ri.offset(256), ro, 8, DType::F32, s);
@@ -164,9 +187,9 @@ fn bad_calls_get_typed_errors_before_any_work() {
 #[test]
 fn host_slices_any_alignment_in_place_and_reduce_scatter() {
     as_job("host_slices_any_alignment_in_place_and_reduce_scatter", 4, |info| {
-        let mut comm = host_comm(info, 1 << 16);
+        let comm = host_comm(info, 1 << 16);
         let (rank, world) = (comm.rank(), comm.world());
-        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
         let n = 4099;
         let x: Vec<f32> = input_values(seed, rank, n + 1, DType::F32);
         let want = reference(seed, world, n + 1, DType::F32, 0, n + 1);
@@ -186,10 +209,10 @@ fn host_slices_any_alignment_in_place_and_reduce_scatter() {
         let mut shard = vec![half::bf16::NAN; count / world];
         comm.reduce_scatter_host(&bf, &mut shard).unwrap();
         assert_eq!(comm.last_algorithm(), Some(Algorithm::CarReduceScatter));
-        let (lo, hi) = allreduce::check::output_range(allreduce::Op::ReduceScatter, count, world, rank);
+        let (lo, hi) = measure::check::output_range(allreduce::Op::ReduceScatter, count, world, rank);
         let want = reference(seed, world, count, DType::Bf16, lo, hi);
         let got: Vec<f64> = shard.iter().map(|v| v.to_f64()).collect();
-        assert_eq!(allreduce::check::compare(&got, &want, tolerance(DType::Bf16, world, false)).wrong, 0);
+        assert_eq!(measure::check::compare(&got, &want, tolerance(DType::Bf16, world, false)).wrong, 0);
     });
 }
 
@@ -229,14 +252,14 @@ fn registered_caller_buffers_are_read_in_place() {
         let id = unsafe { comm.register(mine.ptr(), 2 * capacity).unwrap() };
         let out = mine.ptr().offset(capacity);
         for count in [8, 4099, 300_000] {
-            let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+            let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
             let dtype = DType::Bf16;
             let want = reference(seed, world, count, dtype, 0, count);
             for algo in [Algorithm::SymmZc1Shot, Algorithm::SymmZc2Shot, Algorithm::SymmZc2ShotLl] {
                 stream.fill(&mine, 0xFF).unwrap_or(());
                 stream.upload(&mine, 0, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
                 // SAFETY: registered ranges at the same offsets on every rank.
-                unsafe { comm.all_reduce_with(Some(algo), mine.ptr(), out, count, dtype, stream.handle()).unwrap() };
+                unsafe { all_reduce_with(&comm, Some(algo), mine.ptr(), out, count, dtype, stream.handle()).unwrap() };
                 stream.sync().unwrap();
                 let mut got = vec![0u8; count * dtype.size()];
                 stream.download(&mine, capacity, &mut got).unwrap();
@@ -258,7 +281,7 @@ fn registered_caller_buffers_are_read_in_place() {
         stream.sync().unwrap();
         // SAFETY: every call on the registration has run (the stream is idle).
         unsafe { comm.release(id).unwrap() };
-        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
         let zc = Some(Algorithm::SymmZc2Shot);
         checked_call(&mut comm, seed, &stream, &mine, (0, capacity), 4099, DType::Bf16, zc, "after release");
         // SAFETY: refused before anything is unmapped.
@@ -271,7 +294,7 @@ fn registered_caller_buffers_are_read_in_place() {
 fn explicit_coordinates_and_a_missing_launcher() {
     std::env::remove_var("ALLREDUCE_JOB_ID");
     let me = launch::RankInfo::explicit(0, 1, 0, ipc::JobId::random()).unwrap();
-    let mut comm = host_comm(me, 4096);
+    let comm = host_comm(me, 4096);
     let mut x = vec![half::f16::from_f32(0.5); 64];
     comm.all_reduce_host_in_place(&mut x).unwrap();
     assert!(x.iter().all(|v| v.to_f32() == 0.5));
@@ -286,8 +309,8 @@ fn explicit_coordinates_and_a_missing_launcher() {
 #[test]
 fn packets_stay_exact_across_the_flag_wrap() {
     as_job("packets_stay_exact_across_the_flag_wrap", ranks(3), |info| {
-        use allreduce::check::{variant_input, variant_sum};
-        use symm::tuned::{CallBuffers, Design, SymmTuned, TunedOptions};
+        use measure::check::{variant_input, variant_sum};
+        use symm::tuned::{Design, PeerBuffers, SymmTuned, TunedOptions};
         let capacity = 256 << 10;
         let comm = comm_on(backend(), info, 4096);
         let (rank, world) = (comm.rank(), comm.world());
@@ -318,17 +341,19 @@ fn packets_stay_exact_across_the_flag_wrap() {
         for m in 1..=3u64 {
             let first_epoch = (m << 32) - 8;
             let opts = TunedOptions { first_epoch, ..TunedOptions::new(capacity) };
-            let mut tuned = SymmTuned::new(comm.team(), Design::Ll, opts).unwrap();
+            let team = collective_core::Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device);
+            let tuned = SymmTuned::new(team, Design::Ll, opts).unwrap();
             for (call, &(design, count)) in plan.iter().enumerate() {
                 let k = call as u64;
                 stream.upload(&input, 0, &variant_input(rank, count, k, dtype)).unwrap();
                 stream.fill(&output, 0xFF).unwrap();
-                let bufs = CallBuffers::local(input.ptr(), output.ptr());
+                let (i, o) = (input.ptr(), output.ptr());
+                let call = allreduce::Call::new(allreduce::Op::AllReduce, dtype, i, o, count, world, capacity).unwrap();
                 if rank + 1 == world {
                     std::thread::sleep(std::time::Duration::from_millis(60));
                 }
                 // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
-                unsafe { tuned.run_design(design, dtype, &bufs, count, &stream).unwrap() };
+                unsafe { tuned.run_design(design, &call, &PeerBuffers::default(), &stream).unwrap() };
                 let mut got = vec![0u8; count * 4];
                 stream.download(&output, 0, &mut got).unwrap();
                 let want = variant_sum(world, 0, count, k);
@@ -385,7 +410,7 @@ fn checked_call(
     }
     let (i, o) = (buf.ptr().offset(input), buf.ptr().offset(output));
     // SAFETY: ranges of our own buffer; every rank runs the same sequence.
-    unsafe { comm.all_reduce_with(algo, i, o, count, dtype, stream.handle()).unwrap() };
+    unsafe { all_reduce_with(comm, algo, i, o, count, dtype, stream.handle()).unwrap() };
     stream.sync().unwrap();
     let mut got = vec![0u8; count * dtype.size()];
     stream.download(buf, output, &mut got).unwrap();
@@ -413,7 +438,7 @@ fn each_residency_follows_its_own_table() {
         // SAFETY: our own allocation, alive as long as the communicator.
         unsafe { comm.register(shared.ptr(), 2 * capacity).unwrap() };
         let (dtype, count) = (DType::Bf16, 5000);
-        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
         let caller = checked_call(&mut comm, seed, &stream, &own, (0, capacity), count, dtype, None, "caller");
         assert_eq!(comm.last_algorithm(), Some(Algorithm::Car1Shot), "caller buffers take the caller table");
         let registered =
@@ -421,7 +446,7 @@ fn each_residency_follows_its_own_table() {
         assert_eq!(comm.last_algorithm(), Some(Algorithm::SymmZc1Shot), "a registration takes its table");
         assert_eq!(caller, registered, "the same bits whatever the residency picks");
         // The communicator's registered input: its own table.
-        let seed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+        let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
         let (rank, world) = (comm.rank(), comm.world());
         let (input, output) = (comm.registered_input().ptr(), comm.registered_output().ptr());
         stream.upload(comm.registered_input(), 0, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
@@ -463,14 +488,16 @@ fn graph_capture_registers_the_callers_buffers() {
         for (k, &(algo, count)) in calls.iter().enumerate() {
             let (i, o) = (shared.ptr().offset(k * slot), shared.ptr().offset(k * slot + slot / 2));
             // SAFETY: ranges of our own buffers, alive as long as the communicator.
-            unsafe { comm.all_reduce_with(Some(algo), i, o, count, dtype, stream.handle()).unwrap() };
+            unsafe { all_reduce_with(&comm, Some(algo), i, o, count, dtype, stream.handle()).unwrap() };
         }
         let (pi, po) = (private.ptr(), private.ptr().offset(slot / 2));
         // SAFETY: as above.
-        unsafe { comm.all_reduce_with(Some(Algorithm::SymmZc2Shot), pi, po, 20_000, dtype, stream.handle()).unwrap() };
+        unsafe {
+            all_reduce_with(&comm, Some(Algorithm::SymmZc2Shot), pi, po, 20_000, dtype, stream.handle()).unwrap()
+        };
         // car copies its input in anyway: private memory costs it nothing and earns no note.
         // SAFETY: as above.
-        unsafe { comm.all_reduce_with(Some(Algorithm::Car1Shot), pi, po, 20_000, dtype, stream.handle()).unwrap() };
+        unsafe { all_reduce_with(&comm, Some(Algorithm::Car1Shot), pi, po, 20_000, dtype, stream.handle()).unwrap() };
         let graph = stream.end_capture().unwrap();
         // SAFETY: the buffers live as long as the communicator; no replay before this returns.
         let deferred = unsafe { comm.end_graph_capture().unwrap() };
@@ -482,7 +509,8 @@ fn graph_capture_registers_the_callers_buffers() {
         }
         for replay in 0..3 {
             // Fresh inputs per replay, the same for every call of one size (so the designs can be compared).
-            let by_count: Vec<u64> = counts.iter().map(|_| allreduce::agree_seed(comm.rendezvous()).unwrap()).collect();
+            let by_count: Vec<u64> =
+                counts.iter().map(|_| measure::check::agree_seed(comm.rendezvous()).unwrap()).collect();
             let mut seeds = Vec::new();
             for (k, &(_, count)) in calls.iter().enumerate() {
                 let seed = by_count[counts.iter().position(|&n| n == count).expect("one of counts")];
@@ -490,7 +518,7 @@ fn graph_capture_registers_the_callers_buffers() {
                 stream.upload(&shared, k * slot + slot / 2, &vec![0xFF; count * 4]).unwrap();
                 seeds.push(seed);
             }
-            let pseed = allreduce::agree_seed(comm.rendezvous()).unwrap();
+            let pseed = measure::check::agree_seed(comm.rendezvous()).unwrap();
             stream.upload(&private, 0, &dtype.encode(&input_values(pseed, rank, 20_000, dtype))).unwrap();
             stream.sync().unwrap();
             // Every rank's inputs are in place before any rank replays (the graph holds no host barrier).
@@ -541,7 +569,7 @@ fn ranks_that_captured_different_calls_are_refused_on_every_rank() {
         let count = if comm.rank() == 1 { 2048 } else { 1024 };
         // SAFETY: our own buffer; the graph is never replayed.
         unsafe {
-            comm.all_reduce_with(Some(Algorithm::SymmZc1Shot), i, o, count, DType::F32, stream.handle()).unwrap()
+            all_reduce_with(&comm, Some(Algorithm::SymmZc1Shot), i, o, count, DType::F32, stream.handle()).unwrap()
         };
         let _graph = stream.end_capture().unwrap();
         // SAFETY: never replayed.

@@ -12,9 +12,9 @@ mod host;
 use collective_core::host_sync::FLAG_SLOTS;
 pub use collective_core::Algo;
 use collective_core::{
-    check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
+    Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
+use gpu::{DeviceBuffer, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 use std::collections::HashMap;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
@@ -263,6 +263,26 @@ impl CarParams {
     }
 }
 
+impl Car {
+    /// Enqueues `call` on `stream` ([`Collective::run`] without the exclusive borrow, for a caller that shares
+    /// the method, as the communicator's engine does).
+    ///
+    /// # Safety
+    /// As [`Collective::run`].
+    pub unsafe fn enqueue(&self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        debug_assert!(call.capacity() <= self.capacity && call.op() == self.algo.op(), "run's contract");
+        let dtype = call.dtype();
+        let plan = self.rule.plan(call.bytes(), self.cap);
+        let (input, output, count) = (call.input().0, call.output().0, call.count() as u64);
+        let params = CarParams { input, output, count, dtype: dtype.code(), ..self.base };
+        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
+        // SAFETY: the caller vouches for the call's input and output (this function's contract); the rest of
+        // `params` is this communicator's own memory, of at least the capacity the call was checked for.
+        unsafe { stream.launch(&self.kernels[&dtype], dims, &params)? };
+        Ok(())
+    }
+}
+
 impl Collective for Car {
     fn name(&self) -> &str {
         self.name
@@ -280,24 +300,8 @@ impl Collective for Car {
         self.variant == Variant::RoundEveryAdd
     }
 
-    unsafe fn run(
-        &mut self,
-        op: Op,
-        dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
-        check_args(op, dtype, count, self.base.world as usize, self.capacity)?;
-        let plan = self.rule.plan(count * dtype.size(), self.cap);
-        let params =
-            CarParams { input: input.0, output: output.0, count: count as u64, dtype: dtype.code(), ..self.base };
-        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
-        // SAFETY: the caller vouches for `input` and `output` (this function's contract); the rest of `params` is
-        // this communicator's own memory, sized for `count` by check_args.
-        unsafe { stream.launch(&self.kernels[&dtype], dims, &params)? };
-        Ok(())
+    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.enqueue(call, stream) }
     }
 }

@@ -3,18 +3,20 @@
 //! `kernels/include/arx/` and the host kernels compute identically, so each block of each rank touches the same
 //! elements on every driver.
 
+mod call;
 mod elem;
 pub mod host_sync;
 mod kernel_headers;
 mod plan;
 mod team;
 
+pub use call::{Call, CallError, Residency};
 pub use elem::{Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
 pub use plan::{LaunchPlan, LaunchRule};
 pub use team::{PeerMaps, Sharing, Team};
 
-use gpu::{DevicePtr, Stream};
+use gpu::Stream;
 use std::fmt;
 use std::str::FromStr;
 
@@ -199,6 +201,8 @@ pub enum CollectiveError {
     Gpu(#[from] gpu::GpuError),
     #[error(transparent)]
     Ipc(#[from] ipc::IpcError),
+    #[error(transparent)]
+    Call(#[from] CallError),
     #[error("{0}")]
     BadArgs(String),
     #[error("{0}")]
@@ -243,47 +247,13 @@ pub trait Collective {
     fn registered_output(&self) -> Option<&gpu::DeviceBuffer> {
         None
     }
-    /// Enqueues `op` on `stream`: `input` holds `count` elements, `output` receives
-    /// [`Op::output_count`] elements. Every rank must call with the same arguments, in the same order.
+    /// Enqueues `call` on `stream`. Every rank must make the same calls, in the same order.
     ///
     /// # Safety
-    /// `input` and `output` are device memory of `stream`'s driver, aligned to [`VEC_BYTES`], holding `count` and
-    /// [`Op::output_count`] elements of `dtype`, live and not touched by other work until the call has run; the
-    /// ranges may be equal (in place) but must not otherwise overlap.
-    unsafe fn run(
-        &mut self,
-        op: Op,
-        dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<(), CollectiveError>;
-}
-
-/// The checks every implementation makes before it touches memory.
-pub fn check_args(
-    op: Op,
-    dtype: DType,
-    count: usize,
-    world: usize,
-    capacity_bytes: usize,
-) -> Result<(), CollectiveError> {
-    if count == 0 {
-        return Err(CollectiveError::BadArgs("count must be at least 1".into()));
-    }
-    let bytes = count.saturating_mul(dtype.size());
-    if bytes > capacity_bytes {
-        return Err(CollectiveError::BadArgs(format!(
-            "{count} {dtype} elements ({bytes} bytes) exceed the registered buffer of {capacity_bytes} bytes"
-        )));
-    }
-    if op == Op::ReduceScatter && !count.is_multiple_of(world) {
-        return Err(CollectiveError::BadArgs(format!(
-            "reduce_scatter needs count divisible by the world size: {count} % {world} != 0"
-        )));
-    }
-    Ok(())
+    /// `call` was checked for no more than this method's [`Collective::capacity_bytes`] and runs its
+    /// [`Collective::op`]; its input and output are device memory of `stream`'s driver holding `call.count()` and
+    /// `call.output_count()` elements, live and not touched by other work until the call has run.
+    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError>;
 }
 
 /// Refuses world sizes the custom kernels cannot address.
@@ -344,11 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn argument_checks() {
-        assert!(check_args(Op::AllReduce, DType::Bf16, 0, 2, 1024).is_err());
-        assert!(check_args(Op::AllReduce, DType::Bf16, 512, 2, 1024).is_ok());
-        assert!(check_args(Op::AllReduce, DType::Bf16, 513, 2, 1024).is_err());
-        assert!(check_args(Op::ReduceScatter, DType::F32, 9, 2, 1024).is_err());
+    fn world_sizes_and_names() {
         assert!(check_world("car_1shot", 9).is_err());
         assert!(check_world("car_1shot", 8).is_ok());
         assert_eq!("bf16".parse::<DType>().unwrap(), DType::Bf16);

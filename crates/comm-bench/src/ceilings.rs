@@ -4,9 +4,9 @@
 
 use crate::config::SweepConfig;
 use crate::BenchError;
-use allreduce::timing::Timer;
 use allreduce::Communicator;
 use gpu::{HostLaunch, KernelLibrary, LaunchDims};
+use measure::timing::Timer;
 use serde::{Deserialize, Serialize};
 
 static LIBRARY: KernelLibrary = KernelLibrary {
@@ -68,28 +68,29 @@ pub(crate) fn measure(cfg: &SweepConfig, comm: &Communicator, t: &Timer) -> Resu
         // SAFETY (copies and launches): two buffers of `bytes` of ours; the empty kernel touches no memory.
         let copy = |s: &gpu::Stream| (0..COPIES).try_for_each(|_| unsafe { s.copy(dst.ptr(), src.ptr(), bytes) });
         copy(&t.stream)?;
-        let ms = t.elapsed_ms(|s| Ok(copy(s)?))?;
+        let ms = t.elapsed_ms(|s| Ok::<_, BenchError>(copy(s)?))?;
         copy_gbs = 2.0 * bytes as f64 * COPIES as f64 / (ms * 1e-3) / 1e9;
 
         drop((src, dst));
         let launch = |s: &gpu::Stream| (0..LAUNCHES).try_for_each(|_| unsafe { s.launch(&kernel, dims, &0u64) });
         launch(&t.stream)?;
-        launch_us = t.elapsed_ms(|s| Ok(launch(s)?))? * 1e3 / LAUNCHES as f64;
+        launch_us = t.elapsed_ms(|s| Ok::<_, BenchError>(launch(s)?))? * 1e3 / LAUNCHES as f64;
         t.stream.begin_capture()?;
         let captured = unsafe { t.stream.launch(&kernel, dims, &0u64) };
         let graph = t.stream.end_capture()?;
         captured?;
         t.stream.replay(&graph)?;
-        replay_us = t.elapsed_ms(|s| Ok((0..LAUNCHES).try_for_each(|_| s.replay(&graph))?))? * 1e3 / LAUNCHES as f64;
+        replay_us = t.elapsed_ms(|s| Ok::<_, BenchError>((0..LAUNCHES).try_for_each(|_| s.replay(&graph))?))? * 1e3
+            / LAUNCHES as f64;
     }
     rdv.barrier("ceilings measured")?;
     let timing = cfg.timing;
     // SAFETY: the empty kernel touches no memory.
-    let empty = t.time_calls(&timing, rdv, |s| Ok(unsafe { s.launch(&kernel, dims, &0u64) }?))?;
+    let empty = t.time_calls(&timing, rdv, |s| Ok::<_, BenchError>(unsafe { s.launch(&kernel, dims, &0u64) }?))?;
     let empty_all_ranks_us = empty.median_ms() * 1e3;
     let opts = car::CarOptions { capacity_bytes: 256, uncached: true, rule: None, variant: car::Variant::Base };
-    let floor = car::Car::new(comm.team(), car::Algo::OneShot, opts)?;
-    let barrier = t.time_calls(&timing, rdv, |s| Ok(floor.barrier_only(1, s)?))?;
+    let floor = methods::with_team(comm, |team| car::Car::new(team, car::Algo::OneShot, opts))?;
+    let barrier = t.time_calls(&timing, rdv, |s| Ok::<_, BenchError>(floor.barrier_only(1, s)?))?;
     t.stream.sync()?;
     rdv.barrier("barrier floor measured")?;
     let barrier_us = Some(barrier.median_ms() * 1e3);

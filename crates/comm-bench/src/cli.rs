@@ -2,10 +2,10 @@
 
 use crate::config::Report;
 use crate::config::{Sizes, SweepConfig};
-use allreduce::timing::TimingOptions;
 use allreduce::{DType, Op};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
+use measure::timing::TimingOptions;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;

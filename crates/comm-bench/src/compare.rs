@@ -104,8 +104,8 @@ mod tests {
 
     #[test]
     fn hip_and_cuda_size_lists_match_by_nearest() {
-        let hip = allreduce::sizes::comm_bench_sizes(10, 24, 20, 512);
-        let cuda = allreduce::sizes::comm_bench_sizes(10, 24, 20, 256);
+        let hip = measure::sizes::comm_bench_sizes(10, 24, 20, 512);
+        let cuda = measure::sizes::comm_bench_sizes(10, 24, 20, 256);
         assert_ne!(hip, cuda, "the two roundings differ somewhere");
         let pairs = nearest(&hip, &cuda);
         assert!(pairs.iter().zip(&cuda).all(|(p, &c)| p.1 == Some(c)), "{pairs:?}");

@@ -1,8 +1,8 @@
 //! What one sweep is, as a plain struct below the command line: the sweep, its ceilings and its report read this,
 //! never the CLI.
 
-use allreduce::timing::TimingOptions;
 use allreduce::{Backend, DType, Mode, Op};
+use measure::timing::TimingOptions;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -87,7 +87,7 @@ impl SweepConfig {
                 counts
             }
             &Sizes::CommBench { min_exp, max_exp, steps } => {
-                allreduce::sizes::comm_bench_sizes(min_exp, max_exp, steps, align)
+                measure::sizes::comm_bench_sizes(min_exp, max_exp, steps, align)
             }
         }
     }

@@ -4,6 +4,7 @@
 //! registry builds the methods, and its timing and checking paths measure them.
 
 pub mod ceilings;
+pub mod checksum;
 pub mod cli;
 pub mod compare;
 pub mod config;
@@ -31,6 +32,8 @@ pub enum BenchError {
     Launch(#[from] launch::LaunchError),
     #[error(transparent)]
     Allreduce(#[from] allreduce::Error),
+    #[error(transparent)]
+    Call(#[from] collective_core::CallError),
     #[error("{0}")]
     Config(String),
     #[error("{0}")]

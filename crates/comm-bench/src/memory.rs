@@ -14,8 +14,8 @@ pub struct Need {
     pub shm: u64,
 }
 
-/// All `methods`' own buffers per rank, from the registry's rows (the communicator's, which `auto` and
-/// `communicator` run, are counted once for every sweep).
+/// All `methods`' own buffers per rank, from the registry's rows (the communicator's, which `auto` runs, are
+/// counted once for every sweep).
 fn methods_buffers(names: &[String]) -> methods::Buffers {
     names.iter().map(|m| methods::buffers_of(m)).fold(methods::Buffers::default(), |a, b| a + b)
 }

@@ -71,9 +71,9 @@ impl Row {
     }
 
     /// Adds the timings: per repeat the ranks' times combined as `report` says, then the median over repeats.
-    pub fn timed(mut self, timing: allreduce::timing::Timing, report: Report) -> Row {
+    pub fn timed(mut self, timing: measure::timing::Timing, report: Report) -> Row {
         let combined: Vec<f64> = timing.ranks_ms.iter().map(|ranks| report.combine(ranks)).collect();
-        let median = allreduce::timing::median(&combined);
+        let median = measure::timing::median(&combined);
         self.issue_us = Some(timing.median_issue_ms() * 1e3);
         let (mut repeats, rank0) = (timing.repeats_ms, timing.rank0_ms);
         self.ranks_ms = timing.ranks_ms;
@@ -280,7 +280,7 @@ pub(crate) mod fixtures {
                 let row = Row::new(method, &cfg, *count, world, status.clone());
                 match *ms {
                     Some(ms) => {
-                        let t = allreduce::timing::Timing {
+                        let t = measure::timing::Timing {
                             repeats_ms: vec![ms],
                             rank0_ms: ms,
                             issue_ms: vec![ms],

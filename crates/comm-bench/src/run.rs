@@ -1,25 +1,27 @@
 //! One rank's part of the sweep: a communicator (driver, rendezvous, placement, tune tables), agreement on the
-//! configuration, the methods built from the registry (and `auto`: the communicator's own engine), then per size
+//! configuration, the methods built from the registry (`auto`: the communicator's own public calls), then per size
 //! and method: check, time (ranks aligned by a barrier before the start event, max over
 //! ranks, median of repeats), check again after the timed calls, and report.
 
+use crate::checksum::Checksum;
 use crate::config::SweepConfig;
 use crate::report::{Outcome, Row, RunNotes, Status, Unavailable};
 use crate::BenchError;
-use allreduce::check::{
-    agree_verdict, input_values, output_range, reference, tolerance, variant_checksum, variant_input, variant_sum,
-    Checksum, POISON,
-};
-use allreduce::timing::Timer;
-use allreduce::{Collective, Communicator, DType, Error, Op, Options, Residency};
+use allreduce::{Communicator, DType, Op, Options, Residency};
+use collective_core::{Call, Collective};
 use gpu::{DeviceBuffer, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
+use measure::check::{
+    agree_seed, agree_verdict, input_values, output_range, reference, tolerance, variant_checksum, variant_input,
+    variant_sum, POISON,
+};
+use measure::timing::Timer;
 
 /// Runs this rank's part; rank 0 returns the results.
 pub fn run_rank(cfg: &SweepConfig, info: &RankInfo) -> Result<Option<Outcome>, BenchError> {
-    let mut comm = Communicator::new(info.clone(), options(cfg)?)?;
-    let result = sweep(cfg, &mut comm);
+    let comm = Communicator::new(info.clone(), options(cfg)?)?;
+    let result = sweep(cfg, &comm);
     if let Err(e) = &result {
         comm.rendezvous().abort(&e.to_string());
     }
@@ -42,13 +44,6 @@ pub(crate) fn options(cfg: &SweepConfig) -> Result<Options, BenchError> {
     })
 }
 
-/// A method: built from the registry, the communicator's own engine (`auto`) or call path (`communicator`).
-enum Built {
-    Method(Box<dyn Collective>),
-    Engine,
-    Communicator,
-}
-
 /// Input variants the calls after the first check rotate among: consecutive calls always see different data.
 const VARIANTS: usize = 3;
 
@@ -62,7 +57,7 @@ struct Buffers {
     timer: Timer,
 }
 
-fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, BenchError> {
+fn sweep(cfg: &SweepConfig, comm: &Communicator) -> Result<Option<Outcome>, BenchError> {
     let gpu = comm.gpu().clone();
     let (rank, world) = (comm.rank(), comm.world());
     let sizes = cfg.counts(gpu.info().size_align);
@@ -76,27 +71,12 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
         crate::memory::check_device(need, free, total, ranks).map_err(BenchError::Config)?;
     }
 
-    let build = methods::BuildOptions {
-        capacity_bytes: capacity,
-        tables: comm.tables().clone(),
-        car_uncached: cfg.car_uncached,
-    };
-    let mut built: Vec<(String, Built)> = Vec::new();
+    let build = methods::BuildOptions { capacity_bytes: capacity, car_uncached: cfg.car_uncached };
+    let mut built: Vec<(String, Box<dyn Collective + '_>)> = Vec::new();
     let mut unavailable = Vec::new();
     for name in names {
-        let m = match name.as_str() {
-            "auto" => Ok(Built::Engine),
-            "communicator" => Ok(Built::Communicator),
-            _ => methods::build(name, comm.team(), &build).map(Built::Method).map_err(|e| e.to_string()),
-        };
-        let m = m.and_then(|m| {
-            let usable = match &m {
-                Built::Method(c) => usable(c.as_ref(), cfg),
-                Built::Engine => usable(comm.engine_and_rendezvous().0, cfg),
-                Built::Communicator => usable(&comm.split().0, cfg),
-            };
-            usable.map(|()| m)
-        });
+        let m = methods::build(name, comm, &build).map_err(|e| e.to_string());
+        let m = m.and_then(|m| usable(m.as_ref(), cfg).map(|()| m));
         // Every rank learns whether every rank can run it, so all leave it out together.
         let ok = comm.rendezvous().all_gather(&format!("{name} built"), &[m.is_ok() as u8])?;
         match (ok.iter().position(|v| v[..] != [1]), m) {
@@ -132,17 +112,7 @@ fn sweep(cfg: &SweepConfig, comm: &mut Communicator) -> Result<Option<Outcome>, 
     let progress = crate::progress::Progress::new(sizes.len() * built.len(), rank == 0);
     for &count in &sizes {
         for (name, method) in built.iter_mut() {
-            let here = match method {
-                Built::Method(m) => measure_ways(cfg, comm.rendezvous(), &bufs, name, m.as_mut(), count)?,
-                Built::Engine => {
-                    let (engine, rdv) = comm.engine_and_rendezvous();
-                    measure_ways(cfg, rdv, &bufs, name, engine, count)?
-                }
-                Built::Communicator => {
-                    let (mut calls, rdv) = comm.split();
-                    measure_ways(cfg, rdv, &bufs, name, &mut calls, count)?
-                }
-            };
+            let here = measure_ways(cfg, comm.rendezvous(), &bufs, name, method.as_mut(), count)?;
             if rank == 0 {
                 progress.suspend(|| here.iter().for_each(Row::print));
             }
@@ -199,7 +169,7 @@ fn measure(
     if count * dtype.size() > m.capacity_bytes() {
         return Ok(row(Status::Skipped(format!("above the method's largest message ({} bytes)", m.capacity_bytes()))));
     }
-    let seed = allreduce::agree_seed(rdv)?;
+    let seed = agree_seed(rdv)?;
     let values = input_values(seed, rdv.rank(), count, dtype);
     // Registered: the input is written into the method's registered buffer and the output read from its registered
     // output (no copies, as with tensors allocated in symmetric memory); otherwise the benchmark's own buffers.
@@ -209,8 +179,10 @@ fn measure(
     stream.upload(pick(m.registered_input(), &b.input, registered), 0, &dtype.encode(&values))?;
     let (lo, hi) = output_range(op, count, world, rdv.rank());
     stream.fill(pick(m.registered_output(), &b.output, registered), POISON)?;
+    let capacity = m.capacity_bytes();
+    let call = |input| Call::new(op, dtype, input, output, count, world, capacity);
     // SAFETY: the benchmark's own buffers (or the method's registered ones), each of the sweep's capacity.
-    unsafe { m.run(op, dtype, input, output, count, stream)? };
+    unsafe { m.run(&call(input)?, stream)? };
     let want = reference(seed, world, count, dtype, lo, hi);
     let tol = tolerance(dtype, world, m.rounds_every_add());
     let verify = |m: &dyn Collective, when| {
@@ -231,14 +203,17 @@ fn measure(
     let variant = |c: u64| (c % VARIANTS as u64) as usize;
     // A registered input is one buffer: each checked call copies its variant in first (after the previous call's
     // kernel ended, which every design's protocol makes safe).
-    let issue = |m: &mut dyn Collective, s: &Stream, c: u64, copy_in: bool, fold: bool| -> Result<(), Error> {
+    // Checked once per variant, as a program that prepares its calls.
+    let checked: Vec<Call> =
+        b.variants.iter().map(|v| call(if registered { input } else { v.ptr() })).collect::<Result<_, _>>()?;
+    let issue = |m: &mut dyn Collective, s: &Stream, c: u64, copy_in: bool, fold: bool| -> Result<(), BenchError> {
         let src = b.variants[variant(c)].ptr();
         // SAFETY: the benchmark's own buffers or the method's registered ones, each of the sweep's capacity.
         unsafe {
             if registered && copy_in {
                 s.copy(input, src, bytes)?;
             }
-            m.run(op, dtype, if registered { input } else { src }, output, count, s)?;
+            m.run(&checked[variant(c)], s)?;
             if fold {
                 b.checksum.fold_at(s, output, out_count, dtype)?;
             }

@@ -54,7 +54,7 @@ impl Run {
                 let ms = match report.filter(|_| !r.ranks_ms.is_empty()) {
                     Some(rep) => {
                         let per_repeat: Vec<f64> = r.ranks_ms.iter().map(|ranks| rep.combine(ranks)).collect();
-                        allreduce::timing::median(&per_repeat)
+                        measure::timing::median(&per_repeat)
                     }
                     None => r.time_ms?,
                 };

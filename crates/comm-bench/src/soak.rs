@@ -4,11 +4,12 @@
 //! in every dtype and the expected output is known without a reference run.
 
 use crate::BenchError;
-use allreduce::check::variant_value;
-use allreduce::{Collective, Communicator, DType, Op, Options};
+use allreduce::{Communicator, DType, Op, Options};
 use clap::Args;
+use collective_core::{Call, Collective};
 use gpu::MemKind;
 use launch::RankInfo;
+use measure::check::variant_value;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use std::time::{Duration, Instant};
@@ -47,10 +48,10 @@ pub struct SoakArgs {
 fn default_methods() -> Vec<String> {
     let ops = [Op::AllReduce, Op::ReduceScatter];
     let all = ops.into_iter().flat_map(methods::defaults).chain(methods::ablations());
-    all.filter(|m| !m.starts_with("nccl") && *m != "communicator").map(str::to_string).collect()
+    all.filter(|m| !m.starts_with("nccl")).map(str::to_string).collect()
 }
 
-struct Call {
+struct Drawn {
     method: usize,
     dtype: DType,
     count: usize,
@@ -82,15 +83,15 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
     };
     let max = args.max_count as usize;
     let capacity = max * DType::F32.size();
-    let build = methods::BuildOptions { capacity_bytes: capacity, tables: comm.tables().clone(), car_uncached: true };
+    let build = methods::BuildOptions { capacity_bytes: capacity, car_uncached: true };
     let mut built: Vec<(Op, Box<dyn Collective>)> = Vec::new();
     for name in &names {
         let op = methods::op_of(name).map_err(BenchError::Config)?;
-        built.push((op, methods::build(name, comm.team(), &build)?));
+        built.push((op, methods::build(name, comm, &build)?));
     }
     let seed = match args.seed {
         Some(s) => s,
-        None => allreduce::agree_seed(rdv)?,
+        None => measure::check::agree_seed(rdv)?,
     };
     let mut rng = SmallRng::seed_from_u64(seed);
     let batch = args.batch as usize;
@@ -112,7 +113,7 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
             next_report = Instant::now() + Duration::from_secs(30);
         }
         let n = (args.calls - done).min(batch as u64) as usize;
-        let calls: Vec<Call> = (0..n)
+        let calls: Vec<Drawn> = (0..n)
             .map(|_| {
                 let method = rng.random_range(0..built.len());
                 let dtype = DType::ALL[rng.random_range(0..3)];
@@ -125,7 +126,7 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
                         count -= world;
                     }
                 }
-                Call { method, dtype, count: count.max(1) }
+                Drawn { method, dtype, count: count.max(1) }
             })
             .collect();
         if calls.iter().any(|c| c.count == 0) {
@@ -139,8 +140,9 @@ fn soak(args: &SoakArgs, comm: &Communicator) -> Result<(), BenchError> {
         for (k, c) in calls.iter().enumerate() {
             let (op, m) = &mut built[c.method];
             let (input, output) = (inputs.ptr().offset(k * capacity), outputs.ptr().offset(k * capacity));
+            let call = Call::new(*op, c.dtype, input, output, c.count, world, m.capacity_bytes())?;
             // SAFETY: slot k of our input and output arrays, `capacity` bytes each; the stream is synced below.
-            unsafe { m.run(*op, c.dtype, input, output, c.count, &stream)? };
+            unsafe { m.run(&call, &stream)? };
             per_method[c.method] += 1;
         }
         stream.sync()?;

@@ -126,8 +126,8 @@ fn report_rank0_reproduces_comm_bench_py_figure() {
     let rank0: Vec<f64> = row["ranks_ms"].as_array().unwrap().iter().map(|r| r[0].as_f64().unwrap()).collect();
     assert_eq!(rank0.len(), 2, "one per repeat");
     assert!(row["ranks_ms"][0].as_array().unwrap().len() == 3, "every rank's time: {row}");
-    // The one median (allreduce::timing's), so the comparison is exact rather than a second formula's rounding.
-    let median = allreduce::timing::median(&rank0);
+    // The one median (measure::timing's), so the comparison is exact rather than a second formula's rounding.
+    let median = measure::timing::median(&rank0);
     assert_eq!(row["time_ms"].as_f64().unwrap(), median, "the median of rank 0's own times: {row}");
     let csv = std::fs::read_to_string(dir.path().join("comm_ops_benchmark.csv")).unwrap();
     let cell: f64 = csv.lines().nth(1).unwrap().split(',').nth(1).unwrap().parse().unwrap();

@@ -160,7 +160,7 @@ fn csv_has_comm_bench_py_columns_and_sizes() {
          fbgemm_2shot_bwidth,symm_2shot_time,symm_2shot_bwidth,nccl_time,nccl_bwidth"
     );
     let ns: Vec<usize> = lines.map(|l| l.split(',').next().unwrap().parse().unwrap()).collect();
-    assert_eq!(ns, allreduce::sizes::comm_bench_sizes(10, 14, 5, 256));
+    assert_eq!(ns, measure::sizes::comm_bench_sizes(10, 14, 5, 256));
     // bwidth = N * 2 bytes / time.
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     let (n, t, bw): (f64, f64, f64) = (row[0].parse().unwrap(), row[1].parse().unwrap(), row[2].parse().unwrap());

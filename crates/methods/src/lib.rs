@@ -3,9 +3,9 @@
 //! picks among them itself. One typed row per method ([`Method`]): its op, the comm_bench.py column it fills, what it
 //! builds ([`Kind`]) and what it allocates per rank ([`Buffers`]); names are parsed here and nowhere else.
 
-use allreduce::engine::Engine;
-use allreduce::Tables;
-use collective_core::{Collective, CollectiveError, LaunchRule, Op, Team};
+use allreduce::Communicator;
+use collective_core::{Call, Collective, CollectiveError, LaunchRule, Op, Team};
+use gpu::{DeviceBuffer, Stream};
 use symm::tuned::{CopyIn, Design, Staging, SymmTuned, TunedOptions};
 
 /// What a method builds.
@@ -19,9 +19,7 @@ pub enum Kind {
     Tuned(Design, Staging, CopyIn),
     /// NCCL / RCCL; `symmetric`: through NCCL's registered windows.
     Nccl { symmetric: bool },
-    /// The communicator's engine built on its own (`auto`).
-    Engine,
-    /// The communicator's own call path, timed through `Communicator::split`.
+    /// The communicator's public calls (`auto`): `Communicator::all_reduce`, as a program makes it.
     Communicator,
 }
 
@@ -87,8 +85,7 @@ pub const METHODS: &[Method] = &[
     row("car_2shot", AR, Some("fbgemm_2shot"), Kind::Car(Car2, V::Base), Default),
     row("symm_2shot", AR, Some("symm_2shot"), Kind::Symm(symm::Algo::TwoShot, false), Default),
     row("nccl", AR, Some("nccl"), Kind::Nccl { symmetric: false }, Default),
-    row("auto", AR, None, Kind::Engine, Default),
-    row("communicator", AR, None, Kind::Communicator, Default),
+    row("auto", AR, None, Kind::Communicator, Default),
     tuned_row("symm_1shot_tuned", Design::OneShotTuned, Staging::Vmm, Default),
     tuned_row("symm_2shot_tuned", Design::TwoShotTuned, Staging::Vmm, Default),
     tuned_row("symm_ll", Design::Ll, Staging::Vmm, Default),
@@ -137,8 +134,8 @@ pub const METHODS: &[Method] = &[
 ];
 
 impl Method {
-    /// What it allocates per rank. The engine (`auto`, `communicator`) is the communicator's own, counted once per
-    /// sweep ([`communicator_buffers`]); NCCL's are NCCL's.
+    /// What it allocates per rank. `auto` is the communicator's own, counted once per sweep
+    /// ([`communicator_buffers`]); NCCL's are NCCL's.
     pub fn buffers(&self) -> Buffers {
         match self.kind {
             // Two halves (car's data buffer and its flags' allocation rounded to it: counted as two capacities).
@@ -147,7 +144,7 @@ impl Method {
             // Registered input and output, two staging halves; the IPC-staged ones keep the halves in /dev/shm.
             Kind::Tuned(_, Staging::Vmm, _) => Buffers { capacities: 4, shm: 0 },
             Kind::Tuned(_, Staging::Ipc, _) => Buffers { capacities: 4, shm: 2 },
-            Kind::Nccl { .. } | Kind::Engine | Kind::Communicator => Buffers::default(),
+            Kind::Nccl { .. } | Kind::Communicator => Buffers::default(),
         }
     }
 }
@@ -322,19 +319,40 @@ fn takes_shape(m: &Method) -> bool {
     }
 }
 
-/// How methods are built: their largest message, auto's tables, and car's memory type.
+/// How methods are built: their largest message and car's memory type.
 #[derive(Clone, Debug)]
 pub struct BuildOptions {
     pub capacity_bytes: usize,
-    pub tables: Tables,
     /// car's buffers and flags uncached (fine-grained; ROCm's hipDeviceMallocUncached) or coarse-grained.
     pub car_uncached: bool,
 }
 
-/// Builds a method. Collective: every rank calls it with the same arguments, in the same order.
-pub fn build(name: &str, team: Team<'_>, opts: &BuildOptions) -> Result<Box<dyn Collective>, CollectiveError> {
-    let capacity_bytes = opts.capacity_bytes;
+/// Builds a method on `comm`'s device and ranks (`auto`: `comm`'s own calls). Collective: every rank calls it with
+/// the same arguments, in the same order.
+pub fn build<'a>(
+    name: &str,
+    comm: &'a Communicator,
+    opts: &BuildOptions,
+) -> Result<Box<dyn Collective + 'a>, CollectiveError> {
     let (m, rule) = parse(name).map_err(CollectiveError::BadArgs)?;
+    with_team(comm, |team| build_kind(m, rule, team, comm, opts))
+}
+
+/// `f` given the team methods are built from on `comm`'s device and ranks (and told what its placement lacks).
+pub fn with_team<R>(comm: &Communicator, f: impl FnOnce(Team<'_>) -> R) -> R {
+    let why = comm.placement().missing_peer_atomics();
+    f(Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device)
+        .with_missing_peer_atomics(why.as_deref()))
+}
+
+fn build_kind<'a>(
+    m: &Method,
+    rule: Option<LaunchRule>,
+    team: Team<'_>,
+    comm: &'a Communicator,
+    opts: &BuildOptions,
+) -> Result<Box<dyn Collective + 'a>, CollectiveError> {
+    let capacity_bytes = opts.capacity_bytes;
     Ok(match m.kind {
         Kind::Car(algo, variant) => {
             let car_opts = car::CarOptions { capacity_bytes, uncached: opts.car_uncached, rule, variant };
@@ -350,13 +368,48 @@ pub fn build(name: &str, team: Team<'_>, opts: &BuildOptions) -> Result<Box<dyn 
         Kind::Nccl { symmetric } => {
             Box::new(nccl::Nccl::new(team, nccl::NcclOptions { op: m.op, symmetric, capacity_bytes })?)
         }
-        Kind::Engine => Box::new(Engine::new(team, capacity_bytes, opts.tables.clone())?),
-        Kind::Communicator => {
-            return Err(CollectiveError::BadArgs(
-                "communicator is a Communicator's own call path: time it through Communicator::split".into(),
-            ))
-        }
+        Kind::Communicator => Box::new(Public(comm)),
     })
+}
+
+/// The communicator's public allreduce as a method: each run is `Communicator::all_reduce` on the caller's stream,
+/// checks included, as a program calls it.
+struct Public<'a>(&'a Communicator);
+
+impl Collective for Public<'_> {
+    fn name(&self) -> &str {
+        "auto"
+    }
+
+    fn op(&self) -> Op {
+        Op::AllReduce
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        self.0.capacity_bytes()
+    }
+
+    fn registered_input(&self) -> Option<&DeviceBuffer> {
+        Some(self.0.registered_input())
+    }
+
+    fn registered_output(&self) -> Option<&DeviceBuffer> {
+        Some(self.0.registered_output())
+    }
+
+    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        let (input, output, count, dtype) = (call.input(), call.output(), call.count(), call.dtype());
+        // SAFETY: the caller's contract; `stream` is a live stream of the communicator's device.
+        unsafe { self.0.all_reduce(input, output, count, dtype, stream.handle()) }.map(|_| ()).map_err(|e| match e {
+            allreduce::Error::Collective(c) => c,
+            allreduce::Error::Call(c) => CollectiveError::Call(c),
+            allreduce::Error::Gpu(g) => CollectiveError::Gpu(g),
+            allreduce::Error::Ipc(i) => CollectiveError::Ipc(i),
+            allreduce::Error::Mismatch(m) => CollectiveError::Mismatch(m),
+            allreduce::Error::Unsupported(u) => CollectiveError::Unsupported(u),
+            other => CollectiveError::BadArgs(other.to_string()),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -379,7 +432,7 @@ mod tests {
                 Kind::Car(algo, variant) => variant.method(algo),
                 Kind::Symm(algo, fused) => symm::method_name(algo, fused),
                 Kind::Tuned(design, staging, copy_in) => symm::tuned::method_name(design, staging, copy_in),
-                Kind::Nccl { .. } | Kind::Engine | Kind::Communicator => Some(m.name),
+                Kind::Nccl { .. } | Kind::Communicator => Some(m.name),
             };
             assert_eq!(own, Some(m.name), "{m:?}");
         }
@@ -426,5 +479,6 @@ mod tests {
         assert_eq!(buffers_of("symm_zc_2shot_ipc"), Buffers { capacities: 4, shm: 2 });
         assert_eq!(buffers_of("symm_2shot_fused"), Buffers { capacities: 1, shm: 0 });
         assert_eq!(buffers_of("auto"), Buffers::default());
+        assert_eq!(lookup("communicator").map(|m| m.name), None, "auto is the communicator's own calls");
     }
 }

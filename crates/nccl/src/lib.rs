@@ -5,7 +5,7 @@
 //! caller's buffers are copied in and out on the same stream, so the method accepts any device pointers like
 //! the others do.
 
-use collective_core::{check_args, Collective, CollectiveError, DType, Op, Team};
+use collective_core::{Call, Collective, CollectiveError, DType, Op, Team};
 use gpu::{DevicePtr, DriverKind, GpuError, Stream};
 use ipc::Rendezvous;
 use nccl_sys::{
@@ -112,7 +112,6 @@ pub struct Nccl {
     comm: ncclComm_t,
     name: &'static str,
     op: Op,
-    world: usize,
     capacity: usize,
     symm: Option<SymmFns>,
     /// Input then output staging buffer when symmetric; empty otherwise.
@@ -174,8 +173,7 @@ impl Nccl {
         // SAFETY: `comm` receives the new communicator; world and rank come from the rendezvous, so they agree.
         let status = unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
         lib.check(status, "ncclCommInitRank").map_err(nccl_err)?;
-        let mut nccl =
-            Nccl { lib, comm, name, op: opts.op, world, capacity: opts.capacity_bytes, symm, staging: Vec::new() };
+        let mut nccl = Nccl { lib, comm, name, op: opts.op, capacity: opts.capacity_bytes, symm, staging: Vec::new() };
         if let Some(fns) = symm {
             nccl.register_staging(rdv, fns)?;
         }
@@ -239,26 +237,18 @@ impl Collective for Nccl {
         self.capacity
     }
 
-    unsafe fn run(
-        &mut self,
-        op: Op,
-        dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
-        check_args(op, dtype, count, self.world, self.capacity)?;
+    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        debug_assert!(call.capacity() <= self.capacity && call.op() == self.op, "run's contract");
+        let (op, dtype, count, out_count) = (call.op(), call.dtype(), call.count(), call.output_count());
+        let (input, output) = (call.input(), call.output());
         self.async_error().map_err(nccl_err)?;
-        let out_count = op.output_count(count, self.world);
         let staged = match self.staging.as_slice() {
             [inp, out] => Some((DevicePtr(inp.ptr as u64), DevicePtr(out.ptr as u64))),
             _ => None,
         };
         let (send, recv) = match staged {
             Some((inp, out)) => {
-                // SAFETY: the caller vouches for `input`; the staging buffer holds `capacity` bytes (check_args).
+                // SAFETY: the caller vouches for `input`; the staging buffer holds `capacity` bytes, at least the call's.
                 unsafe { stream.copy(inp, input, count * dtype.size())? };
                 (inp, out)
             }
@@ -268,7 +258,7 @@ impl Collective for Nccl {
         let handle = stream.handle() as usize as ncclStream_t;
         let dt = nccl_dtype(dtype);
         let sum = nccl_sys::ncclSum;
-        // SAFETY: check_args bounded `count` by the capacity; the buffers are device memory of this GPU and the
+        // SAFETY: the call was checked for no more than the capacity; the buffers are device memory of this GPU and the
         // stream is its driver's handle (CUstream / hipStream_t).
         let (status, call) = unsafe {
             match op {

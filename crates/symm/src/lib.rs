@@ -15,7 +15,7 @@ mod tuned_params;
 
 pub use collective_core::Algo;
 use collective_core::{
-    check_args, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
+    Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, Stream};
 use std::collections::HashMap;
@@ -169,25 +169,17 @@ impl Collective for Symm {
         self.capacity
     }
 
-    unsafe fn run(
-        &mut self,
-        op: Op,
-        dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
-        check_args(op, dtype, count, self.base.world as usize, self.capacity)?;
-        // SAFETY (both): the caller vouches for `input` and `output` (this function's contract); the symmetric
-        // buffers are ours, sized for `count` by check_args.
+    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        debug_assert!(call.capacity() <= self.capacity && call.op() == self.algo.op(), "run's contract");
+        let (dtype, bytes) = (call.dtype(), call.bytes());
+        // SAFETY (both): the caller vouches for the call's input and output (this function's contract); the
+        // symmetric buffers are ours, of at least the capacity the call was checked for.
         if !self.copies_in {
-            unsafe { stream.copy(self.mine, input, count * dtype.size())? };
+            unsafe { stream.copy(self.mine, call.input(), bytes)? };
         }
-        let plan = self.rule.plan(count * dtype.size(), self.cap);
-        let params =
-            SymmParams { input: input.0, output: output.0, count: count as u64, dtype: dtype.code(), ..self.base };
+        let plan = self.rule.plan(bytes, self.cap);
+        let (input, output, count) = (call.input().0, call.output().0, call.count() as u64);
+        let params = SymmParams { input, output, count, dtype: dtype.code(), ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         unsafe { stream.launch(&self.kernels[&dtype], dims, &params)? };
         Ok(())

@@ -22,8 +22,7 @@
 use crate::host_tuned;
 use collective_core::host_sync::FLAG_SLOTS;
 use collective_core::{
-    check_args, Collective, CollectiveError, DType, LaunchRule, Mode, Op, Sharing, Team, LINE_BYTES, MAX_BLOCKS,
-    MAX_RANKS,
+    Call, Collective, CollectiveError, DType, LaunchRule, Mode, Op, Sharing, Team, LINE_BYTES, MAX_BLOCKS, MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 
@@ -375,24 +374,16 @@ impl SymmTuned {
     }
 }
 
-/// Where one call's data is: the caller's input and output, and, where they lie in a buffer the caller registered
-/// with every peer, every rank's address of that buffer at the same offset; or, for a call captured into a graph
-/// before its buffers are registered, the peer table the kernel will read them from.
-#[derive(Clone, Copy, Debug)]
-pub struct CallBuffers {
-    pub input: DevicePtr,
-    pub output: DevicePtr,
-    pub peer_inputs: Option<[u64; MAX_RANKS]>,
-    pub peer_outputs: Option<[u64; MAX_RANKS]>,
+/// Where the peers find one call's buffers: where the input and output lie in a buffer the caller registered with
+/// every peer, every rank's address of that buffer at the same offset; or, for a call captured into a graph before
+/// its buffers are registered, the peer table the kernel will read them from. The default (nothing): buffers
+/// known only to this rank, which the designs that read peers' inputs (or write peers' outputs) reach through the
+/// registered buffers, with copies.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PeerBuffers {
+    pub inputs: Option<[u64; MAX_RANKS]>,
+    pub outputs: Option<[u64; MAX_RANKS]>,
     pub deferred: Option<Deferred>,
-}
-
-impl CallBuffers {
-    /// Buffers known only to this rank: the designs that read peers' inputs (or write peers' outputs) go through
-    /// the registered buffers, with copies.
-    pub fn local(input: DevicePtr, output: DevicePtr) -> CallBuffers {
-        CallBuffers { input, output, peer_inputs: None, peer_outputs: None, deferred: None }
-    }
 }
 
 /// A call whose peers' addresses are filled in later (a graph capture on the caller's buffers): the device table
@@ -450,28 +441,28 @@ impl SymmTuned {
         (self.base.inputs, self.base.outputs)
     }
 
-    /// Runs any of the designs on these buffers (what `auto` picks per size), as `Collective::run` runs its own.
+    /// Runs any of the designs on `call` (what `auto` picks per size), as `Collective::run` runs its own.
     /// Kernels that read only this rank's input (packets, the epoch one-shot) read the caller's input in place;
     /// the zero-copy kernels read every peer's input, so an input outside a registered buffer is copied in first
-    /// (likewise for two-shot's output, which every peer writes). With `bufs.deferred`, the zero-copy kernels read
+    /// (likewise for two-shot's output, which every peer writes). With `peers.deferred`, the zero-copy kernels read
     /// every rank's buffers from its table instead, and the call returns what the table must be filled with.
     ///
     /// # Safety
-    /// As [`Collective::run`]; in addition, `bufs.peer_inputs` / `peer_outputs`, when given, are every rank's
-    /// mapping of a buffer that every rank passes, at the same offset, to this same call; `bufs.deferred`'s table
+    /// As [`Collective::run`], with `call` checked for no more than [`SymmTuned::capacity_for`] `design`; in
+    /// addition, `peers.inputs` / `outputs`, when given, are every rank's mapping of a buffer that every rank
+    /// passes, at the same offset, to this same call; `peers.deferred`'s table
     /// is device memory of [`PEER_TABLE_BYTES`] that holds, whenever the stream runs the call, every rank's views
     /// of this call's buffers (as each rank's [`DeferredUse`] says), or at least addresses of live buffers of
     /// `count` elements.
     pub unsafe fn run_design(
-        &mut self,
+        &self,
         design: Design,
-        dtype: DType,
-        bufs: &CallBuffers,
-        count: usize,
+        call: &Call,
+        peers: &PeerBuffers,
         stream: &Stream,
     ) -> Result<Option<DeferredUse>, CollectiveError> {
-        check_args(Op::AllReduce, dtype, count, self.base.world as usize, self.capacity_for(design))?;
-        let bytes = count * dtype.size();
+        debug_assert!(call.capacity() <= self.capacity_for(design) && call.op() == Op::AllReduce, "the contract");
+        let (dtype, count, bytes) = (call.dtype(), call.count(), call.bytes());
         let mode = if design.depends_on_mode(bytes) { Mode::of(stream)? } else { Mode::Eager };
         let stem = design.kernel(bytes, mode);
         let s = stem as usize;
@@ -481,17 +472,17 @@ impl SymmTuned {
         };
         let mut params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
         let me = self.base.rank as usize;
-        let (input, output) = (bufs.input, bufs.output);
+        let (input, output) = (call.input(), call.output());
         let reads_peers = !matches!(stem, Stem::Ll | Stem::EpochOneShot);
         let writes_peers = stem == Stem::ZeroCopyTwoShot;
-        let deferred = bufs.deferred.filter(|_| reads_peers);
+        let deferred = peers.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
         let in_place = input == output;
         let mut copy_out = false;
         let (mut input_view, mut output_view) = (PeerView::Registered, None);
         if !reads_peers {
             params.inputs[me] = input.0;
-        } else if let (Some(p), false) = (bufs.peer_inputs, in_place) {
+        } else if let (Some(p), false) = (peers.inputs, in_place) {
             params.inputs = p;
         } else if deferred.is_some_and(|d| d.input_shareable && !in_place) && input != self.input.ptr() {
             params.inputs[me] = input.0;
@@ -506,7 +497,7 @@ impl SymmTuned {
         }
         if writes_peers {
             output_view = Some(PeerView::Registered);
-            match bufs.peer_outputs {
+            match peers.outputs {
                 _ if output == self.output.ptr() => {}
                 Some(p) => params.outputs = p,
                 _ if deferred.is_some_and(|d| d.output_shareable) => {
@@ -539,7 +530,7 @@ impl SymmTuned {
             None => (&self.kernels[s * DType::ALL.len() + d], dims),
         };
         // SAFETY: every address in `params` is the caller's (its contract) or this communicator's own memory
-        // mapped on every rank, each holding `count` elements (check_args); the peer table holds such addresses
+        // mapped on every rank, each of at least the capacity the call was checked for; the peer table holds such addresses
         // whenever the stream runs the call (the contract).
         unsafe { stream.launch(kernel.0, kernel.1, &params)? };
         if copy_out {
@@ -571,18 +562,9 @@ impl Collective for SymmTuned {
         Some(&self.output)
     }
 
-    unsafe fn run(
-        &mut self,
-        op: Op,
-        dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<(), CollectiveError> {
-        self.supports(op, dtype).map_err(CollectiveError::Unsupported)?;
+    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
         // SAFETY: the caller's contract is run_design's, without registered peer buffers.
-        unsafe { self.run_design(self.design, dtype, &CallBuffers::local(input, output), count, stream) }.map(|_| ())
+        unsafe { self.run_design(self.design, call, &PeerBuffers::default(), stream) }.map(|_| ())
     }
 }
 

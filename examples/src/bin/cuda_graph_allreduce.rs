@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{} table: {}", mode.name(), comm.table_source(mode, Residency::Caller));
         }
     }
-    let sizes = allreduce::sizes::comm_bench_sizes(10, 24, 20, comm.gpu().info().size_align);
+    let sizes = measure::sizes::comm_bench_sizes(10, 24, 20, comm.gpu().info().size_align);
     let value = |r: usize, i: usize, call: usize| ((r * 3 + i % 11 + call) % 13) as f32;
     let expect = |i: usize, call: usize| (0..world).map(|r| value(r, i, call)).sum::<f32>();
     let check = |got: &[bf16], call: usize, what: &str| {

@@ -7,7 +7,7 @@ use half::bf16;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = Options { backend: allreduce::Backend::Host, capacity_bytes: 1 << 20, ..Options::default() };
-    let mut comm = Communicator::from_env(opts)?;
+    let comm = Communicator::from_env(opts)?;
     let (rank, world) = (comm.rank(), comm.world());
     if rank == 0 {
         print!("{}", comm.placement());

@@ -9,16 +9,17 @@ use crate::engine::Engine;
 use crate::placement::{decode_links, encode_links, Placement, RankDevice};
 use crate::tune::{self, Algorithm, LoadedTable, Mode, Residency, TableKey, TableSource, Tables, TuneTable};
 use crate::{Error, Scalar};
-use collective_core::{Collective, DType, Op, Team, MAX_RANKS, VEC_BYTES};
+use collective_core::{Call, DType, Op, Team, MAX_RANKS, VEC_BYTES};
 use gpu::{Backend, DeviceBuffer, DevicePtr, DriverKind, Gpu, MemKind, Stream};
 use ipc::{Rendezvous, RendezvousOptions};
 use launch::RankInfo;
 pub use register::CAPTURE_SLOTS;
 use register::{Capture, DeferredCall, Imports, PeerTables, Registration};
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use symm::tuned::{CallBuffers, Deferred};
+use symm::tuned::{Deferred, PeerBuffers};
 pub use tuning::{Measured, TuneReport, TuneRequest};
 
 /// How a communicator is built.
@@ -75,24 +76,31 @@ pub struct Communicator {
     reduce_scatter: car::Car,
     registrations: Vec<Registration>,
     next_registration: usize,
-    /// The graph capture being recorded, its calls' peer tables, and the peers' buffers mapped for past captures.
-    capture: Option<Capture>,
-    peer_tables: PeerTables,
+    /// What calls change; calls take `&self`, as NCCL's take a communicator handle.
+    state: RefCell<CallState>,
+    /// The peers' buffers mapped for past captures.
     capture_mappings: Vec<Arc<DeviceBuffer>>,
     imports: Imports,
-    /// Caller streams seen so far, by raw handle (borrowed, never destroyed here).
-    streams: Vec<(u64, Stream)>,
     own: Stream,
-    scratch: Option<DeviceBuffer>,
-    last: Option<Algorithm>,
+    last: Cell<Option<Algorithm>>,
     capacity: usize,
     tune_dir: Option<PathBuf>,
     placement: Placement,
-    /// Why the compare-and-swap handshakes cannot run on these devices, if the drivers say so.
-    no_peer_atomics: Option<String>,
     notes: Vec<String>,
     rdv: Rendezvous,
     gpu: Gpu,
+}
+
+/// The part of a communicator its calls change.
+#[derive(Default)]
+struct CallState {
+    /// The graph capture being recorded, and the peer tables of its calls.
+    capture: Option<Capture>,
+    peer_tables: PeerTables,
+    /// Caller streams seen so far, by raw handle (borrowed, never destroyed here).
+    streams: Vec<(u64, Stream)>,
+    /// Where the host-slice calls stage slices that are not 16-byte aligned.
+    scratch: Option<DeviceBuffer>,
 }
 
 impl Communicator {
@@ -143,17 +151,13 @@ impl Communicator {
                     reduce_scatter,
                     registrations: Vec::new(),
                     next_registration: 0,
-                    capture: None,
-                    peer_tables: PeerTables::default(),
+                    state: RefCell::default(),
                     capture_mappings: Vec::new(),
                     imports: Imports::default(),
-                    streams: Vec::new(),
                     own,
-                    scratch: None,
-                    last: None,
+                    last: Cell::new(None),
                     capacity: opts.capacity_bytes,
                     tune_dir: opts.tune_dir.or_else(tune::cache_dir),
-                    no_peer_atomics: placement.missing_peer_atomics(),
                     placement,
                     notes,
                     rdv,
@@ -273,13 +277,13 @@ impl Communicator {
     }
     /// The algorithm the last call ran.
     pub fn last_algorithm(&self) -> Option<Algorithm> {
-        self.last
+        self.last.get()
     }
     /// The table calls issued in `mode` on buffers in `residency` follow.
     pub fn tune_table(&self, mode: Mode, residency: Residency) -> &TuneTable {
         &self.engine.table(mode, residency).table
     }
-    /// Every table, ready for the launch path (the benchmark registry builds `auto` from them).
+    /// Every table, ready for the launch path.
     pub fn tables(&self) -> &Tables {
         self.engine.tables()
     }
@@ -287,129 +291,128 @@ impl Communicator {
     pub fn table_source(&self, mode: Mode, residency: Residency) -> &TableSource {
         &self.engine.table(mode, residency).source
     }
-    /// The engine as a [`Collective`] (comm-bench's `auto`).
-    pub fn engine(&mut self) -> &mut Engine {
-        &mut self.engine
-    }
-    /// The engine and the rendezvous together, for a caller that drives the engine collectively.
-    pub fn engine_and_rendezvous(&mut self) -> (&mut Engine, &Rendezvous) {
-        (&mut self.engine, &self.rdv)
-    }
-    /// The team methods are built from (for the benchmark registry, the `methods` crate).
-    pub fn team(&self) -> Team<'_> {
-        Team::new(&self.gpu, &self.rdv, self.placement.ranks_per_device)
-            .with_missing_peer_atomics(self.no_peer_atomics.as_deref())
-    }
 
     /// The registered input: a caller that writes its input here saves the zero-copy designs their copy-in
     /// (torch's "allocate the tensor in symmetric memory").
     pub fn registered_input(&self) -> &DeviceBuffer {
-        self.engine.registered_input().expect("the engine has registered buffers")
+        self.engine.registered_input()
     }
     /// The registered output, which the zero-copy two-shot's peers write into directly.
     pub fn registered_output(&self) -> &DeviceBuffer {
-        self.engine.registered_output().expect("the engine has registered buffers")
+        self.engine.registered_output()
     }
 
-    /// Enqueues an allreduce of `count` elements of `dtype` from `input` into `output` (they may be the same
-    /// buffer) on the caller's stream `stream` (a `CUstream` / `hipStream_t`, or a host-driver stream handle), and
-    /// returns the algorithm it chose. It does not wait: the result is there once the stream has run it. Issued
-    /// while the stream is capturing, it is captured into the caller's graph, and every replay runs it again.
+    /// Checks a request once, before anything is enqueued: the value every call below takes as it is.
+    pub fn call(&self, op: Op, dtype: DType, input: DevicePtr, output: DevicePtr, count: usize) -> Result<Call, Error> {
+        let call = Call::new(op, dtype, input, output, count, self.world(), self.capacity)?;
+        // The registered buffers are the zero-copy designs' own: an allreduce on them starts at their start, since a
+        // copy into or out of them from a range inside them would overlap itself.
+        if op == Op::AllReduce {
+            let bufs = [("input", input, self.registered_input()), ("output", output, self.registered_output())];
+            for (what, p, b) in bufs {
+                if p.0 > b.ptr().0 && p.0 < b.ptr().0 + b.bytes() as u64 {
+                    return Err(Error::BadArgs(format!(
+                        "{what} {:#x} lies {} bytes into the registered {what}: pass the registered buffer from its start",
+                        p.0,
+                        p.0 - b.ptr().0
+                    )));
+                }
+            }
+        }
+        Ok(call)
+    }
+
+    /// Enqueues a checked call ([`Communicator::call`]) on the caller's stream `stream` (a `CUstream` /
+    /// `hipStream_t`, or a host-driver stream handle) with the algorithm chosen by the caller (`None`: by the tune
+    /// table; an allreduce only, as NCCL_ALGO for NCCL: every rank must choose alike), and returns the algorithm
+    /// it ran. It does not wait: the result is there once the stream has run it. Issued while the stream is
+    /// capturing, it is captured into the caller's graph, and every replay runs it again.
     ///
     /// # Safety
-    /// - `input` and `output` are device memory of this communicator's device, aligned to 16 bytes (checked),
-    ///   holding `count` elements, live and untouched by other work until the stream has run the call;
+    /// - the call's input and output are device memory of this communicator's device, holding its count and
+    ///   output count of elements, live and untouched by other work until the stream has run the call;
     /// - `stream` is a live stream of this device's context that outlives the communicator's use of it (the
     ///   communicator remembers it by handle);
     /// - every rank makes the same calls, with the same counts and dtypes, in the same order, each rank either
     ///   capturing or not;
-    /// - where `input` or `output` lies in a buffer passed to [`Communicator::register`], every rank's lies in
+    /// - where the input or output lies in a buffer passed to [`Communicator::register`], every rank's lies in
     ///   its own buffer of that registration, at the same offset.
-    pub unsafe fn all_reduce(
-        &mut self,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        dtype: DType,
-        stream: u64,
-    ) -> Result<Algorithm, Error> {
-        // SAFETY: the caller's contract.
-        unsafe { self.all_reduce_with(None, input, output, count, dtype, stream) }
+    pub unsafe fn issue(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
+        call.checked_for(self.world(), self.capacity)?;
+        let algo = match call.op() {
+            // SAFETY: the caller's contract.
+            Op::AllReduce => unsafe { self.issue_all_reduce(call, algo, stream)? },
+            Op::ReduceScatter => {
+                if let Some(a) = algo.filter(|&a| a != Algorithm::CarReduceScatter) {
+                    return Err(Error::BadArgs(format!("{a} is not a reduce-scatter algorithm")));
+                }
+                let mut state = self.state.borrow_mut();
+                let k = state.caller_stream(&self.gpu, stream)?;
+                // SAFETY: the caller's contract; the call was checked for this communicator's capacity.
+                unsafe { self.reduce_scatter.enqueue(&call, &state.streams[k].1)? };
+                Algorithm::CarReduceScatter
+            }
+        };
+        self.last.set(Some(algo));
+        Ok(algo)
     }
 
-    /// [`Communicator::all_reduce`] with the algorithm chosen by the caller (`None`: by the tune table), as
-    /// NCCL_ALGO does for NCCL; every rank must choose alike.
+    /// Enqueues an allreduce of `count` elements of `dtype` from `input` into `output` (they may be the same
+    /// buffer) on the caller's stream `stream`: [`Communicator::call`], then [`Communicator::issue`].
     ///
     /// # Safety
-    /// As [`Communicator::all_reduce`].
-    pub unsafe fn all_reduce_with(
-        &mut self,
-        algo: Option<Algorithm>,
+    /// As [`Communicator::issue`].
+    pub unsafe fn all_reduce(
+        &self,
         input: DevicePtr,
         output: DevicePtr,
         count: usize,
         dtype: DType,
         stream: u64,
     ) -> Result<Algorithm, Error> {
+        let call = self.call(Op::AllReduce, dtype, input, output, count)?;
         // SAFETY: the caller's contract.
-        unsafe { self.split().0.all_reduce_with(algo, input, output, count, dtype, stream) }
+        unsafe { self.issue(call, None, stream) }
     }
 
     /// Enqueues a reduce-scatter: rank r receives elements `[r * count / W, (r + 1) * count / W)` of the sum in
     /// `output` (`count / W` elements). `count` must divide by the world size; input and output may not overlap.
     ///
     /// # Safety
-    /// As [`Communicator::all_reduce`], with `output` holding `count / W` elements.
+    /// As [`Communicator::issue`].
     pub unsafe fn reduce_scatter(
-        &mut self,
+        &self,
         input: DevicePtr,
         output: DevicePtr,
         count: usize,
         dtype: DType,
         stream: u64,
     ) -> Result<Algorithm, Error> {
+        let call = self.call(Op::ReduceScatter, dtype, input, output, count)?;
         // SAFETY: the caller's contract.
-        unsafe { self.split().0.reduce_scatter(input, output, count, dtype, stream) }
+        unsafe { self.issue(call, None, stream) }
     }
 
     /// Forgets `raw`, a stream this communicator was called on that the caller is about to destroy, so a later
     /// stream that reuses its handle is borrowed afresh.
-    pub fn forget_stream(&mut self, raw: u64) {
-        self.split().0.forget(raw);
-    }
-
-    /// The call path and the rendezvous, borrowed apart: for a caller that times calls collectively (comm-bench
-    /// measures the communicator itself this way, as a [`Collective`]).
-    pub fn split(&mut self) -> (Calls<'_>, &Rendezvous) {
-        let calls = Calls {
-            engine: &mut self.engine,
-            reduce_scatter: &mut self.reduce_scatter,
-            registrations: &self.registrations,
-            capture: &mut self.capture,
-            peer_tables: &mut self.peer_tables,
-            streams: &mut self.streams,
-            last: &mut self.last,
-            gpu: &self.gpu,
-            capacity: self.capacity,
-            world: self.rdv.world(),
-        };
-        (calls, &self.rdv)
+    pub fn forget_stream(&self, raw: u64) {
+        self.state.borrow_mut().streams.retain(|s| s.0 != raw);
     }
 
     /// Allreduces host slices on the host driver, where device memory is this process's memory; the call is
     /// complete when it returns. Slices not aligned to 16 bytes are staged through an aligned buffer.
-    pub fn all_reduce_host<T: Scalar>(&mut self, input: &[T], output: &mut [T]) -> Result<Algorithm, Error> {
+    pub fn all_reduce_host<T: Scalar>(&self, input: &[T], output: &mut [T]) -> Result<Algorithm, Error> {
         let out = (output.as_mut_ptr(), output.len());
         self.host_call(Op::AllReduce, input.as_ptr(), input.len(), Some(out))
     }
 
     /// In-place allreduce of a host slice on the host driver.
-    pub fn all_reduce_host_in_place<T: Scalar>(&mut self, data: &mut [T]) -> Result<Algorithm, Error> {
+    pub fn all_reduce_host_in_place<T: Scalar>(&self, data: &mut [T]) -> Result<Algorithm, Error> {
         self.host_call(Op::AllReduce, data.as_mut_ptr(), data.len(), None)
     }
 
     /// Reduce-scatter of host slices on the host driver: `output` holds `input.len() / W` elements.
-    pub fn reduce_scatter_host<T: Scalar>(&mut self, input: &[T], output: &mut [T]) -> Result<Algorithm, Error> {
+    pub fn reduce_scatter_host<T: Scalar>(&self, input: &[T], output: &mut [T]) -> Result<Algorithm, Error> {
         let out = (output.as_mut_ptr(), output.len());
         self.host_call(Op::ReduceScatter, input.as_ptr(), input.len(), Some(out))
     }
@@ -417,7 +420,7 @@ impl Communicator {
     /// One host-driver call on slices the public wrappers borrowed (`output` None: in place, `input` then comes
     /// from a mutable borrow).
     fn host_call<T: Scalar>(
-        &mut self,
+        &self,
         op: Op,
         input: *const T,
         count: usize,
@@ -432,123 +435,42 @@ impl Communicator {
         let dtype = T::DTYPE;
         let out_count = op.output_count(count, self.world());
         let (out_ptr, out_len) = output.unwrap_or((input as *mut T, count));
-        if out_len != out_count {
+        // A reduce-scatter whose count does not divide has no right output length: the call's check says why.
+        if (op == Op::AllReduce || count.is_multiple_of(self.world())) && out_len != out_count {
             return Err(Error::BadArgs(format!(
                 "{op} of {count} elements needs an output of {out_count}, not {out_len}"
             )));
         }
         let (in_dev, out_dev) = (DevicePtr(input as u64), DevicePtr(out_ptr as u64));
-        let aligned = in_dev.0 % VEC_BYTES as u64 == 0 && out_dev.0 % VEC_BYTES as u64 == 0;
         let own = self.own.handle();
-        let run = |comm: &mut Communicator, i: DevicePtr, o: DevicePtr| {
-            // SAFETY: on the host driver these addresses are the borrowed slices (or our scratch), live for this
-            // function, which returns only after the host stream has run the call on this thread.
-            unsafe {
-                match op {
-                    Op::AllReduce => comm.all_reduce(i, o, count, dtype, own),
-                    Op::ReduceScatter => comm.reduce_scatter(i, o, count, dtype, own),
-                }
-            }
-        };
-        if aligned {
-            return run(self, in_dev, out_dev);
+        if in_dev.0.is_multiple_of(VEC_BYTES as u64) && out_dev.0.is_multiple_of(VEC_BYTES as u64) {
+            let call = self.call(op, dtype, in_dev, out_dev, count)?;
+            // SAFETY: on the host driver these addresses are the borrowed slices, live for this function, which
+            // returns only after the host stream has run the call on this thread.
+            return unsafe { self.issue(call, None, own) };
         }
-        let in_bytes = (count * dtype.size()).next_multiple_of(VEC_BYTES);
-        let need = in_bytes + out_count * dtype.size();
-        if self.scratch.as_ref().is_none_or(|s| s.bytes() < need) {
-            self.scratch = Some(self.gpu.alloc(need, MemKind::Device)?);
+        // Staged: the scratch holds an input and an output of the capacity each, so the call's own check bounds it.
+        let in_bytes = self.capacity.next_multiple_of(VEC_BYTES);
+        let mut state = self.state.borrow_mut();
+        if state.scratch.is_none() {
+            state.scratch = Some(self.gpu.alloc(2 * in_bytes, MemKind::Device)?);
         }
-        let (s_in, s_out) = {
-            let scratch = self.scratch.as_ref().expect("allocated above");
-            // SAFETY: the wrappers borrowed `count` elements at `input`.
-            let src = unsafe { std::slice::from_raw_parts(input as *const u8, count * dtype.size()) };
-            self.own.upload(scratch, 0, src)?;
-            let s_in = scratch.ptr();
-            (s_in, if output.is_none() { s_in } else { s_in.offset(in_bytes) })
-        };
-        let algo = run(self, s_in, s_out)?;
-        let scratch = self.scratch.as_ref().expect("allocated above");
+        let scratch = state.scratch.as_ref().expect("allocated above");
+        let s_in = scratch.ptr();
+        let s_out = if output.is_none() { s_in } else { s_in.offset(in_bytes) };
+        let call = self.call(op, dtype, s_in, s_out, count)?;
+        // SAFETY: the wrappers borrowed `count` elements at `input`.
+        let src = unsafe { std::slice::from_raw_parts(input as *const u8, call.bytes()) };
+        self.own.upload(scratch, 0, src)?;
+        drop(state);
+        // SAFETY: our scratch, of the capacity; the host stream runs the call before `issue` returns.
+        let algo = unsafe { self.issue(call, None, own)? };
+        let state = self.state.borrow();
+        let scratch = state.scratch.as_ref().expect("allocated above");
         // SAFETY: `out_ptr` is the output slice (or, in place, the mutably borrowed data), `out_count` elements.
         let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_count * dtype.size()) };
         self.own.download(scratch, (s_out.0 - s_in.0) as usize, dst)?;
         Ok(algo)
-    }
-}
-
-/// A communicator's call path, borrowed apart from its rendezvous ([`Communicator::split`]).
-pub struct Calls<'a> {
-    engine: &'a mut Engine,
-    reduce_scatter: &'a mut car::Car,
-    registrations: &'a [Registration],
-    capture: &'a mut Option<Capture>,
-    peer_tables: &'a mut PeerTables,
-    streams: &'a mut Vec<(u64, Stream)>,
-    last: &'a mut Option<Algorithm>,
-    gpu: &'a Gpu,
-    capacity: usize,
-    world: usize,
-}
-
-impl Calls<'_> {
-    /// Checks a call's arguments before anything is enqueued.
-    fn check_call(&self, op: Op, dtype: DType, input: DevicePtr, output: DevicePtr, count: usize) -> Result<(), Error> {
-        let bytes =
-            count.checked_mul(dtype.size()).ok_or_else(|| Error::BadArgs(format!("count {count} overflows")))?;
-        if count == 0 {
-            return Err(Error::BadArgs("count must be at least 1".into()));
-        }
-        if bytes > self.capacity {
-            return Err(Error::TooLarge { bytes, capacity: self.capacity });
-        }
-        for (what, p) in [("input", input), ("output", output)] {
-            if p.0 % VEC_BYTES as u64 != 0 {
-                return Err(Error::Misaligned { what, ptr: p.0, align: VEC_BYTES });
-            }
-        }
-        let world = self.world;
-        if op == Op::ReduceScatter && !count.is_multiple_of(world) {
-            return Err(Error::BadArgs(format!("reduce_scatter needs count divisible by {world} ranks: {count}")));
-        }
-        let out_bytes = op.output_count(count, world) * dtype.size();
-        let (i, o) = (input.0, output.0);
-        let overlap = i < o + out_bytes as u64 && o < i + bytes as u64;
-        if overlap && (i != o || op == Op::ReduceScatter) {
-            return Err(Error::BadArgs(format!(
-                "input {i:#x} (+{bytes} bytes) and output {o:#x} (+{out_bytes}) overlap without being the same buffer"
-            )));
-        }
-        // The registered buffers are the zero-copy designs' own: an allreduce on them starts at their start, since a
-        // copy into or out of them from a range inside them would overlap itself.
-        if op == Op::AllReduce {
-            let bufs =
-                [("input", input, self.engine.registered_input()), ("output", output, self.engine.registered_output())];
-            for (what, p, buf) in bufs {
-                if let Some(b) = buf.filter(|b| p != b.ptr() && p.0 > b.ptr().0 && p.0 < b.ptr().0 + b.bytes() as u64) {
-                    return Err(Error::BadArgs(format!(
-                        "{what} {:#x} lies {} bytes into the registered {what}: pass the registered buffer from its start",
-                        p.0,
-                        p.0 - b.ptr().0
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The caller's stream, borrowed once and remembered by handle.
-    fn caller_stream(&mut self, raw: u64) -> Result<usize, Error> {
-        if let Some(k) = self.streams.iter().position(|s| s.0 == raw) {
-            return Ok(k);
-        }
-        // SAFETY: the caller's contract on `all_reduce` etc.: `raw` is a live stream of this device's context.
-        let s = unsafe { self.gpu.borrow_stream(raw)? };
-        self.streams.push((raw, s));
-        Ok(self.streams.len() - 1)
-    }
-
-    /// Forgets a stream the caller is about to destroy (borrowed streams are remembered by handle).
-    fn forget(&mut self, raw: u64) {
-        self.streams.retain(|s| s.0 != raw);
     }
 
     /// The peers' addresses of `ptr` when it lies in a registered buffer.
@@ -557,66 +479,70 @@ impl Calls<'_> {
             self.registrations.iter().find(|r| ptr.0 >= r.ptr.0 && ptr.0 + bytes as u64 <= r.ptr.0 + r.bytes as u64)?;
         let offset = ptr.0 - r.ptr.0;
         let mut peers = r.peers;
-        peers.iter_mut().take(self.world).for_each(|p| *p += offset);
+        peers.iter_mut().take(self.world()).for_each(|p| *p += offset);
         Some(peers)
     }
 
-    /// [`Communicator::all_reduce_with`]'s work.
+    /// An allreduce: its residency, its algorithm (the table's for the size, mode and residency, or `algo`), and,
+    /// for a call captured on unregistered buffers, its peer table.
     ///
     /// # Safety
-    /// As [`Communicator::all_reduce`].
-    pub(crate) unsafe fn all_reduce_with(
-        &mut self,
-        algo: Option<Algorithm>,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        dtype: DType,
-        stream: u64,
-    ) -> Result<Algorithm, Error> {
-        self.check_call(Op::AllReduce, dtype, input, output, count)?;
+    /// As [`Communicator::issue`].
+    unsafe fn issue_all_reduce(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
         if algo.is_some_and(|a| !Algorithm::CANDIDATES.contains(&a)) {
             return Err(Error::BadArgs(format!("{} is not an allreduce algorithm", algo.expect("checked"))));
         }
-        let k = self.caller_stream(stream)?;
-        let bytes = count * dtype.size();
-        let mut bufs = CallBuffers {
-            input,
-            output,
-            peer_inputs: self.registered_peers(input, bytes),
-            peer_outputs: self.registered_peers(output, bytes),
+        let mut state = self.state.borrow_mut();
+        let k = state.caller_stream(&self.gpu, stream)?;
+        let bytes = call.bytes();
+        let mut peers = PeerBuffers {
+            inputs: self.registered_peers(call.input(), bytes),
+            outputs: self.registered_peers(call.output(), bytes),
             deferred: None,
         };
-        let registered_input = self.engine.residency_of(input) == Residency::Registered;
+        let registered_input = self.engine.residency_of(call.input()) == Residency::Registered;
         // A capture being recorded defers the peers' views of buffers no registration holds.
-        let deferring = self.capture.is_some()
-            && bufs.peer_inputs.is_none()
+        let deferring = state.capture.is_some()
+            && peers.inputs.is_none()
             && !registered_input
-            && self.streams[k].1.is_capturing()?;
+            && state.streams[k].1.is_capturing()?;
         let residency = match () {
             _ if registered_input => Residency::Registered,
-            _ if bufs.peer_inputs.is_some() || deferring => Residency::CallerRegistered,
+            _ if peers.inputs.is_some() || deferring => Residency::CallerRegistered,
             _ => Residency::Caller,
         };
+        let call = call.in_residency(residency);
         let algo = match algo {
             Some(a) => a,
-            None => self.engine.choose(bytes, residency, &self.streams[k].1)?,
+            None => self.engine.choose(bytes, residency, &state.streams[k].1)?,
         };
         // Only a design that reads its peers' buffers in place needs their addresses deferred.
         let slot = if deferring && self.engine.reads_peer_buffers(algo, bytes) {
-            self.deferred_slot(&mut bufs, bytes)
+            state.deferred_slot(&self.gpu, &call, &mut peers)
         } else {
             None
         };
         // SAFETY: the caller's contract, which is run_algorithm's; a deferred call's table holds the registered
         // buffers' addresses until end_graph_capture fills it.
-        let used = unsafe { self.engine.run_algorithm(algo, dtype, &bufs, count, &self.streams[k].1)? };
+        let used = unsafe { self.engine.run_algorithm(algo, &call, &peers, &state.streams[k].1)? };
         if let (Some(used), Some((slot, input, output))) = (used, slot) {
-            let capture = self.capture.as_mut().expect("deferring");
+            let capture = state.capture.as_mut().expect("deferring");
             capture.calls.push(DeferredCall { slot, bytes, used, input, output });
         }
-        *self.last = Some(algo);
         Ok(algo)
+    }
+}
+
+impl CallState {
+    /// The caller's stream, borrowed once and remembered by handle.
+    fn caller_stream(&mut self, gpu: &Gpu, raw: u64) -> Result<usize, Error> {
+        if let Some(k) = self.streams.iter().position(|s| s.0 == raw) {
+            return Ok(k);
+        }
+        // SAFETY: the caller's contract on `issue`: `raw` is a live stream of this device's context.
+        let s = unsafe { gpu.borrow_stream(raw)? };
+        self.streams.push((raw, s));
+        Ok(self.streams.len() - 1)
     }
 
     /// A peer table for a call captured on unregistered buffers, and the exports of its input and output (taken
@@ -624,85 +550,26 @@ impl Calls<'_> {
     #[allow(clippy::type_complexity)]
     fn deferred_slot(
         &mut self,
-        bufs: &mut CallBuffers,
-        bytes: usize,
+        gpu: &Gpu,
+        call: &Call,
+        peers: &mut PeerBuffers,
     ) -> Option<(usize, Option<gpu::SharedRange>, Option<gpu::SharedRange>)> {
         let capture = self.capture.as_mut().expect("only while recording");
         let Some((slot, table)) = self.peer_tables.take() else {
             capture.fallbacks.push(("input and output", format!("more than {CAPTURE_SLOTS} calls in one capture")));
             return None;
         };
-        let mut share = |what: &'static str, ptr: DevicePtr| match self.gpu.share_range(ptr, bytes) {
+        let mut share = |what: &'static str, ptr: DevicePtr| match gpu.share_range(ptr, call.bytes()) {
             Ok(r) => Some(r),
             Err(e) => {
                 capture.fallbacks.push((what, format!("the {what} at {:#x} cannot be shared ({e})", ptr.0)));
                 None
             }
         };
-        let input = share("input", bufs.input);
-        let output = share("output", bufs.output);
-        bufs.deferred = Some(Deferred { table, input_shareable: input.is_some(), output_shareable: output.is_some() });
+        let input = share("input", call.input());
+        let output = share("output", call.output());
+        peers.deferred = Some(Deferred { table, input_shareable: input.is_some(), output_shareable: output.is_some() });
         Some((slot, input, output))
-    }
-
-    /// [`Communicator::reduce_scatter`]'s work.
-    ///
-    /// # Safety
-    /// As [`Communicator::reduce_scatter`].
-    pub(crate) unsafe fn reduce_scatter(
-        &mut self,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        dtype: DType,
-        stream: u64,
-    ) -> Result<Algorithm, Error> {
-        self.check_call(Op::ReduceScatter, dtype, input, output, count)?;
-        let k = self.caller_stream(stream)?;
-        // SAFETY: the caller's contract.
-        unsafe { self.reduce_scatter.run(Op::ReduceScatter, dtype, input, output, count, &self.streams[k].1)? };
-        *self.last = Some(Algorithm::CarReduceScatter);
-        Ok(Algorithm::CarReduceScatter)
-    }
-}
-
-/// The communicator's own path as a method comm-bench can time: `communicator` beside `auto` (the engine called
-/// directly) shows what the library adds per call.
-impl Collective for Calls<'_> {
-    fn name(&self) -> &str {
-        "communicator"
-    }
-
-    fn op(&self) -> Op {
-        Op::AllReduce
-    }
-
-    fn capacity_bytes(&self) -> usize {
-        self.capacity
-    }
-
-    unsafe fn run(
-        &mut self,
-        op: Op,
-        dtype: DType,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<(), collective_core::CollectiveError> {
-        let err = |e: Error| match e {
-            Error::Collective(c) => c,
-            other => collective_core::CollectiveError::BadArgs(other.to_string()),
-        };
-        // SAFETY: the caller's contract; `stream` is one of this device's streams, live for the call.
-        unsafe {
-            match op {
-                Op::AllReduce => self.all_reduce_with(None, input, output, count, dtype, stream.handle()),
-                Op::ReduceScatter => self.reduce_scatter(input, output, count, dtype, stream.handle()),
-            }
-        }
-        .map(|_| ())
-        .map_err(err)
     }
 }
 

@@ -175,26 +175,27 @@ impl Communicator {
     /// Memory a driver cannot share keeps its copy through the registered buffer, and [`Communicator::notes`] says
     /// so. Collective; call it before the stream begins capturing (it allocates).
     pub fn begin_graph_capture(&mut self) -> Result<(), Error> {
-        if self.capture.is_some() {
+        if self.state.get_mut().capture.is_some() {
             return Err(Error::BadArgs("begin_graph_capture: a capture is already being recorded".into()));
         }
-        if self.peer_tables.capacity() - self.peer_tables.used < CAPTURE_SLOTS {
+        let tables = &mut self.state.get_mut().peer_tables;
+        if tables.capacity() - tables.used < CAPTURE_SLOTS {
             let chunk = self.gpu.alloc(CAPTURE_SLOTS * PEER_TABLE_BYTES, MemKind::Device)?;
             // Until the capture ends, every slot names the registered buffers: live memory whatever runs.
             let (inputs, outputs) = self.engine.symm().registered_views();
             let slot: Vec<u8> = inputs.iter().chain(&outputs).flat_map(|a| a.to_le_bytes()).collect();
             self.own.upload(&chunk, 0, &slot.repeat(CAPTURE_SLOTS))?;
             self.own.sync()?;
-            self.peer_tables.chunks.push(chunk);
+            tables.chunks.push(chunk);
         }
         self.rdv.barrier("begin graph capture")?;
-        self.capture = Some(Capture::default());
+        self.state.get_mut().capture = Some(Capture::default());
         Ok(())
     }
 
     /// Whether a graph capture is being recorded (between begin_graph_capture and end_graph_capture).
     pub fn recording_graph_capture(&self) -> bool {
-        self.capture.is_some()
+        self.state.borrow().capture.is_some()
     }
 
     /// Ends the recording begun by [`Communicator::begin_graph_capture`], once the caller's capture has ended:
@@ -207,6 +208,8 @@ impl Communicator {
     /// replays write into them); no replay of the graph runs before this returns.
     pub unsafe fn end_graph_capture(&mut self) -> Result<usize, Error> {
         let capture = self
+            .state
+            .get_mut()
             .capture
             .take()
             .ok_or_else(|| Error::BadArgs("end_graph_capture without begin_graph_capture".into()))?;
@@ -239,7 +242,7 @@ impl Communicator {
         let (peers, mapped) = self.exchange("graph capture", offers)?;
         for (k, &slot) in slots.iter().enumerate() {
             let table: Vec<u8> = peers[2 * k].iter().chain(&peers[2 * k + 1]).flat_map(|a| a.to_le_bytes()).collect();
-            let (chunk, offset) = self.peer_tables.place(slot);
+            let (chunk, offset) = self.state.get_mut().peer_tables.place(slot);
             self.own.upload(chunk, offset, &table)?;
         }
         self.own.sync()?;

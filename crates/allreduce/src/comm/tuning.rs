@@ -3,12 +3,12 @@
 //! tables.
 
 use super::Communicator;
-use crate::check;
-use crate::timing::{Timer, TimingOptions};
 use crate::tune::{Algorithm, Mode, Residency, TableKey, TuneTable};
 use crate::Error;
-use collective_core::DType;
+use collective_core::{DType, Op};
 use gpu::{DeviceBuffer, MemKind};
+use measure::check;
+use measure::timing::{Timer, TimingOptions};
 use std::path::PathBuf;
 
 /// What [`Communicator::tune_with`] measures.
@@ -61,7 +61,7 @@ impl Communicator {
             .tune_dir
             .clone()
             .ok_or_else(|| Error::Tune("no cache directory: set ALLREDUCE_TUNE_DIR, XDG_CACHE_HOME or HOME".into()))?;
-        if self.capture.is_some() {
+        if self.recording_graph_capture() {
             return Err(Error::BadArgs("tune while a graph capture is being recorded".into()));
         }
         let dtype = req.dtype;
@@ -69,7 +69,7 @@ impl Communicator {
         let max = self.capacity / dtype.size();
         let counts = match &req.counts {
             Some(c) => c.clone(),
-            None => crate::sizes::comm_bench_sizes(10, 24, 20, info.size_align),
+            None => measure::sizes::comm_bench_sizes(10, 24, 20, info.size_align),
         };
         if let Some(&n) = counts.iter().find(|&&n| n == 0 || n > max) {
             return Err(Error::BadArgs(format!("tune at {n} elements: sizes run from 1 to the capacity's {max}")));
@@ -138,17 +138,18 @@ impl Communicator {
                         if self.engine.runs_as(algorithm, count * dtype.size()) != algorithm {
                             continue;
                         }
-                        let seed = crate::agree_seed(&self.rdv)?;
+                        let seed = check::agree_seed(&self.rdv)?;
                         let values = check::input_values(seed, self.rank(), count, dtype);
                         timer.stream.upload(
                             self.residency_buffers(residency, own, shared).0,
                             0,
                             &dtype.encode(&values),
                         )?;
-                        let stream = timer.stream.handle();
+                        let call = self.call(Op::AllReduce, dtype, i, o, count)?;
+                        let algo = Some(algorithm);
                         // SAFETY: buffers of `capacity` bytes (ours, the registered ones, or our registrations);
                         // every rank runs the same sequence.
-                        unsafe { self.all_reduce_with(Some(algorithm), i, o, count, dtype, stream)? };
+                        unsafe { self.issue(call, algo, timer.stream.handle())? };
                         let mut got = vec![0u8; count * dtype.size()];
                         timer.stream.download(self.residency_buffers(residency, own, shared).1, 0, &mut got)?;
                         let want = check::reference(seed, self.world(), count, dtype, 0, count);
@@ -157,11 +158,9 @@ impl Communicator {
                         let ms = if failed {
                             None
                         } else {
-                            let (mut calls, rdv) = self.split();
-                            let t = timer.time_calls(&opts, rdv, |s| {
+                            let t = timer.time_calls(&opts, &self.rdv, |s| {
                                 // SAFETY: as above.
-                                unsafe { calls.all_reduce_with(Some(algorithm), i, o, count, dtype, s.handle())? };
-                                Ok(())
+                                unsafe { self.issue(call, algo, s.handle()) }.map(|_| ())
                             })?;
                             Some(t.median_ms())
                         };

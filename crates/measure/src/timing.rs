@@ -1,10 +1,9 @@
 //! The one timing path of every measurement (comm-bench, its soak and ceilings, the criterion benches and
-//! [`crate::Communicator::tune`]): warm-up, then per repeat a barrier so all ranks start together, `iters` calls
+//! the communicator's tune): warm-up, then per repeat a barrier so all ranks start together, `iters` calls
 //! between two events (or one replay of a graph of `iters` captured calls), and the slowest rank's time per call.
 
-use crate::Error;
-use gpu::{Event, Gpu, Stream};
-use ipc::Rendezvous;
+use gpu::{Event, Gpu, GpuError, Stream};
+use ipc::{IpcError, Rendezvous};
 use std::time::Instant;
 
 /// How calls are timed.
@@ -47,12 +46,12 @@ impl Timing {
 }
 
 impl Timer {
-    pub fn new(gpu: &Gpu) -> Result<Timer, Error> {
+    pub fn new(gpu: &Gpu) -> Result<Timer, GpuError> {
         Ok(Timer { stream: gpu.stream()?, start: gpu.event()?, end: gpu.event()? })
     }
 
     /// Milliseconds that `work` (issued on this timer's stream) takes on this rank alone.
-    pub fn elapsed_ms(&self, work: impl FnOnce(&Stream) -> Result<(), Error>) -> Result<f64, Error> {
+    pub fn elapsed_ms<E: From<GpuError>>(&self, work: impl FnOnce(&Stream) -> Result<(), E>) -> Result<f64, E> {
         self.stream.sync()?;
         self.stream.record(&self.start)?;
         work(&self.stream)?;
@@ -62,12 +61,12 @@ impl Timer {
     }
 
     /// Times `enqueue` on every rank. Collective: every rank calls it with the same options.
-    pub fn time_calls(
+    pub fn time_calls<E: From<GpuError> + From<IpcError>>(
         &self,
         opts: &TimingOptions,
         rdv: &Rendezvous,
-        mut enqueue: impl FnMut(&Stream) -> Result<(), Error>,
-    ) -> Result<Timing, Error> {
+        mut enqueue: impl FnMut(&Stream) -> Result<(), E>,
+    ) -> Result<Timing, E> {
         let stream = &self.stream;
         let graph = if opts.graph {
             stream.begin_capture()?;
@@ -78,7 +77,7 @@ impl Timer {
         } else {
             None
         };
-        let mut call = |n: u64| -> Result<(), Error> {
+        let mut call = |n: u64| -> Result<(), E> {
             match &graph {
                 Some(g) => (0..n.div_ceil(opts.iters)).try_for_each(|_| stream.replay(g))?,
                 None => (0..n).try_for_each(|_| enqueue(stream))?,

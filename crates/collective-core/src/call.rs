@@ -1,0 +1,208 @@
+//! One call's arguments, checked once where a request enters ([`Call::new`]) and taken as they are by everything
+//! below: the communicator's call path, the engine, every [`crate::Collective`] and the kernels' launch.
+
+use crate::{DType, Op, VEC_BYTES};
+use gpu::DevicePtr;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Where a call's buffers live, which decides whether a design that reads its peers' buffers in place must copy
+/// the input in first: the tune tables are kept per residency, since the best design on one residency is not the
+/// best on another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Residency {
+    /// The caller's own memory, which no peer has mapped.
+    Caller,
+    /// The communicator's registered buffers.
+    Registered,
+    /// Caller memory every peer has mapped: registered by the caller, or a graph capture's buffers registered when
+    /// the capture ends.
+    CallerRegistered,
+}
+
+impl Residency {
+    pub const ALL: [Residency; 3] = [Residency::Caller, Residency::Registered, Residency::CallerRegistered];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Residency::Caller => "caller",
+            Residency::Registered => "registered",
+            Residency::CallerRegistered => "caller_registered",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Residency> {
+        Residency::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+impl fmt::Display for Residency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a call was refused before anything was enqueued; every field is data, for callers that map them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    #[error("count must be at least 1")]
+    Empty,
+    #[error("{count} elements of {dtype} overflow the address space")]
+    Overflow { count: usize, dtype: DType },
+    #[error("{bytes} bytes exceed the communicator's capacity_bytes={capacity}")]
+    TooLarge { bytes: usize, capacity: usize },
+    #[error("{what} pointer {ptr:#x} is not aligned to {align} bytes, which the kernels load at once")]
+    Misaligned { what: &'static str, ptr: u64, align: usize },
+    #[error("reduce_scatter needs a count that divides among {world} ranks: {count} elements do not")]
+    Indivisible { count: usize, world: usize },
+    #[error(
+        "output {output:#x} (+{out_bytes} bytes) overlaps input {input:#x} (+{bytes}){}",
+        if *in_place_allowed { " without being the same buffer" } else { ": a reduce-scatter needs disjoint buffers" }
+    )]
+    Overlap { input: u64, bytes: usize, output: u64, out_bytes: usize, in_place_allowed: bool },
+    #[error("this call was checked for {checked_world} ranks and {checked_capacity} bytes, not for this communicator")]
+    Foreign { checked_world: usize, checked_capacity: usize },
+}
+
+/// A checked call: `count` elements of `dtype` at `input`, the result ([`Op::output_count`] elements) at `output`,
+/// for `world` ranks and buffers of `capacity` bytes. Only [`Call::new`] makes one, so holding a `Call` means every
+/// rule held: at least one element, within the capacity, 16-byte aligned, a reduce-scatter's count divisible by the
+/// world size, input and output identical (an in-place allreduce) or disjoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Call {
+    op: Op,
+    dtype: DType,
+    count: usize,
+    input: DevicePtr,
+    output: DevicePtr,
+    world: usize,
+    capacity: usize,
+    residency: Residency,
+}
+
+impl Call {
+    /// Checks a request, in the order a caller most needs to hear about it.
+    pub fn new(
+        op: Op,
+        dtype: DType,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        world: usize,
+        capacity: usize,
+    ) -> Result<Call, CallError> {
+        if count == 0 {
+            return Err(CallError::Empty);
+        }
+        let bytes = count.checked_mul(dtype.size()).ok_or(CallError::Overflow { count, dtype })?;
+        if bytes > capacity {
+            return Err(CallError::TooLarge { bytes, capacity });
+        }
+        for (what, p) in [("input", input), ("output", output)] {
+            if !p.0.is_multiple_of(VEC_BYTES as u64) {
+                return Err(CallError::Misaligned { what, ptr: p.0, align: VEC_BYTES });
+            }
+        }
+        if op == Op::ReduceScatter && !count.is_multiple_of(world) {
+            return Err(CallError::Indivisible { count, world });
+        }
+        let out_bytes = op.output_count(count, world) * dtype.size();
+        let (i, o) = (input.0, output.0);
+        let overlap = i < o.saturating_add(out_bytes as u64) && o < i.saturating_add(bytes as u64);
+        let in_place_allowed = op == Op::AllReduce;
+        if overlap && (i != o || !in_place_allowed) {
+            return Err(CallError::Overlap { input: i, bytes, output: o, out_bytes, in_place_allowed });
+        }
+        Ok(Call { op, dtype, count, input, output, world, capacity, residency: Residency::Caller })
+    }
+
+    /// The same call on buffers that live in `residency` (the caller's memory unless said otherwise).
+    pub fn in_residency(self, residency: Residency) -> Call {
+        Call { residency, ..self }
+    }
+
+    /// Refuses a call checked for another communicator (another world size or a larger capacity).
+    pub fn checked_for(&self, world: usize, capacity: usize) -> Result<(), CallError> {
+        if self.world == world && self.capacity <= capacity {
+            Ok(())
+        } else {
+            Err(CallError::Foreign { checked_world: self.world, checked_capacity: self.capacity })
+        }
+    }
+
+    pub fn op(&self) -> Op {
+        self.op
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Elements of the input.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+    /// Bytes of the input (no more than the capacity checked).
+    pub fn bytes(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+    /// Elements of the output on this rank.
+    pub fn output_count(&self) -> usize {
+        self.op.output_count(self.count, self.world)
+    }
+    pub fn input(&self) -> DevicePtr {
+        self.input
+    }
+    pub fn output(&self) -> DevicePtr {
+        self.output
+    }
+    pub fn in_place(&self) -> bool {
+        self.input == self.output
+    }
+    pub fn world(&self) -> usize {
+        self.world
+    }
+    /// The capacity the call was checked against: every collective it is given to holds at least this much.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    pub fn residency(&self) -> Residency {
+        self.residency
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: DevicePtr = DevicePtr(0x10000);
+
+    fn call(op: Op, dtype: DType, input: u64, output: u64, count: usize) -> Result<Call, CallError> {
+        Call::new(op, dtype, DevicePtr(input), DevicePtr(output), count, 4, 1024)
+    }
+
+    #[test]
+    fn every_rule_refuses_with_its_own_error() {
+        let ar = Op::AllReduce;
+        assert_eq!(call(ar, DType::Bf16, P.0, P.0, 0), Err(CallError::Empty));
+        assert!(matches!(call(ar, DType::F32, P.0, P.0, usize::MAX), Err(CallError::Overflow { .. })));
+        assert_eq!(call(ar, DType::Bf16, P.0, P.0, 513), Err(CallError::TooLarge { bytes: 1026, capacity: 1024 }));
+        assert!(call(ar, DType::Bf16, P.0, P.0, 512).is_ok());
+        assert!(matches!(call(ar, DType::F32, P.0 + 8, P.0, 4), Err(CallError::Misaligned { what: "input", .. })));
+        assert!(matches!(call(ar, DType::F32, P.0, P.0 + 4, 4), Err(CallError::Misaligned { what: "output", .. })));
+        let rs = Op::ReduceScatter;
+        assert_eq!(call(rs, DType::F32, P.0, P.0 + 512, 9), Err(CallError::Indivisible { count: 9, world: 4 }));
+        assert!(call(rs, DType::F32, P.0, P.0 + 64, 16).is_ok(), "a shard of 4 f32 right after 64 input bytes");
+        assert!(matches!(call(rs, DType::F32, P.0, P.0, 16), Err(CallError::Overlap { .. })), "never in place");
+        assert!(matches!(call(ar, DType::F32, P.0, P.0 + 16, 8), Err(CallError::Overlap { .. })));
+        assert!(call(ar, DType::F32, P.0, P.0 + 32, 8).is_ok());
+    }
+
+    #[test]
+    fn a_call_keeps_what_it_was_checked_for() {
+        let c = call(Op::ReduceScatter, DType::Bf16, P.0, P.0 + 4096, 64).unwrap();
+        assert_eq!((c.bytes(), c.output_count(), c.residency()), (128, 16, Residency::Caller));
+        assert_eq!(c.in_residency(Residency::Registered).residency(), Residency::Registered);
+        assert!(c.checked_for(4, 1024).is_ok() && c.checked_for(4, 4096).is_ok());
+        assert!(c.checked_for(4, 512).is_err() && c.checked_for(3, 1024).is_err());
+    }
+}
