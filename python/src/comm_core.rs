@@ -5,7 +5,7 @@
 use crate::args::{self, Arg, Memory};
 use crate::errors::{from_error, AllreduceError, ArgumentError};
 use allreduce::{Algorithm, Call, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
-use collective_core::Op;
+use collective_core::{Op, VEC_BYTES};
 use pyo3::prelude::*;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -200,10 +200,13 @@ impl PyCommunicator {
         input: Arg,
         output: Option<Arg>,
     ) -> PyResult<Request> {
-        let call = if self.driver == DriverKind::Host && algo.is_none() {
+        let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.as_ref().map_or(input.ptr, |o| o.ptr)));
+        // Host arrays that are not 16-byte aligned go through the slice calls, which stage them and check the call
+        // they make then; everything else is checked here, once.
+        let aligned = [i, o].iter().all(|p| p.0.is_multiple_of(VEC_BYTES as u64));
+        let call = if self.driver == DriverKind::Host && algo.is_none() && !aligned {
             None
         } else {
-            let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.as_ref().map_or(input.ptr, |o| o.ptr)));
             Some(self.with(|state| state.comm.call(op, input.dtype, i, o, input.count).map_err(from_error))?)
         };
         Ok(Request { op, algo, input, output, call })
@@ -269,7 +272,7 @@ impl PyCommunicator {
 }
 
 /// One call as Python asked for it: its tensors, the algorithm forced, and the communicator's checked call (`None`
-/// for the host driver's slice calls, which check and stage their own).
+/// for the host driver's slice calls on unaligned arrays, which stage them and check the call they make).
 pub(crate) struct Request {
     pub(crate) op: Op,
     pub(crate) algo: Option<Algorithm>,
