@@ -5,7 +5,8 @@
 # Installs the wheel into a private folder (pip --no-index --target), then: real torch tensors eagerly and inside
 # torch.cuda.graph at every comm_bench.py size and dtype, checked against the float64 sum of every rank's input and
 # for the same bits on every rank (plus in place, reduce-scatter, the registered buffers through DLPack, register of
-# a torch tensor, and the refusals); CPU tensors on the host driver; the README's row-parallel layer under torchrun;
+# a torch tensor, the refusals, and allreduce_rs.ops under torch.compile, with reduce-overhead's CUDA graphs too);
+# CPU tensors on the host driver; the README's row-parallel layer under torchrun;
 # the Python bench's sweep, eager and graph; and the Python path's per-call cost over comm-bench's own
 # `auto` at 1024 elements (OUT_DIR/overhead.txt).
 # With fewer GPUs than ranks the ranks run under MPS.

@@ -4,8 +4,9 @@
 or ``python -m allreduce_rs.launch``): torch tensors, eagerly and inside ``torch.cuda.graph`` (captured once,
 replayed on fresh inputs), every comm_bench.py size and dtype, each result checked against the float64 sum of every
 rank's input (each rank regenerates its peers' inputs from their seeds: the gathered inputs) and for the same bits
-on every rank; in place, reduce-scatter, the registered buffers through DLPack, ``register`` of a torch tensor, and
-the refusals (wrong device, dtype, layout, alignment, size). With ``--backend host``, CPU tensors on the host driver
+on every rank; in place, reduce-scatter, the registered buffers through DLPack, ``register`` of a torch tensor, the
+refusals (wrong device, dtype, layout, alignment, size), and ``allreduce_rs.ops`` under ``torch.compile`` (the default
+mode and ``mode="reduce-overhead"``'s CUDA graphs). With ``--backend host``, CPU tensors on the host driver
 (no graphs, no register). Every rank prints its failures; the job fails when any rank had one.
 
 ``python gpu_python_check.py overhead OUT`` compares, at 1024 elements, the Python path's figures
@@ -267,6 +268,65 @@ class Check:
             self.comm.all_reduce(mine[n : 2 * n], out=mine[2 * n :], algorithm=algo)
             self.verify(mine[2 * n :], self.reference(seed, n, "bf16"), "bf16", f"register {algo or 'auto'}")
 
+    def compiled(self):
+        """allreduce_rs.ops under ``torch.compile(fullgraph=True)``: a row-parallel block (each rank's partial Linear,
+        the allreduce op, a bias, ReLU) compiled by Inductor with the default mode and with ``mode="reduce-overhead"``
+        (CUDA graphs that torch's cudagraph trees record, then replay) gives the eager block's bits on fresh inputs
+        at every call, the eager block through the op gives the plain call's, and both are near the float64 block;
+        no graph may be skipped for CUDA graphs."""
+        torch = self.torch
+        import torch.nn.functional as F
+        from torch._dynamo.utils import counters
+
+        import allreduce_rs.ops as ops
+
+        group = ops.register(self.comm)
+        tokens, k, d_out = 128, 1024, 2048
+
+        def block(x, w, b):
+            return torch.relu(ops.all_reduce(F.linear(x, w), group) + b)
+
+        def plain(x, w, b):
+            return torch.relu(self.comm.all_reduce(F.linear(x, w)) + b)
+
+        def bits(t):
+            return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+        for dtype in ["bf16", "fp32"]:
+            for mode in [None, "reduce-overhead"]:
+                fn = torch.compile(block, fullgraph=True, mode=mode)
+                # The default mode's first call compiles; reduce-overhead's warms up, then records, then replays.
+                for step in range(4):
+                    sx, sw, sb = self.next_seed(), self.next_seed(), self.next_seed()
+                    xs = [self.inputs(sx, r, tokens * k, dtype).view(tokens, k) for r in range(self.world)]
+                    ws = [self.inputs(sw, r, d_out * k, dtype).view(d_out, k) for r in range(self.world)]
+                    # About half the outputs negative, so the ReLU clips some.
+                    b = self.inputs(sb, 0, d_out, dtype) * (-k * self.world / 4)
+                    x, w = xs[self.rank], ws[self.rank]
+                    what = f"compiled {dtype} mode={mode} step {step}"
+                    self.align()
+                    eager = block(x, w, b)
+                    self.align()
+                    if not torch.equal(bits(eager), bits(plain(x, w, b))):
+                        self.fail(f"{what}: the op differs from the plain call")
+                    self.align()
+                    got = fn(x, w, b).clone()
+                    if not torch.equal(bits(got), bits(eager)):
+                        self.fail(f"{what}: compiled differs from eager")
+                    digests = self.comm.all_gather_bytes(struct.pack("q", self.digest(got.flatten())))
+                    if len(set(digests)) != 1:
+                        self.fail(f"{what}: ranks differ bitwise")
+                    partials = sum(xr.double() @ wr.double().t() for xr, wr in zip(xs, ws))
+                    want = torch.relu(partials + b.double())
+                    # Each rank's partial product is rounded to the dtype before the sum (inputs are non-negative).
+                    bound = (2.0**-6 if dtype == "bf16" else 2.0**-12) * (partials + b.double().abs())
+                    if not ((got.double() - want).abs() <= bound).all():
+                        self.fail(f"{what}: off the float64 block")
+                    self.checked += 1
+        skipped = counters["inductor"].get("cudagraph_skips", 0)
+        if skipped:
+            self.fail(f"compiled: {skipped} graph(s) skipped for CUDA graphs: {dict(counters['inductor'])}")
+
     def refusals(self):
         torch, ar = self.torch, self.ar
         cases = [
@@ -317,7 +377,7 @@ class Check:
     def run(self, only=None):
         scenarios = ["eager", "reduce_scatter", "refusals"]
         if not self.host:
-            scenarios += ["graph", "graph_capture", "prepared", "registered", "register"]
+            scenarios += ["graph", "graph_capture", "prepared", "registered", "register", "compiled"]
         else:
             scenarios += ["registered"]
         if only:

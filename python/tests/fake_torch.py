@@ -1,7 +1,8 @@
 """A stand-in for the few parts of torch the communicator reads (``Tensor`` with ``dtype``, ``is_cuda``, ``is_cpu``,
 ``get_device()``, ``device.type``, ``is_contiguous()``, ``stride()``, ``numel()``, ``data_ptr()``; the dtypes;
-``torch._C._cuda_getCurrentRawStream``), over numpy arrays: CI has no torch, and this lets it check the torch path's
-refusals and its CPU tensors on the host driver. The real torch runs in scripts/gpu_python.sh."""
+``torch._C._cuda_getCurrentRawStream``), over numpy arrays that may claim any device: CI has no GPU, and this lets it
+check the torch path's refusals of tensors on other devices. Real torch's CPU tensors run in torch_jobs.py, its GPU
+tensors in scripts/gpu_python.sh."""
 
 import sys
 import types

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// What the environment needs, pinned to the majors tested.
-const REQUIREMENTS: &[&str] = &["maturin>=1.9.4,<2", "pytest>=8,<10", "numpy>=1.22,<3", "ml_dtypes>=0.4,<1"];
+const REQUIREMENTS: &[&str] =
+    &["maturin>=1.9.4,<2", "pytest>=8,<10", "numpy>=1.22,<3", "ml_dtypes>=0.4,<1", "torch==2.11.*"];
 
 /// The interpreter to build the environment from: `$PYTHON`, else `python3`, if it runs.
 fn python() -> Option<PathBuf> {

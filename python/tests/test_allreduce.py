@@ -18,11 +18,11 @@ JOBS = str(Path(__file__).with_name("jobs.py"))
 SEED = str(random.randrange(1 << 30))
 
 
-def run_job(world, scenario, timeout=300):
-    """Runs jobs.py SCENARIO as a ``world``-rank job; returns its output, failing the test (with the output) if
-    the job failed or rank 0 did not report its checks passed."""
-    cmd = [sys.executable, "-m", "allreduce_rs.launch", "-n", str(world), "--", sys.executable, JOBS, scenario]
-    env = {**os.environ, "ARX_PY_SEED": SEED, "PYTHONUNBUFFERED": "1"}
+def run_job(world, scenario, timeout=300, script=JOBS, env=None):
+    """Runs ``script`` (jobs.py) SCENARIO as a ``world``-rank job, with ``env`` added to its environment; returns its
+    output, failing the test (with the output) if the job failed or rank 0 did not report its checks passed."""
+    cmd = [sys.executable, "-m", "allreduce_rs.launch", "-n", str(world), "--", sys.executable, script, scenario]
+    env = {**os.environ, **(env or {}), "ARX_PY_SEED": SEED, "PYTHONUNBUFFERED": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     output = f"seed {SEED}; exit {p.returncode}\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}"
     assert p.returncode == 0, f"{scenario} failed: {output}"

@@ -1,0 +1,212 @@
+"""allreduce_rs's calls as torch custom operators, so ``torch.compile(fn, fullgraph=True)`` traces them.
+
+Dynamo cannot trace a method call on a :class:`~allreduce_rs.Communicator` (an extension type), so an operator
+names its communicator by a *group*: a string registered here, which a compiled graph holds as a constant::
+
+    import allreduce_rs.ops                              # imports torch; `import allreduce_rs` alone does not
+    group = allreduce_rs.ops.register(comm)              # "comm0", or register(comm, "tp")
+    y = allreduce_rs.ops.all_reduce(x, group)            # torch.ops.allreduce_rs.all_reduce(x, group)
+
+The operators (namespace ``allreduce_rs``), each with a fake (meta) implementation for tracing:
+
+    all_reduce(Tensor x, str group) -> Tensor                          the sum in a new tensor
+    all_reduce_(Tensor(a!) x, str group) -> ()                         the sum in x
+    all_reduce_out(Tensor x, str group, Tensor(a!) out) -> ()          the sum in out (x's shape)
+    reduce_scatter(Tensor x, str group, bool split_last_dim=False) -> Tensor
+
+They run the communicator's calls (bfloat16, float16 or float32 tensors of its device; on a GPU, on torch's current
+stream), and are collective like them: every rank runs the same operators in the same order. A graph that torch
+compiles the same way on every rank keeps that order. Tensors of any layout are taken: one that is not contiguous
+goes through a contiguous copy, since the kernels read and write one dense range. They have no autograd formula
+(serving runs without gradients): a backward pass through one raises.
+
+Several communicators per process (one per group of ranks, as car's comm_idx) are registered under their own names
+and may be used alternately, in one graph too; each name keeps its communicator alive until :func:`unregister`. Each
+communicator of a process needs its own job id: ``from_env`` takes the launcher's for one, and any other is built
+with ``Communicator(rank, world_size, local_rank, job_id)`` and an id its ranks agree on.
+"""
+
+import itertools
+from typing import Dict, List, Optional
+
+import torch
+
+from ._native import Communicator
+from .errors import ArgumentError
+
+_GROUPS: Dict[str, Communicator] = {}
+_NEXT_INDEX = itertools.count()
+
+
+def register(comm: Communicator, name: Optional[str] = None) -> str:
+    """Makes ``comm`` the communicator of group ``name`` (default: the next free ``comm0``, ``comm1``, ...) and
+    returns the name. Registering the same communicator under the same name again returns it unchanged.
+
+    Names are per process: a rank's compiled graphs look them up in its own registry, so ranks that register their
+    communicators in the same order get the same default names, but need not.
+
+    Raises:
+        ArgumentError: ``comm`` is no Communicator, or ``name`` is empty or already names another communicator.
+    """
+    if not isinstance(comm, Communicator):
+        raise ArgumentError(f"register: a {type(comm).__name__} is not an allreduce_rs.Communicator")
+    if name is None:
+        name = next(n for n in (f"comm{i}" for i in _NEXT_INDEX) if n not in _GROUPS)
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"register: the group name {name!r} is not a non-empty string")
+    held = _GROUPS.setdefault(name, comm)
+    if held is not comm:
+        raise ArgumentError(f"register: group {name!r} already names another communicator; unregister it first")
+    return name
+
+
+def unregister(group: str) -> Communicator:
+    """Forgets group ``group`` (a graph compiled with it raises at its next call) and returns its communicator,
+    which stays open: close it yourself.
+
+    Raises:
+        ArgumentError: no communicator is registered under ``group``.
+    """
+    communicator(group)
+    return _GROUPS.pop(group)
+
+
+def communicator(group: str) -> Communicator:
+    """The communicator registered as ``group``.
+
+    Raises:
+        ArgumentError: no communicator is registered under ``group``.
+    """
+    comm = _GROUPS.get(group)
+    if comm is None:
+        raise ArgumentError(
+            f"group {group!r}: no communicator is registered under this name (registered: {sorted(_GROUPS)}); "
+            "allreduce_rs.ops.register(comm, name) registers one"
+        )
+    return comm
+
+
+def _check_out(x: torch.Tensor, out: torch.Tensor) -> None:
+    if out.shape != x.shape:
+        raise ArgumentError(f"all_reduce_out: out has shape {list(out.shape)}, x has {list(x.shape)}: they must match")
+
+
+def _sum_into(comm: Communicator, x: torch.Tensor, out: torch.Tensor) -> None:
+    """Sums ``x`` over every rank into ``out`` (the same shape; the same tensor for in place)."""
+    dense = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+    comm.all_reduce(x.contiguous(), out=dense)
+    if dense is not out:
+        out.copy_(dense)
+
+
+def _shard_shape(x: torch.Tensor, world: int, split_last_dim: bool) -> List[int]:
+    """The shape of a rank's reduce-scatter shard of ``x``: its first (or last) dimension divided by ``world``."""
+    dim = x.dim() - 1 if split_last_dim else 0
+    which = "last" if split_last_dim else "first"
+    if x.dim() == 0 or x.shape[dim] % world != 0:
+        raise ArgumentError(
+            f"reduce_scatter: x of shape {list(x.shape)} has no {which} dimension divisible by the world size {world}"
+        )
+    shape = list(x.shape)
+    shape[dim] //= world
+    return shape
+
+
+@torch.library.custom_op("allreduce_rs::all_reduce", mutates_args=())
+def _all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
+    out = x.new_empty(x.shape)
+    _sum_into(communicator(group), x, out)
+    return out
+
+
+@_all_reduce.register_fake
+def _all_reduce_fake(x: torch.Tensor, group: str) -> torch.Tensor:
+    # Every fake implementation looks its group up, so an unknown name is refused while tracing, before any rank runs.
+    communicator(group)
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("allreduce_rs::all_reduce_", mutates_args=("x",))
+def _all_reduce_inplace(x: torch.Tensor, group: str) -> None:
+    _sum_into(communicator(group), x, x)
+
+
+@_all_reduce_inplace.register_fake
+def _all_reduce_inplace_fake(x: torch.Tensor, group: str) -> None:
+    communicator(group)
+
+
+@torch.library.custom_op("allreduce_rs::all_reduce_out", mutates_args=("out",))
+def _all_reduce_out(x: torch.Tensor, group: str, out: torch.Tensor) -> None:
+    _check_out(x, out)
+    _sum_into(communicator(group), x, out)
+
+
+@_all_reduce_out.register_fake
+def _all_reduce_out_fake(x: torch.Tensor, group: str, out: torch.Tensor) -> None:
+    communicator(group)
+    _check_out(x, out)
+
+
+@torch.library.custom_op("allreduce_rs::reduce_scatter", mutates_args=())
+def _reduce_scatter(x: torch.Tensor, group: str, split_last_dim: bool = False) -> torch.Tensor:
+    comm = communicator(group)
+    world = comm.world_size
+    out = x.new_empty(_shard_shape(x, world, split_last_dim))
+    if split_last_dim:
+        # Rank r's columns are strided in x; laid out as [W, rows, N/W] (one copy of x) they are block r of a flat
+        # reduce-scatter, which the kernels do.
+        n = x.shape[-1]
+        x = x.reshape(-1, world, n // world).transpose(0, 1)
+    comm.reduce_scatter(x.contiguous(), out)
+    return out
+
+
+@_reduce_scatter.register_fake
+def _reduce_scatter_fake(x: torch.Tensor, group: str, split_last_dim: bool = False) -> torch.Tensor:
+    return x.new_empty(_shard_shape(x, communicator(group).world_size, split_last_dim))
+
+
+def all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
+    """The sum of ``x`` over every rank of ``group``'s communicator, in a new contiguous tensor
+    (``torch.ops.allreduce_rs.all_reduce``)."""
+    return torch.ops.allreduce_rs.all_reduce(x, group)
+
+
+def all_reduce_(x: torch.Tensor, group: str) -> torch.Tensor:
+    """Sums ``x`` over every rank in place and returns it (``torch.ops.allreduce_rs.all_reduce_``)."""
+    torch.ops.allreduce_rs.all_reduce_(x, group)
+    return x
+
+
+def all_reduce_out(x: torch.Tensor, group: str, out: torch.Tensor) -> torch.Tensor:
+    """Writes the sum of ``x`` over every rank into ``out`` (x's shape and dtype, memory disjoint from x's) and
+    returns it (``torch.ops.allreduce_rs.all_reduce_out``)."""
+    torch.ops.allreduce_rs.all_reduce_out(x, group, out)
+    return out
+
+
+def reduce_scatter(x: torch.Tensor, group: str, split_last_dim: bool = False) -> torch.Tensor:
+    """Rank r's shard of the sum of ``x`` over every rank (``torch.ops.allreduce_rs.reduce_scatter``).
+
+    By default ``x``'s first dimension is split: a shape ``[d0, ...]`` with ``d0`` divisible by the world size ``W``
+    gives rank r the rows ``[r * d0 / W, (r + 1) * d0 / W)``, shape ``[d0 / W, ...]``, with no copy of a
+    contiguous ``x``. With ``split_last_dim`` the last dimension is split: ``[..., N]`` with ``N`` divisible by
+    ``W`` gives rank r the columns ``[r * N / W, (r + 1) * N / W)``, shape ``[..., N / W]`` (as a column-parallel
+    layer's output is split); this costs one extra copy of ``x``, which lays each rank's columns out densely.
+
+    Raises:
+        ArgumentError: the dimension to split does not divide by the world size (or ``x`` is 0-dimensional).
+    """
+    return torch.ops.allreduce_rs.reduce_scatter(x, group, split_last_dim)
+
+
+__all__ = [
+    "register",
+    "unregister",
+    "communicator",
+    "all_reduce",
+    "all_reduce_",
+    "all_reduce_out",
+    "reduce_scatter",
+]
