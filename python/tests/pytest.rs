@@ -1,5 +1,6 @@
 //! The Python package's tests, run by `cargo test`: a virtual environment under the target directory (made once,
-//! kept between runs) gets maturin, pytest, numpy and ml_dtypes from PyPI; `pip install ./python` builds and
+//! kept between runs) gets maturin, pytest, numpy, ml_dtypes and torch (PyPI's, with its CUDA wheels: the only
+//! torch PyPI serves; CPU tensors are what the tests use) from PyPI; `pip install ./python` builds and
 //! installs the wheel there (its own cargo target directory, so the workspace's builds and the extension module's
 //! never rebuild each other); then pytest runs `python/tests` and must pass. Without python3 the test says it was
 //! skipped, loudly; under CI (CI=true) that is a failure.
