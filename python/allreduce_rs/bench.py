@@ -12,7 +12,9 @@ Methods: ``py`` (``all_reduce(x, out=y)``), ``py_inplace`` (``all_reduce(x)``), 
 registered buffers, through DLPack), ``py_prepared`` (``prepare_all_reduce(x, out=y)`` once, then the prepared
 call), ``py_capture`` (``--graph`` only: ``py`` captured inside ``comm.graph_capture()``, so replays read and write
 the tensors in place on every rank), ``py_register`` (``--graph`` only: ``py`` on tensors passed to
-``comm.register`` before the capture), ``py_rs`` (``reduce_scatter``; ``--op reduce_scatter``). In graph mode each
+``comm.register`` before the capture), ``py_op`` (GPU drivers only: the torch operator
+``torch.ops.allreduce_rs.all_reduce_out(x, group, y)``, what a compiled model calls eagerly), ``py_rs``
+(``reduce_scatter``; ``--op reduce_scatter``). In graph mode each
 output is checked again after the timed replays. ``--output FILE``
 writes the rows as JSON in comm-bench's row format (method, count, bytes, status, time_ms, repeats_ms, issue_us).
 """
@@ -29,6 +31,8 @@ import allreduce_rs as ar
 ALLREDUCE_METHODS = ["py", "py_inplace", "py+reg", "py_prepared"]
 # Graph mode only: the capture registered with every peer when it ends; the same tensors registered before capture.
 GRAPH_METHODS = ["py_capture", "py_register"]
+# GPU drivers only (torch tensors): the torch operator of allreduce_rs.ops.
+TORCH_METHODS = ["py_op"]
 
 
 def comm_bench_sizes(min_exp: float, max_exp: float, steps: int, align: int) -> List[int]:
@@ -186,6 +190,8 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
         "count": count,
         "bytes": count * (4 if arrays.dtype == "fp32" else 2),
     }
+    if method in TORCH_METHODS and arrays.host:
+        return {**row, "status": "skipped", "reason": "the torch operator takes torch tensors (a GPU driver)"}
     if row["bytes"] > comm.capacity_bytes:
         return {**row, "status": "skipped", "reason": f"beyond capacity_bytes={comm.capacity_bytes}"}
     if method == "py_rs":
@@ -210,6 +216,14 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
 
         def call():
             comm.all_reduce(x, out=y)
+
+        if method == "py_op":
+            from . import ops
+
+            group = ops.register(comm, "bench")
+
+            def call():
+                ops.all_reduce_out(x, group, y)
 
         if method == "py_prepared":
             call = comm.prepare_all_reduce(x, out=y)
@@ -271,6 +285,8 @@ def main(args: Optional[List[str]] = None) -> int:
     opts = p.parse_args(args)
     elem = 4 if opts.dtype == "fp32" else 2
     known = ["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS + (GRAPH_METHODS if opts.graph else [])
+    if opts.op != "reduce_scatter" and opts.backend != "host":
+        known += TORCH_METHODS
     methods = opts.methods.split(",") if opts.methods else known
     unknown = [m for m in methods if m not in known]
     if unknown:
