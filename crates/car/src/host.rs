@@ -23,6 +23,7 @@ kernels! {
     "car_1shot" => one_shot,
     "car_2shot" => two_shot,
     "car_rs" => reduce_scatter,
+    "car_ag" => all_gather,
     "car_1shot_round" => one_shot_round,
     "car_1shot_ptrtable" => one_shot_table,
     "car_1shot_push" => one_shot_push,
@@ -38,6 +39,7 @@ enum CarKernel {
     OneShot,
     TwoShot,
     ReduceScatter,
+    AllGather,
 }
 
 /// The kernels' `K` bits.
@@ -64,6 +66,9 @@ fn two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_rs", CarKernel::ReduceScatter, Knobs::default())
+}
+fn all_gather(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_ag", CarKernel::AllGather, Knobs::default())
 }
 fn one_shot_round(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_round", CarKernel::OneShot, Knobs { round: true, ..Knobs::default() })
@@ -194,11 +199,17 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 let slots: Vec<u64> = (0..call.world).map(|s| mine + s as u64 * p.slot_bytes).collect();
                 call.reduce(&slots, r, at(p.output, r.0));
             }
-            CarKernel::OneShot => {
+            CarKernel::OneShot | CarKernel::AllGather => {
                 let r = block_range(0, count, b, grid, vec);
                 call.copy(p.input, mine, r);
                 call.barrier(b, 0, epoch)?;
-                call.reduce(&views, r, at(p.output, r.0));
+                if kind == CarKernel::OneShot {
+                    call.reduce(&views, r, at(p.output, r.0));
+                    continue;
+                }
+                for (s, &view) in views.iter().enumerate() {
+                    call.copy(view, at(p.output, s * count) as u64, r);
+                }
             }
             CarKernel::TwoShot | CarKernel::ReduceScatter => {
                 let shard =

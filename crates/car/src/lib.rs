@@ -101,7 +101,7 @@ impl Variant {
     /// The method name of this variant of `algo`, or `None` where it does not apply.
     pub fn method(self, algo: Algo) -> Option<&'static str> {
         Some(match (algo, self) {
-            (_, Variant::Base) => algo.method(Family::Car),
+            (_, Variant::Base) => return algo.method(Family::Car),
             (Algo::OneShot, Variant::Vmm) => "car_1shot_vmm",
             (Algo::OneShot, Variant::Cas) => "car_1shot_cas",
             (Algo::OneShot, Variant::RoundEveryAdd) => "car_1shot_round",
@@ -117,7 +117,7 @@ impl Variant {
     /// The kernel stem: the variant's own, except where only the memory changes.
     fn kernel(self, algo: Algo) -> Option<&'static str> {
         match self {
-            Variant::Vmm => Some(algo.method(Family::Car)),
+            Variant::Vmm => algo.method(Family::Car),
             _ => self.method(algo),
         }
     }
@@ -158,7 +158,7 @@ impl Car {
     pub fn new(team: Team<'_>, algo: Algo, opts: CarOptions) -> Result<Car, CollectiveError> {
         let variant = opts.variant;
         let name = variant.method(algo).ok_or_else(|| {
-            CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to {}", algo.method(Family::Car)))
+            CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to car's {algo:?}"))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
         if variant == Variant::BrokenSameHalf && gpu.kind() != DriverKind::Host {

@@ -131,6 +131,22 @@ fn reduce_scatter_every_world_size() {
     assert!(row["reason"].as_str().unwrap().contains("equal shards"));
 }
 
+/// All-gather at every world size up to 4, at counts whose per-rank bytes are not a multiple of 16 too (rank r's
+/// slot of the output is then not aligned like its source); its bus bandwidth is nccl-tests'.
+#[test]
+fn all_gather_every_world_size() {
+    let counts = [8, 13, 1000, 4099, 65536];
+    let list = counts.map(|c| c.to_string()).join(",");
+    for world in [1, 2, 3, 4] {
+        let rows = sweep(world, &["--op", "all_gather", "--counts", &list]);
+        assert_passed(&rows, &["car_ag"], &counts);
+        assert!(!rows.iter().any(|r| r["method"] == "nccl_ag"), "the host driver has no NCCL: no rows");
+        let row = rows.iter().find(|r| r["count"] == 1000).unwrap();
+        let (algbw, busbw) = (row["algbw_gbs"].as_f64().unwrap(), row["busbw_gbs"].as_f64().unwrap());
+        assert!((busbw - algbw * (world - 1) as f64).abs() <= 1e-9 * algbw, "{row}");
+    }
+}
+
 #[test]
 fn csv_has_comm_bench_py_columns_and_sizes() {
     let dir = tempfile::tempdir().unwrap();
