@@ -31,6 +31,7 @@ kernels! {
     "car_1shot_cas" => one_shot_cas,
     "car_2shot_3bar" => two_shot_exit,
     "car_1shot_broken_samehalf" => one_shot_same_half,
+    "car_ag_broken_ringorder" => all_gather_ring_order,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,6 +54,8 @@ struct Knobs {
     cas: bool,
     /// The broken variant: one buffer half for every call.
     same_half: bool,
+    /// The broken all-gather: output slot s holds rank (rank + s) mod W's input.
+    ring_order: bool,
 }
 
 fn barrier_only(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
@@ -87,6 +90,9 @@ fn one_shot_cas(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn one_shot_same_half(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_broken_samehalf", CarKernel::OneShot, Knobs { same_half: true, ..Knobs::default() })
+}
+fn all_gather_ring_order(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_ag_broken_ringorder", CarKernel::AllGather, Knobs { ring_order: true, ..Knobs::default() })
 }
 fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_2shot_3bar", CarKernel::TwoShot, Knobs { exit: true, ..Knobs::default() })
@@ -207,8 +213,9 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                     call.reduce(&views, r, at(p.output, r.0));
                     continue;
                 }
-                for (s, &view) in views.iter().enumerate() {
-                    call.copy(view, at(p.output, s * count) as u64, r);
+                for s in 0..call.world {
+                    let src = if knobs.ring_order { (call.rank + s) % call.world } else { s };
+                    call.copy(views[src], at(p.output, s * count) as u64, r);
                 }
             }
             CarKernel::TwoShot | CarKernel::ReduceScatter => {

@@ -132,8 +132,9 @@ pub const METHODS: &[Method] = &[
         Kind::Tuned(Design::ZeroCopyTwoShot, Staging::Vmm, CopyIn::Fused),
         Ablation,
     ),
-    // Host driver only: must fail the benchmark's checks of consecutive calls.
+    // Host driver only: must fail the benchmark's checks of consecutive calls, and of every rank's gather.
     car_row("car_1shot_broken_samehalf", Car1, V::BrokenSameHalf, Broken),
+    car_row("car_ag_broken_ringorder", CarAg, V::BrokenRingOrder, Broken),
 ];
 
 impl Method {
