@@ -155,12 +155,27 @@ template <int DT> ARX_DEV void car_rs(CarParams p) {
     reduce_range<DT>(views, p.world, (void*)out, mine);
 }
 
+// All-gather: block b copies its slice of this rank's input into its buffer, then the same slice of every rank's
+// buffer s to output + s * count elements (one-shot's copy-in, with copies out in place of the sum).
+template <int DT> ARX_DEV void car_ag(CarParams p) {
+    typedef Elem<DT> E;
+    u64 epoch = car_next_epoch(p);
+    u64 views[ARX_MAX_RANKS];
+    car_views<0>(p, epoch, views);
+    Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
+    copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], r);
+    car_barrier<0>(p, 0, epoch);
+    for (u32 s = 0; s < p.world; ++s)
+        copy_range<DT>((const void*)views[s], (void*)(p.output + s * p.count * E::SIZE), r);
+}
+
 // The floor every method pays: the epoch and one barrier, nothing moved.
 ARX_KERNEL void car_barrier_only(CarParams p) { car_barrier<0>(p, 0, car_next_epoch(p)); }
 
 ARX_INSTANTIATE_K(car_1shot, car_1shot_k, 0, CarParams)
 ARX_INSTANTIATE_K(car_2shot, car_2shot_k, 0, CarParams)
 ARX_INSTANTIATE(car_rs, CarParams)
+ARX_INSTANTIATE(car_ag, CarParams)
 ARX_INSTANTIATE_K(car_1shot_round, car_1shot_k, CAR_ROUND, CarParams)
 ARX_INSTANTIATE_K(car_1shot_ptrtable, car_1shot_k, CAR_TABLE, CarParams)
 ARX_INSTANTIATE_K(car_1shot_push, car_1shot_k, CAR_PUSH, CarParams)

@@ -55,6 +55,7 @@ done
 step group_graph "${bench[@]}" --graph --methods "car_1shot,car_2shot,auto,symm_1shot_tuned,symm_2shot_tuned" \
     --export_csv --output_dir "$out/group_graph"
 step rs "${bench[@]}" --op reduce_scatter --export_csv --output_dir "$out/rs"
+step ag "${bench[@]}" --op all_gather --export_csv --output_dir "$out/ag"
 # Every method at large counts, back to back, every result checked.
 step soak "$here/comm-bench" soak --backend "$BACKEND" --num_ranks "$ranks" --max_count 8388608 \
     --calls "${SOAK_CALLS:-2000}" --max_seconds "${SOAK_SECONDS:-600}" --timeout_s 10

@@ -33,6 +33,7 @@ for tool in memcheck racecheck; do
     {
         sanitize "$tool" --counts 8,1000,4099,65536,1048583
         sanitize "$tool" --counts 840,1049160 --op reduce_scatter
+        sanitize "$tool" --counts 8,13,4099,65536 --op all_gather
     } 2>&1 | tee "$out/$tool.txt" || status=1
 done
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out"/memcheck.txt "$out"/racecheck.txt

@@ -1,9 +1,9 @@
 """allreduce_rs: intra-node allreduce for PyTorch and numpy.
 
-A :class:`Communicator` per rank runs allreduce and reduce-scatter on your tensors and, on a GPU, on torch's
-current stream, with no host synchronisation (so ``torch.cuda.graph`` captures it), choosing the algorithm per size
-from a table tuned on this machine. Every algorithm sums in float32 in rank order and rounds once, so results are
-the same bits whatever the size picks.
+A :class:`Communicator` per rank runs allreduce, reduce-scatter and all-gather on your tensors and, on a GPU, on
+torch's current stream, with no host synchronisation (so ``torch.cuda.graph`` captures it), choosing the algorithm
+per size from a table tuned on this machine. Every algorithm sums in float32 in rank order and rounds once, so
+results are the same bits whatever the size picks.
 
 Importing this package loads no GPU library and imports neither torch nor numpy: a driver's library is loaded when
 a communicator opens it, and a tensor is read through its own methods.

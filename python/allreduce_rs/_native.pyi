@@ -23,9 +23,10 @@ class Communicator:
 
     Built from the launcher's environment (:meth:`from_env`) or explicit coordinates (the constructor), it opens
     its local rank's device (``backend="auto"``: HIP, then CUDA, where the library loads and sees a device, else the
-    host driver), agrees on the placement with its peers, and runs allreduce and reduce-scatter on your tensors: on
-    a GPU driver, enqueued on torch's current stream without host synchronisation (so ``torch.cuda.graph`` captures
-    the call and every replay runs it again); on the host driver, to completion before the call returns. The
+    host driver), agrees on the placement with its peers, and runs allreduce, reduce-scatter and all-gather on your
+    tensors: on a GPU driver, enqueued on torch's current stream without host synchronisation (so
+    ``torch.cuda.graph`` captures the call and every replay runs it again); on the host driver, to completion before
+    the call returns. The
     algorithm is chosen per size from a table tuned on this machine (:meth:`table_source`, :meth:`tune`); every
     algorithm gives the same bits.
 
@@ -129,6 +130,11 @@ class Communicator:
         """Rank r receives elements ``[r * n / W, (r + 1) * n / W)`` of the sum of every rank's ``input`` (``n``
         elements, divisible by the world size ``W``) in ``out`` (``n / W`` elements, disjoint from ``input``).
         Returns ``out``. Devices, streams and errors as :meth:`all_reduce`."""
+
+    def all_gather(self, input: TensorLike, out: T, *, stream: Optional[StreamLike] = None) -> T:
+        """Every rank receives every rank's ``input`` (``n`` elements) in rank order in ``out`` (``W * n`` elements
+        of the same dtype, disjoint from ``input``): rank r's at ``out[r * n:(r + 1) * n]``. Returns ``out``.
+        Devices, streams and errors as :meth:`all_reduce`."""
 
     def prepare_all_reduce(
         self, tensor: T, out: Optional[T] = None, *, algorithm: Optional[str] = None
@@ -243,7 +249,8 @@ class Communicator:
 
     @property
     def last_algorithm(self) -> Optional[str]:
-        """The algorithm the last call ran (``car_rs`` for reduce-scatter), None before the first."""
+        """The algorithm the last call ran (``car_rs`` for reduce-scatter, ``car_ag`` for all-gather), None before the
+        first."""
 
     @property
     def notes(self) -> List[str]:

@@ -59,7 +59,7 @@ impl PreparedCall {
         let what = match self.req.op {
             Op::AllReduce if self.req.output.is_none() => "all_reduce in place",
             Op::AllReduce => "all_reduce",
-            Op::ReduceScatter => "reduce_scatter",
+            op => op.name(),
         };
         let algo = self.req.algo.map_or("auto".to_string(), |a| a.name().to_string());
         let (count, dtype) = (self.req.input.count, self.req.input.dtype);

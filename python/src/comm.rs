@@ -123,11 +123,20 @@ impl PyCommunicator {
         out: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (input, output) = self.reduce_scatter_args(input, out)?;
-        let handle = self.stream_handle(py, stream)?;
-        let req = self.request(Op::ReduceScatter, None, input, Some(output))?;
-        self.issue(py, &req, handle)?;
-        Ok(req.output.expect("a reduce-scatter has an output").obj.into_bound(py))
+        self.issue_into(py, Op::ReduceScatter, input, out, stream)
+    }
+
+    /// All-gather: every rank receives every rank's `input` (n elements) in rank order in `out` (W * n elements of
+    /// the same dtype, rank r's from element r * n); returns `out`.
+    #[pyo3(signature = (input, out, *, stream = None))]
+    fn all_gather<'py>(
+        &self,
+        py: Python<'py>,
+        input: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyAny>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.issue_into(py, Op::AllGather, input, out, stream)
     }
 
     /// all_reduce(tensor, out, algorithm=...) checked once and bound: the returned PreparedCall issues it with
@@ -151,7 +160,7 @@ impl PyCommunicator {
         input: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
     ) -> PyResult<PreparedCall> {
-        let (input, output) = slf.get().reduce_scatter_args(input, out)?;
+        let (input, output) = slf.get().output_args(Op::ReduceScatter, input, out)?;
         PreparedCall::new(slf, slf.get().request(Op::ReduceScatter, None, input, Some(output))?)
     }
 

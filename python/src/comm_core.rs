@@ -23,8 +23,8 @@ pub(crate) struct State {
 /// One rank's endpoint of an intra-node allreduce job.
 ///
 /// Communicator.from_env(...) under a launcher, or Communicator(rank, world_size, local_rank, job_id, ...). It runs
-/// all_reduce and reduce_scatter on your tensors: on a GPU driver enqueued on torch's current stream with no host
-/// synchronisation (torch.cuda.graph captures it), on the host driver (numpy arrays, CPU tensors) complete on
+/// all_reduce, reduce_scatter and all_gather on your tensors: on a GPU driver enqueued on torch's current stream with
+/// no host synchronisation (torch.cuda.graph captures it), on the host driver (numpy arrays, CPU tensors) complete on
 /// return; the algorithm per size comes from a table tuned on this machine, and every algorithm gives the same
 /// bits. Every call is collective. Errors are allreduce_rs.AllreduceError subclasses. End it with close() or
 /// `with`.
@@ -170,9 +170,11 @@ impl PyCommunicator {
         Ok((input, output))
     }
 
-    /// A reduce-scatter's input and output, checked.
-    pub(crate) fn reduce_scatter_args<'py>(
+    /// The input and output of a reduce-scatter or an all-gather, checked: `out` holds the op's output count of the
+    /// input's dtype.
+    pub(crate) fn output_args<'py>(
         &self,
+        op: Op,
         input: &Bound<'py, PyAny>,
         out: &Bound<'py, PyAny>,
     ) -> PyResult<(Arg, Arg)> {
@@ -180,9 +182,10 @@ impl PyCommunicator {
         self.check(&input, "input")?;
         let output = args::describe(out, "out")?;
         self.check(&output, "out")?;
-        // A count that does not divide has no shard shape: the call refuses it, saying so.
-        if input.count.is_multiple_of(self.world) {
-            same_shape(&input, &output, input.count / self.world, "a shard of the input's")?;
+        // A reduce-scatter's count that does not divide has no shard shape: the call refuses it, saying so.
+        if op != Op::ReduceScatter || input.count.is_multiple_of(self.world) {
+            let whose = if op == Op::ReduceScatter { "a shard of the input's" } else { "the world's inputs'" };
+            same_shape(&input, &output, op.output_count(input.count, self.world), whose)?;
         }
         if !output.writable {
             return Err(ArgumentError::new_err("out: read-only"));
@@ -191,7 +194,7 @@ impl PyCommunicator {
         Ok((input, output))
     }
 
-    /// The request `all_reduce_args` / `reduce_scatter_args` describe, with the communicator's checked call built
+    /// The request `all_reduce_args` / `output_args` describe, with the communicator's checked call built
     /// once (through [`Communicator::call`], as every Rust caller's).
     pub(crate) fn request(
         &self,
@@ -210,6 +213,22 @@ impl PyCommunicator {
             Some(self.with(|state| state.comm.call(op, input.dtype, i, o, input.count).map_err(from_error))?)
         };
         Ok(Request { op, algo, input, output, call })
+    }
+
+    /// A reduce-scatter or all-gather of `input` into `out`, checked and issued on `stream`; returns `out`.
+    pub(crate) fn issue_into<'py>(
+        &self,
+        py: Python<'py>,
+        op: Op,
+        input: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyAny>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (input, output) = self.output_args(op, input, out)?;
+        let handle = self.stream_handle(py, stream)?;
+        let req = self.request(op, None, input, Some(output))?;
+        self.issue(py, &req, handle)?;
+        Ok(req.output.expect("given above").obj.into_bound(py))
     }
 
     /// Issues a request on stream `handle` (ignored on the host driver, which runs it on this thread).
@@ -296,15 +315,16 @@ pub(crate) fn host_slices<T: allreduce::Scalar>(
             (Op::AllReduce, None) => {
                 state.comm.all_reduce_host_in_place(std::slice::from_raw_parts_mut(input.ptr as *mut T, input.count))
             }
-            (Op::AllReduce, Some(o)) => state.comm.all_reduce_host(
-                std::slice::from_raw_parts(input.ptr as *const T, input.count),
-                std::slice::from_raw_parts_mut(o.ptr as *mut T, o.count),
-            ),
-            (Op::ReduceScatter, Some(o)) => state.comm.reduce_scatter_host(
-                std::slice::from_raw_parts(input.ptr as *const T, input.count),
-                std::slice::from_raw_parts_mut(o.ptr as *mut T, o.count),
-            ),
-            (Op::ReduceScatter, None) => unreachable!("reduce_scatter always has an output"),
+            (_, None) => unreachable!("only an allreduce runs in place"),
+            (op, Some(o)) => {
+                let x = std::slice::from_raw_parts(input.ptr as *const T, input.count);
+                let y = std::slice::from_raw_parts_mut(o.ptr as *mut T, o.count);
+                match op {
+                    Op::AllReduce => state.comm.all_reduce_host(x, y),
+                    Op::ReduceScatter => state.comm.reduce_scatter_host(x, y),
+                    Op::AllGather => state.comm.all_gather_host(x, y),
+                }
+            }
         }
     };
     result.map_err(from_error)

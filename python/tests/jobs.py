@@ -121,6 +121,41 @@ def sums():
     return rank
 
 
+def gathers():
+    """All-gather of fresh random inputs, every dtype and count (odd ones, unaligned views, the whole capacity):
+    every rank's input in rank order, exact, the same bits on every rank; the refusals of its arguments."""
+    comm = host_comm()
+    rank, world = comm.rank, comm.world_size
+    calls = Calls()
+    for dtype in DTYPES:
+        for count in [1, 7, 1025, 4099, CAPACITY // dtype.itemsize]:
+            seed = calls.seed()
+            what = f"all_gather {dtype.name} x {count}"
+            out = np.full(world * count, np.nan, dtype)
+            assert comm.all_gather(inputs(seed, rank, count, dtype), out) is out
+            assert comm.last_algorithm == "car_ag", comm.last_algorithm
+            want = np.concatenate([inputs(seed, r, count, dtype) for r in range(world)])
+            assert out.tobytes() == want.tobytes(), f"{what}: not every rank's input in rank order"
+            same_on_every_rank(comm, out, what)
+            # Views at an odd element offset: not 16-byte aligned, staged by the library.
+            x = np.empty(count + 1, dtype)[1:]
+            x[:] = inputs(seed, rank, count, dtype)
+            shifted = np.full(world * count + 1, np.nan, dtype)[1:]
+            comm.all_gather(x, shifted)
+            assert shifted.tobytes() == want.tobytes(), f"{what}: unaligned views differ"
+    A = ar.ArgumentError
+    x = np.zeros(8, np.float32)
+    expect(A, lambda: comm.all_gather(x, np.zeros(8 * world + 1, np.float32)), f"{8 * world + 1} elements")
+    expect(A, lambda: comm.all_gather(x, np.zeros(8 * world, np.float16)), "dtype fp16 differs")
+    both = np.zeros(8 * world + 8, np.float32)
+    expect(A, lambda: comm.all_gather(both[8:16], both[:8 * world]), "overlaps")
+    big = CAPACITY // 4 + 1
+    huge = (np.zeros(big, np.float32), np.zeros(world * big, np.float32))
+    expect(ar.CapacityError, lambda: comm.all_gather(*huge), "capacity")
+    comm.close()
+    return rank
+
+
 def prepared():
     """Prepared calls: checked once, issued many times on fresh inputs written into the same arrays, the same bits as
     the plain call; refusals at prepare time; a call after close refused."""

@@ -34,6 +34,10 @@ def test_sums_against_float64_same_bits_on_every_rank_and_path():
     run_job(3, "sums")
 
 
+def test_all_gather_is_every_input_in_rank_order_on_every_rank():
+    run_job(3, "gathers")
+
+
 def test_prepared_calls_match_the_plain_ones():
     run_job(3, "prepared")
 

@@ -25,10 +25,9 @@ const APT_PACKAGES: [&str; 3] = ["clang-15", "lld-15", "llvm-15"];
 const AMD_TARGETS: [&str; 2] = ["gfx90a", "gfx940"];
 /// The LLVM versions tried for the AMD check, newest first (15 is the first with gfx940).
 const AMD_LLVM: [u32; 4] = [18, 17, 16, 15];
-/// The libraries whose entry points `<lib>_{1shot,2shot,rs}_<dtype>` the Rust side launches, which must be there
-/// whatever else the sources add.
-const REQUIRED: [&str; 2] = ["car", "symm"];
-const ALGOS: [&str; 3] = ["1shot", "2shot", "rs"];
+/// The libraries and the algorithms of their entry points `<lib>_<algo>_<dtype>` the Rust side launches, which must
+/// be there whatever else the sources add.
+const REQUIRED: [(&str, &[&str]); 2] = [("car", &["1shot", "2shot", "rs", "ag"]), ("symm", &["1shot", "2shot", "rs"])];
 const DTYPES: [&str; 3] = ["bf16", "fp16", "fp32"];
 
 pub fn kernel_check(args: Args) -> Result<(), String> {
@@ -56,11 +55,9 @@ pub fn kernel_check(args: Args) -> Result<(), String> {
         if expected.is_empty() {
             return Err(format!("{lib}.cu declares no entry point"));
         }
-        let required: BTreeSet<String> = if REQUIRED.contains(&lib) {
-            ALGOS.iter().flat_map(|a| DTYPES.iter().map(move |d| format!("{lib}_{a}_{d}"))).collect()
-        } else {
-            BTreeSet::new()
-        };
+        let algos = REQUIRED.iter().find(|r| r.0 == lib).map_or(&[][..], |r| r.1);
+        let required: BTreeSet<String> =
+            algos.iter().flat_map(|a| DTYPES.iter().map(move |d| format!("{lib}_{a}_{d}"))).collect();
         if let Some(missing) = required.difference(&expected).next() {
             return Err(format!("{lib}.cu no longer declares {missing}, which crates/{lib} launches"));
         }
@@ -122,7 +119,7 @@ fn libraries(kernels: &Path) -> Result<Vec<String>, String> {
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".cu")).map(str::to_string))
         .collect();
     libs.sort();
-    if let Some(missing) = REQUIRED.iter().find(|r| !libs.iter().any(|l| l == *r)) {
+    if let Some((missing, _)) = REQUIRED.iter().find(|r| !libs.iter().any(|l| l == r.0)) {
         return Err(format!("kernels/{missing}.cu is missing"));
     }
     Ok(libs)

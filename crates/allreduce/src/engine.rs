@@ -108,8 +108,8 @@ impl Engine {
             Algorithm::SymmEpoch1Shot => Design::EpochOneShot,
             Algorithm::SymmZc2ShotLl => Design::ZeroCopyTwoShotLl,
             Algorithm::SymmZc2Shot => Design::ZeroCopyTwoShot,
-            Algorithm::CarReduceScatter => {
-                return Err(CollectiveError::BadArgs("car_rs is a reduce-scatter, not an allreduce".into()))
+            Algorithm::CarReduceScatter | Algorithm::CarAllGather => {
+                return Err(CollectiveError::BadArgs(format!("{algo} is not an allreduce")))
             }
         };
         // SAFETY: the caller's contract; runs_as keeps the packet designs within their areas.

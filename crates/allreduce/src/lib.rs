@@ -3,16 +3,17 @@
 //! A [`Communicator`] per rank, built from the launcher's environment ([`Communicator::from_env`]: comm-bench's
 //! launcher, torchrun, OpenMPI's mpirun, srun, MPICH / Intel MPI) or from explicit coordinates
 //! ([`Communicator::new`]), opens its local rank's device, agrees with its peers on the placement, and runs
-//! allreduce and reduce-scatter **on the caller's stream with the caller's buffers**. It picks the algorithm per
-//! message size from a tune table measured on this machine ([`Communicator::tune`] stores one per driver, device,
-//! world size and mode in a per-user cache directory), or from the driver's built-in default, and says which
-//! ([`Communicator::table_source`], [`Communicator::notes`]).
+//! allreduce, reduce-scatter and all-gather **on the caller's stream with the caller's buffers**. It picks the
+//! allreduce algorithm per message size from a tune table measured on this machine ([`Communicator::tune`] stores one
+//! per driver, device, world size and mode in a per-user cache directory), or from the driver's built-in default, and
+//! says which ([`Communicator::table_source`], [`Communicator::notes`]).
 //!
 //! Every algorithm gives the same bits for the same inputs: each element is summed in f32 in rank order and rounded
 //! once, so the choice by size never changes a result (batch invariance).
 //!
 //! Raw device pointers and streams cross this boundary only through `unsafe` functions with a written contract
-//! ([`Communicator::all_reduce`], [`Communicator::reduce_scatter`], [`Communicator::register`]); the safe entry
+//! ([`Communicator::all_reduce`], [`Communicator::reduce_scatter`], [`Communicator::all_gather`],
+//! [`Communicator::register`]); the safe entry
 //! points take host slices on the host driver ([`Communicator::all_reduce_host`]) and, with the `cudarc` feature,
 //! cudarc's `CudaSlice` on a `CudaStream`.
 //!

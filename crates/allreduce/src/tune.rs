@@ -23,6 +23,8 @@ pub enum Algorithm {
     SymmZc2Shot,
     /// Reduce-scatter: car's first half of two-shot (the one reduce-scatter the communicator runs).
     CarReduceScatter,
+    /// All-gather: car's copy-in and copies out (the one all-gather the communicator runs).
+    CarAllGather,
 }
 
 impl Algorithm {
@@ -48,11 +50,13 @@ impl Algorithm {
             Algorithm::SymmZc2ShotLl => "symm_zc_2shot_ll",
             Algorithm::SymmZc2Shot => "symm_zc_2shot",
             Algorithm::CarReduceScatter => "car_rs",
+            Algorithm::CarAllGather => "car_ag",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Algorithm> {
-        Algorithm::CANDIDATES.into_iter().chain([Algorithm::CarReduceScatter]).find(|a| a.name() == name)
+        let car_only = [Algorithm::CarReduceScatter, Algorithm::CarAllGather];
+        Algorithm::CANDIDATES.into_iter().chain(car_only).find(|a| a.name() == name)
     }
 }
 

@@ -23,6 +23,7 @@ kernels! {
     "car_1shot" => one_shot,
     "car_2shot" => two_shot,
     "car_rs" => reduce_scatter,
+    "car_ag" => all_gather,
     "car_1shot_round" => one_shot_round,
     "car_1shot_ptrtable" => one_shot_table,
     "car_1shot_push" => one_shot_push,
@@ -30,6 +31,7 @@ kernels! {
     "car_1shot_cas" => one_shot_cas,
     "car_2shot_3bar" => two_shot_exit,
     "car_1shot_broken_samehalf" => one_shot_same_half,
+    "car_ag_broken_ringorder" => all_gather_ring_order,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -38,6 +40,7 @@ enum CarKernel {
     OneShot,
     TwoShot,
     ReduceScatter,
+    AllGather,
 }
 
 /// The kernels' `K` bits.
@@ -51,6 +54,8 @@ struct Knobs {
     cas: bool,
     /// The broken variant: one buffer half for every call.
     same_half: bool,
+    /// The broken all-gather: output slot s holds rank (rank + s) mod W's input.
+    ring_order: bool,
 }
 
 fn barrier_only(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
@@ -64,6 +69,9 @@ fn two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_rs", CarKernel::ReduceScatter, Knobs::default())
+}
+fn all_gather(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_ag", CarKernel::AllGather, Knobs::default())
 }
 fn one_shot_round(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_round", CarKernel::OneShot, Knobs { round: true, ..Knobs::default() })
@@ -82,6 +90,9 @@ fn one_shot_cas(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn one_shot_same_half(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_broken_samehalf", CarKernel::OneShot, Knobs { same_half: true, ..Knobs::default() })
+}
+fn all_gather_ring_order(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_ag_broken_ringorder", CarKernel::AllGather, Knobs { ring_order: true, ..Knobs::default() })
 }
 fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_2shot_3bar", CarKernel::TwoShot, Knobs { exit: true, ..Knobs::default() })
@@ -194,11 +205,18 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 let slots: Vec<u64> = (0..call.world).map(|s| mine + s as u64 * p.slot_bytes).collect();
                 call.reduce(&slots, r, at(p.output, r.0));
             }
-            CarKernel::OneShot => {
+            CarKernel::OneShot | CarKernel::AllGather => {
                 let r = block_range(0, count, b, grid, vec);
                 call.copy(p.input, mine, r);
                 call.barrier(b, 0, epoch)?;
-                call.reduce(&views, r, at(p.output, r.0));
+                if kind == CarKernel::OneShot {
+                    call.reduce(&views, r, at(p.output, r.0));
+                    continue;
+                }
+                for s in 0..call.world {
+                    let src = if knobs.ring_order { (call.rank + s) % call.world } else { s };
+                    call.copy(views[src], at(p.output, s * count) as u64, r);
+                }
             }
             CarKernel::TwoShot | CarKernel::ReduceScatter => {
                 let shard =

@@ -83,10 +83,14 @@ pub enum Variant {
     /// overwrites its buffer while a slow peer still reads the previous call: what the benchmark's checks of
     /// consecutive calls must catch. Host driver only.
     BrokenSameHalf,
+    /// A deliberately broken all-gather that fills output slot s with rank (rank + s) mod W's input (ring order
+    /// from itself, not rank order): right on rank 0 only, which the checks of every rank's output must catch. Host
+    /// driver only.
+    BrokenRingOrder,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         Variant::Base,
         Variant::Vmm,
         Variant::Cas,
@@ -96,12 +100,13 @@ impl Variant {
         Variant::OneBlockBarrier,
         Variant::ExitBarrier,
         Variant::BrokenSameHalf,
+        Variant::BrokenRingOrder,
     ];
 
     /// The method name of this variant of `algo`, or `None` where it does not apply.
     pub fn method(self, algo: Algo) -> Option<&'static str> {
         Some(match (algo, self) {
-            (_, Variant::Base) => algo.method(Family::Car),
+            (_, Variant::Base) => return algo.method(Family::Car),
             (Algo::OneShot, Variant::Vmm) => "car_1shot_vmm",
             (Algo::OneShot, Variant::Cas) => "car_1shot_cas",
             (Algo::OneShot, Variant::RoundEveryAdd) => "car_1shot_round",
@@ -110,6 +115,7 @@ impl Variant {
             (Algo::OneShot, Variant::OneBlockBarrier) => "car_1shot_oneblock",
             (Algo::TwoShot, Variant::ExitBarrier) => "car_2shot_3bar",
             (Algo::OneShot, Variant::BrokenSameHalf) => "car_1shot_broken_samehalf",
+            (Algo::AllGather, Variant::BrokenRingOrder) => "car_ag_broken_ringorder",
             _ => return None,
         })
     }
@@ -117,7 +123,7 @@ impl Variant {
     /// The kernel stem: the variant's own, except where only the memory changes.
     fn kernel(self, algo: Algo) -> Option<&'static str> {
         match self {
-            Variant::Vmm => Some(algo.method(Family::Car)),
+            Variant::Vmm => algo.method(Family::Car),
             _ => self.method(algo),
         }
     }
@@ -158,10 +164,10 @@ impl Car {
     pub fn new(team: Team<'_>, algo: Algo, opts: CarOptions) -> Result<Car, CollectiveError> {
         let variant = opts.variant;
         let name = variant.method(algo).ok_or_else(|| {
-            CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to {}", algo.method(Family::Car)))
+            CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to car's {algo:?}"))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
-        if variant == Variant::BrokenSameHalf && gpu.kind() != DriverKind::Host {
+        if matches!(variant, Variant::BrokenSameHalf | Variant::BrokenRingOrder) && gpu.kind() != DriverKind::Host {
             return Err(CollectiveError::Unsupported(format!(
                 "{name}: a deliberately broken protocol for testing the checks; host driver only"
             )));

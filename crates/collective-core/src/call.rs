@@ -58,17 +58,21 @@ pub enum CallError {
     Indivisible { count: usize, world: usize },
     #[error(
         "output {output:#x} (+{out_bytes} bytes) overlaps input {input:#x} (+{bytes}){}",
-        if *in_place_allowed { " without being the same buffer" } else { ": a reduce-scatter needs disjoint buffers" }
+        if *op == Op::AllReduce {
+            " without being the same buffer".into()
+        } else {
+            format!(": {op} needs disjoint buffers")
+        }
     )]
-    Overlap { input: u64, bytes: usize, output: u64, out_bytes: usize, in_place_allowed: bool },
+    Overlap { input: u64, bytes: usize, output: u64, out_bytes: usize, op: Op },
     #[error("this call was checked for {checked_world} ranks and {checked_capacity} bytes, not for this communicator")]
     Foreign { checked_world: usize, checked_capacity: usize },
 }
 
 /// A checked call: `count` elements of `dtype` at `input`, the result ([`Op::output_count`] elements) at `output`,
-/// for `world` ranks and buffers of `capacity` bytes. Only [`Call::new`] makes one, so holding a `Call` means every
-/// rule held: at least one element, within the capacity, 16-byte aligned, a reduce-scatter's count divisible by the
-/// world size, input and output identical (an in-place allreduce) or disjoint.
+/// for `world` ranks and input buffers of `capacity` bytes. Only [`Call::new`] makes one, so holding a `Call` means
+/// every rule held: at least one element, an input within the capacity, 16-byte aligned, a reduce-scatter's count
+/// divisible by the world size, input and output identical (an in-place allreduce) or disjoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Call {
     op: Op,
@@ -107,12 +111,12 @@ impl Call {
         if op == Op::ReduceScatter && !count.is_multiple_of(world) {
             return Err(CallError::Indivisible { count, world });
         }
-        let out_bytes = op.output_count(count, world) * dtype.size();
+        let out_bytes =
+            op.output_count(count, world).checked_mul(dtype.size()).ok_or(CallError::Overflow { count, dtype })?;
         let (i, o) = (input.0, output.0);
         let overlap = i < o.saturating_add(out_bytes as u64) && o < i.saturating_add(bytes as u64);
-        let in_place_allowed = op == Op::AllReduce;
-        if overlap && (i != o || !in_place_allowed) {
-            return Err(CallError::Overlap { input: i, bytes, output: o, out_bytes, in_place_allowed });
+        if overlap && (i != o || op != Op::AllReduce) {
+            return Err(CallError::Overlap { input: i, bytes, output: o, out_bytes, op });
         }
         Ok(Call { op, dtype, count, input, output, world, capacity, residency: Residency::Caller })
     }
@@ -195,6 +199,16 @@ mod tests {
         assert!(matches!(call(rs, DType::F32, P.0, P.0, 16), Err(CallError::Overlap { .. })), "never in place");
         assert!(matches!(call(ar, DType::F32, P.0, P.0 + 16, 8), Err(CallError::Overlap { .. })));
         assert!(call(ar, DType::F32, P.0, P.0 + 32, 8).is_ok());
+        // All-gather: the capacity bounds the input, the overlap is with the world's outputs, never in place.
+        let ag = Op::AllGather;
+        assert!(call(ag, DType::Bf16, P.0, P.0 + 4096, 512).is_ok(), "1024 input bytes, 4096 output bytes");
+        assert!(matches!(call(ag, DType::Bf16, P.0, P.0 + 4096, 513), Err(CallError::TooLarge { bytes: 1026, .. })));
+        assert!(matches!(call(ag, DType::F32, P.0, P.0, 4), Err(CallError::Overlap { .. })), "never in place");
+        let below = call(ag, DType::F32, P.0 + 48, P.0, 4);
+        assert!(matches!(below, Err(CallError::Overlap { out_bytes: 64, .. })), "4 ranks' 16 bytes reach the input");
+        assert!(call(ag, DType::F32, P.0 + 64, P.0, 4).is_ok());
+        let e = below.unwrap_err().to_string();
+        assert!(e.ends_with(": all_gather needs disjoint buffers"), "{e}");
     }
 
     #[test]
@@ -204,5 +218,7 @@ mod tests {
         assert_eq!(c.in_residency(Residency::Registered).residency(), Residency::Registered);
         assert!(c.checked_for(4, 1024).is_ok() && c.checked_for(4, 4096).is_ok());
         assert!(c.checked_for(4, 512).is_err() && c.checked_for(3, 1024).is_err());
+        let g = call(Op::AllGather, DType::Bf16, P.0, P.0 + 4096, 64).unwrap();
+        assert_eq!((g.bytes(), g.output_count()), (128, 256));
     }
 }

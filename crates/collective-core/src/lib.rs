@@ -122,6 +122,8 @@ pub enum Op {
     AllReduce,
     /// Rank r gets elements `[r * count / W, (r + 1) * count / W)` of the sum.
     ReduceScatter,
+    /// Every rank gets every rank's `count` elements in rank order (`count * W` elements).
+    AllGather,
 }
 
 impl Op {
@@ -129,14 +131,21 @@ impl Op {
         match self {
             Op::AllReduce => "allreduce",
             Op::ReduceScatter => "reduce_scatter",
+            Op::AllGather => "all_gather",
         }
     }
-    /// Elements of the output on each rank.
+    /// Elements of the output on each rank (saturating, so a count too large for any buffer stays too large).
     pub fn output_count(self, count: usize, world: usize) -> usize {
         match self {
             Op::AllReduce => count,
             Op::ReduceScatter => count / world,
+            Op::AllGather => count.saturating_mul(world),
         }
+    }
+    /// Bytes of an output buffer for every input of up to `capacity` bytes: `capacity` (a reduce-scatter's shard
+    /// fits), or all-gather's `capacity * world`.
+    pub fn output_capacity(self, capacity: usize, world: usize) -> usize {
+        capacity.max(self.output_count(capacity, world))
     }
 }
 
@@ -152,12 +161,13 @@ impl FromStr for Op {
         match s {
             "allreduce" | "all_reduce" => Ok(Op::AllReduce),
             "reduce_scatter" | "reducescatter" | "reduce-scatter" => Ok(Op::ReduceScatter),
-            _ => Err(format!("unknown op {s:?} (expected allreduce or reduce_scatter)")),
+            "all_gather" | "allgather" | "all-gather" => Ok(Op::AllGather),
+            _ => Err(format!("unknown op {s:?} (expected allreduce, reduce_scatter or all_gather)")),
         }
     }
 }
 
-/// The algorithm families car and symm both implement (each with its own protocol).
+/// The algorithms of the families car and symm (each with its own protocol; all-gather is car's alone).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algo {
     /// Every rank sums all buffers.
@@ -166,25 +176,30 @@ pub enum Algo {
     TwoShot,
     /// The first half of two-shot with exact `count / world` shards: rank r keeps shard r.
     ReduceScatter,
+    /// Every rank copies its input into its buffer, then every buffer out in rank order.
+    AllGather,
 }
 
 impl Algo {
-    pub fn op(self) -> Op {
+    pub const fn op(self) -> Op {
         match self {
             Algo::OneShot | Algo::TwoShot => Op::AllReduce,
             Algo::ReduceScatter => Op::ReduceScatter,
+            Algo::AllGather => Op::AllGather,
         }
     }
-    /// The registry name, also the stem of the kernels' names.
-    pub fn method(self, family: Family) -> &'static str {
-        match (family, self) {
+    /// The registry name, also the stem of the kernels' names; `None` where the family does not run it.
+    pub fn method(self, family: Family) -> Option<&'static str> {
+        Some(match (family, self) {
             (Family::Car, Algo::OneShot) => "car_1shot",
             (Family::Car, Algo::TwoShot) => "car_2shot",
             (Family::Car, Algo::ReduceScatter) => "car_rs",
+            (Family::Car, Algo::AllGather) => "car_ag",
             (Family::Symm, Algo::OneShot) => "symm_1shot",
             (Family::Symm, Algo::TwoShot) => "symm_2shot",
             (Family::Symm, Algo::ReduceScatter) => "symm_rs",
-        }
+            (Family::Symm, Algo::AllGather) => return None,
+        })
     }
 }
 
@@ -211,7 +226,7 @@ pub enum CollectiveError {
     Mismatch(String),
 }
 
-/// One allreduce / reduce-scatter implementation, driven by the benchmark through this trait alone.
+/// One allreduce / reduce-scatter / all-gather implementation, driven by the benchmark through this trait alone.
 pub trait Collective {
     /// The method's registry name (`car_1shot`, `symm_2shot`, `nccl`, ...).
     fn name(&self) -> &str;
@@ -320,5 +335,16 @@ mod tests {
         assert_eq!("bf16".parse::<DType>().unwrap(), DType::Bf16);
         assert!("int8".parse::<DType>().is_err());
         assert_eq!("reduce_scatter".parse::<Op>().unwrap(), Op::ReduceScatter);
+        for name in ["all_gather", "allgather"] {
+            assert_eq!(name.parse::<Op>().unwrap(), Op::AllGather);
+        }
+        assert_eq!(Op::AllGather.name(), "all_gather");
+        assert_eq!(Op::AllGather.output_count(5, 3), 15);
+        assert_eq!(
+            [Op::AllReduce, Op::ReduceScatter, Op::AllGather].map(|op| op.output_capacity(64, 4)),
+            [64, 64, 256]
+        );
+        assert_eq!(Algo::AllGather.method(Family::Car), Some("car_ag"));
+        assert_eq!(Algo::AllGather.method(Family::Symm), None);
     }
 }

@@ -1,6 +1,6 @@
 //! A device-side checksum of outputs: each call's output folded in by a small kernel on the same stream (so it works
 //! inside a graph capture too), the total read once at the end; a call that read a peer's previous call, or a torn
-//! packet, folds a different sum than [`measure::check::variant_checksum`] predicts.
+//! packet, folds a different sum than [`measure::check::checksum`] predicts.
 
 use crate::BenchError;
 use collective_core::DType;
@@ -112,7 +112,7 @@ impl Checksum {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use measure::check::{variant_checksum, variant_sum};
+    use measure::check::{checksum, variant_sum};
 
     #[test]
     fn the_checksum_kernel_folds_what_the_host_predicts_and_sees_one_wrong_element() {
@@ -128,13 +128,13 @@ mod tests {
             c.reset(&stream).unwrap();
             c.fold(&stream, &buf, n, dtype).unwrap();
             c.fold(&stream, &buf, n, dtype).unwrap();
-            assert_eq!(c.total(&stream).unwrap(), 2 * variant_checksum(world, 0, n, 1));
+            assert_eq!(c.total(&stream).unwrap(), 2 * checksum(&variant_sum(world, 0, n, 1)));
             let mut off = want.clone();
             off[4321] += 1.0;
             stream.upload(&buf, 0, &dtype.encode(&off)).unwrap();
             c.reset(&stream).unwrap();
             c.fold(&stream, &buf, n, dtype).unwrap();
-            assert_ne!(c.total(&stream).unwrap(), variant_checksum(world, 0, n, 1));
+            assert_ne!(c.total(&stream).unwrap(), checksum(&variant_sum(world, 0, n, 1)));
             assert!(c.fold(&stream, &buf, n + 1, dtype).is_err());
         }
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 #[command(
     name = "comm-bench",
     version,
-    about = "Allreduce / reduce-scatter sweep, compatible with FBGEMM's comm_bench.py"
+    about = "Allreduce / reduce-scatter / all-gather sweep, compatible with FBGEMM's comm_bench.py"
 )]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -129,7 +129,7 @@ pub struct BenchArgs {
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2, allow_negative_numbers = true, value_parser = whole(2, 1024))]
     pub step_factor: u64,
     /// The collective.
-    #[arg(long, default_value = "allreduce", value_parser = choices::<Op>(&[("allreduce", &["all_reduce"]), ("reduce_scatter", &["reducescatter", "reduce-scatter"])]))]
+    #[arg(long, default_value = "allreduce", value_parser = choices::<Op>(&[("allreduce", &["all_reduce"]), ("reduce_scatter", &["reducescatter", "reduce-scatter"]), ("all_gather", &["allgather", "all-gather"])]))]
     pub op: Op,
     /// The driver: auto takes hip, then cuda, when its library loads and sees a device, else host.
     #[arg(long, default_value = "auto", value_parser = choices::<gpu::Backend>(&[("auto", &[]), ("host", &[]), ("cuda", &[]), ("hip", &[])]))]
@@ -363,6 +363,9 @@ mod tests {
         assert_eq!(all, methods::defaults(Op::AllReduce));
         let rs = parse(&["--op", "reduce_scatter", "--methods", "all"]).unwrap().bench.method_names();
         assert!(rs.contains(&"nccl_symm_rs".to_string()) && !rs.contains(&"auto".to_string()));
+        assert_eq!(parse(&["--op", "allgather"]).unwrap().bench.method_names(), ["car_ag", "nccl_ag"]);
+        let ag = parse(&["--op", "all_gather", "--methods", "all"]).unwrap().bench.method_names();
+        assert_eq!(ag, ["car_ag", "nccl_ag", "nccl_symm_ag"], "the broken variant only by name");
         let mixed = parse(&["--methods", "car_1shot@4x256,ablation"]).unwrap().bench.method_names();
         assert_eq!(mixed[0], "car_1shot@4x256");
     }
@@ -402,7 +405,7 @@ mod tests {
     fn help_lists_every_choice() {
         let help = Cli::try_parse_from(["comm-bench", "--help"]).unwrap_err().to_string();
         for values in [
-            "[possible values: allreduce, reduce_scatter]",
+            "[possible values: allreduce, reduce_scatter, all_gather]",
             "[possible values: auto, host, cuda, hip]",
             "[possible values: bf16, fp16, fp32]",
             "- rank0: Rank 0's own time",
@@ -424,7 +427,7 @@ mod tests {
             &["--max_size", "31"],
             &["--min_size", "20", "--max_size", "10"],
             &["--size_steps", "0"],
-            &["--op", "allgather"],
+            &["--op", "alltoall"],
             &["--dtype", "int8"],
             &["--backend", "metal"],
             &["--methods", "car_9shot"],

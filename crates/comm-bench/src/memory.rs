@@ -2,10 +2,14 @@
 //! "device" buffer is host memory, and a sweep beyond it is OOM-killed half-way: `--max_size 30` asks for gigabytes
 //! per buffer); on a GPU by every rank once its communicator is up, against the device's free memory.
 
+use collective_core::Op;
 use std::path::Path;
 
-/// The benchmark's own buffers per rank, in capacities: input, output and three input variants (private memory).
-const BENCH_BUFFERS: usize = 5;
+/// Bytes of the benchmark's own buffers per rank (private memory): the input and three input variants of the
+/// capacity each, and the output of `op`'s ([`Op::output_capacity`]: all-gather's holds every rank's input).
+fn bench_bytes(op: Op, capacity: usize, world: usize) -> usize {
+    4 * capacity + op.output_capacity(capacity, world)
+}
 
 /// Bytes a sweep needs in all: of memory, and of that in /dev/shm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,17 +24,18 @@ fn methods_buffers(names: &[String]) -> methods::Buffers {
     names.iter().map(|m| methods::buffers_of(m)).fold(methods::Buffers::default(), |a, b| a + b)
 }
 
-/// The estimate for `world` ranks of `methods` at `capacity` bytes per buffer.
-pub fn estimate(names: &[String], capacity: usize, world: usize) -> Need {
+/// The estimate for `world` ranks of `methods` running `op` at `capacity` bytes per input buffer.
+pub fn estimate(names: &[String], op: Op, capacity: usize, world: usize) -> Need {
     let own = methods_buffers(names) + methods::communicator_buffers();
-    let per_rank = |caps: usize| (caps * capacity * world) as u64;
-    Need { memory: per_rank(BENCH_BUFFERS + own.capacities), shm: per_rank(own.shm) }
+    let memory = bench_bytes(op, capacity, world) + own.capacities * capacity;
+    Need { memory: (memory * world) as u64, shm: (own.shm * capacity * world) as u64 }
 }
 
 /// Device bytes the sweep still allocates on one device once the communicators are up (their engines are already in
-/// the device's free memory): the benchmark's buffers and each method's own, for the `ranks` ranks that share it.
-pub fn device_need(names: &[String], capacity: usize, ranks: usize) -> u64 {
-    ((BENCH_BUFFERS + methods_buffers(names).capacities) * capacity * ranks) as u64
+/// the device's free memory): the benchmark's buffers and each method's own, for the `ranks` of the `world` that
+/// share it.
+pub fn device_need(names: &[String], op: Op, capacity: usize, world: usize, ranks: usize) -> u64 {
+    ((bench_bytes(op, capacity, world) + methods_buffers(names).capacities * capacity) * ranks) as u64
 }
 
 /// Refuses a sweep whose device allocations would not fit in the device's `free` bytes (of `total`).
@@ -97,7 +102,10 @@ mod tests {
     fn device_need_counts_the_ranks_on_the_device_and_refuses_past_free_memory() {
         let methods = vec!["auto".to_string(), "car_1shot".to_string(), "symm_zc_2shot".to_string()];
         // Five benchmark buffers, car's two and the tuned design's four, per rank, at 1 GiB each.
-        assert_eq!(device_need(&methods, 1 << 30, 8), (11 * 8) << 30);
+        assert_eq!(device_need(&methods, Op::AllReduce, 1 << 30, 8, 8), (11 * 8) << 30);
+        // An all-gather's output holds the 8 ranks' inputs: 4 + 8 benchmark capacities and car's 2.
+        let ag = vec!["car_ag".to_string()];
+        assert_eq!(device_need(&ag, Op::AllGather, 1 << 30, 8, 1), 14 << 30);
         assert!(check_device(10 << 30, 10 << 30, 80 << 30, 1).is_ok());
         let e = check_device(88 << 30, 60 << 30, 141 << 30, 8).unwrap_err();
         assert!(e.contains("88.0 GiB") && e.contains("60.0 GiB of 141.0 GiB") && e.contains("8 rank(s)"), "{e}");
@@ -106,11 +114,11 @@ mod tests {
     #[test]
     fn estimates_scale_with_ranks_and_methods_and_refuse_what_is_not_free() {
         let methods: Vec<String> = ["car_1shot", "symm_1shot", "auto", "nccl"].map(String::from).to_vec();
-        let need = estimate(&methods, 1 << 20, 2);
-        // Per rank: 5 benchmark + 10 communicator + 2 car + 1 symm capacities; in /dev/shm: 6 communicator (car's
-        // one-shot, two-shot and reduce-scatter) + 2 car.
-        assert_eq!(need, Need { memory: 18 << 21, shm: 8 << 21 });
-        assert_eq!(estimate(&methods, 1 << 20, 4).memory, 2 * need.memory);
+        let need = estimate(&methods, Op::AllReduce, 1 << 20, 2);
+        // Per rank: 5 benchmark + 12 communicator + 2 car + 1 symm capacities; in /dev/shm: 8 communicator (car's
+        // one-shot, two-shot, reduce-scatter and all-gather) + 2 car.
+        assert_eq!(need, Need { memory: 20 << 21, shm: 10 << 21 });
+        assert_eq!(estimate(&methods, Op::AllReduce, 1 << 20, 4).memory, 2 * need.memory);
         assert!(check_against(need, Some(need.memory), Some(need.shm)).is_ok());
         assert!(check_against(need, None, None).is_ok(), "what cannot be read is not held against the sweep");
         let e = check_against(need, Some(need.memory - 1), None).unwrap_err();

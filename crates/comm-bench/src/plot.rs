@@ -138,7 +138,7 @@ fn series(runs: &[Run], opts: &PlotOptions) -> Result<Vec<Series>, String> {
 
 /// Writes `comm_ops_benchmark.svg` and `comm_ops_benchmark.png` of a sweep into `dir` (next to the CSV).
 pub fn plot(outcome: &Outcome, dir: &Path) -> Result<(PathBuf, PathBuf), String> {
-    let run = Run::from_outcome(outcome, "comm_ops_benchmark", None);
+    let run = Run::from_outcome(outcome, "comm_ops_benchmark", None)?;
     plot_runs(&[run], &PlotOptions::default(), &dir.join("comm_ops_benchmark"))
 }
 
@@ -295,7 +295,7 @@ mod tests {
     }
 
     fn run() -> Run {
-        Run::from_outcome(&outcome(), "test", None)
+        Run::from_outcome(&outcome(), "test", None).unwrap()
     }
 
     #[test]

@@ -44,10 +44,22 @@ pub struct Row {
     pub issue_us: Option<f64>,
     /// comm_bench.py's `bwidth`: input bytes / time.
     pub algbw_gbs: Option<f64>,
-    /// nccl-tests' bus bandwidth: algbw x 2(W-1)/W for allreduce, x (W-1)/W for reduce-scatter.
+    /// nccl-tests' bus bandwidth: algbw x [`bus_factor`].
     pub busbw_gbs: Option<f64>,
     #[serde(skip)]
-    world: usize,
+    bus_factor: f64,
+}
+
+/// nccl-tests' bus bandwidth per unit of algbw (input bytes / time) on `world` ranks: 2(W-1)/W for allreduce,
+/// (W-1)/W for reduce-scatter, and for all-gather W - 1, which is nccl-tests' (W-1)/W of a bandwidth that counts
+/// the W inputs gathered.
+pub fn bus_factor(op: Op, world: usize) -> f64 {
+    let w = world as f64;
+    match op {
+        Op::AllReduce => 2.0 * (w - 1.0) / w,
+        Op::ReduceScatter => (w - 1.0) / w,
+        Op::AllGather => w - 1.0,
+    }
 }
 
 impl Row {
@@ -66,7 +78,7 @@ impl Row {
             issue_us: None,
             algbw_gbs: None,
             busbw_gbs: None,
-            world,
+            bus_factor: bus_factor(cfg.op, world),
         }
     }
 
@@ -78,12 +90,10 @@ impl Row {
         let (mut repeats, rank0) = (timing.repeats_ms, timing.rank0_ms);
         self.ranks_ms = timing.ranks_ms;
         let algbw = self.bytes as f64 / (median * 1e-3) / 1e9;
-        let w = self.world as f64;
-        let factor = if self.op == Op::AllReduce.name() { 2.0 * (w - 1.0) / w } else { (w - 1.0) / w };
         self.time_ms = Some(median);
         self.rank0_ms = Some(rank0);
         self.algbw_gbs = Some(algbw);
-        self.busbw_gbs = Some(algbw * factor);
+        self.busbw_gbs = Some(algbw * self.bus_factor);
         self.repeats_ms = std::mem::take(&mut repeats);
         self
     }

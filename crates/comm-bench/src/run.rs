@@ -12,10 +12,7 @@ use collective_core::{Call, Collective};
 use gpu::{DeviceBuffer, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
-use measure::check::{
-    agree_seed, agree_verdict, input_values, output_range, reference, tolerance, variant_checksum, variant_input,
-    variant_sum, POISON,
-};
+use measure::check::{agree_seed, agree_verdict, checksum, input_values, variant_input, Expected, POISON};
 use measure::timing::Timer;
 
 /// Runs this rank's part; rank 0 returns the results.
@@ -47,8 +44,8 @@ pub(crate) fn options(cfg: &SweepConfig) -> Result<Options, BenchError> {
 /// Input variants the calls after the first check rotate among: consecutive calls always see different data.
 const VARIANTS: usize = 3;
 
-/// A rank's benchmark buffers (input, output and the input variants at full capacity), its timer and its
-/// device-side checksum.
+/// A rank's benchmark buffers (input and input variants at full capacity, the output at the op's), its timer and
+/// its device-side checksum.
 struct Buffers {
     input: DeviceBuffer,
     output: DeviceBuffer,
@@ -67,7 +64,7 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator) -> Result<Option<Outcome>, Benc
     // Every communicator is up (the configuration was agreed), so free memory already holds every rank's engine.
     if let Some((free, total)) = gpu.memory()? {
         let ranks = comm.placement().ranks_per_device;
-        let need = crate::memory::device_need(names, capacity, ranks);
+        let need = crate::memory::device_need(names, cfg.op, capacity, world, ranks);
         crate::memory::check_device(need, free, total, ranks).map_err(BenchError::Config)?;
     }
 
@@ -98,7 +95,7 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator) -> Result<Option<Outcome>, Benc
 
     let bufs = Buffers {
         input: gpu.alloc(capacity, MemKind::Device)?,
-        output: gpu.alloc(capacity, MemKind::Device)?,
+        output: gpu.alloc(cfg.op.output_capacity(capacity, world), MemKind::Device)?,
         variants: (0..VARIANTS).map(|_| gpu.alloc(capacity, MemKind::Device)).collect::<Result<_, _>>()?,
         checksum: Checksum::new(&gpu)?,
         timer: Timer::new(&gpu)?,
@@ -177,29 +174,27 @@ fn measure(
     let (input, output) = (in_buf(m), pick(m.registered_output(), &b.output, registered).ptr());
     let stream = &b.timer.stream;
     stream.upload(pick(m.registered_input(), &b.input, registered), 0, &dtype.encode(&values))?;
-    let (lo, hi) = output_range(op, count, world, rdv.rank());
     stream.fill(pick(m.registered_output(), &b.output, registered), POISON)?;
     let capacity = m.capacity_bytes();
     let call = |input| Call::new(op, dtype, input, output, count, world, capacity);
-    // SAFETY: the benchmark's own buffers (or the method's registered ones), each of the sweep's capacity.
+    // SAFETY: the benchmark's own buffers (or the method's registered ones), sized for the sweep's largest call.
     unsafe { m.run(&call(input)?, stream)? };
-    let want = reference(seed, world, count, dtype, lo, hi);
-    let tol = tolerance(dtype, world, m.rounds_every_add());
-    let verify = |m: &dyn Collective, when| {
-        verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), op, dtype, &want, tol, when)
+    let rank = rdv.rank();
+    let verify = |m: &dyn Collective, want: &Expected, when| {
+        verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), dtype, want, when)
     };
-    if let Some(failure) = verify(m, "before timing")? {
+    let want = Expected::seeded(op, seed, world, count, dtype, rank, m.rounds_every_add());
+    if let Some(failure) = verify(m, &want, "before timing")? {
         return Ok(row(Status::Failed(failure)));
     }
 
     // Consecutive calls: inputs that change from call to call (small integers, so every sum is exact), every
     // call's output folded into a device-side checksum, eagerly or replayed as the timed calls are. A call that read
     // a peer's previous call, or a torn packet, folds a different sum.
-    let rank = rdv.rank();
     for (k, v) in b.variants.iter().enumerate() {
         stream.upload(v, 0, &variant_input(rank, count, k as u64, dtype))?;
     }
-    let (bytes, out_count) = (count * dtype.size(), hi - lo);
+    let (bytes, out_count) = (count * dtype.size(), op.output_count(count, world));
     let variant = |c: u64| (c % VARIANTS as u64) as usize;
     // A registered input is one buffer: each checked call copies its variant in first (after the previous call's
     // kernel ended, which every design's protocol makes safe).
@@ -208,7 +203,7 @@ fn measure(
         b.variants.iter().map(|v| call(if registered { input } else { v.ptr() })).collect::<Result<_, _>>()?;
     let issue = |m: &mut dyn Collective, s: &Stream, c: u64, copy_in: bool, fold: bool| -> Result<(), BenchError> {
         let src = b.variants[variant(c)].ptr();
-        // SAFETY: the benchmark's own buffers or the method's registered ones, each of the sweep's capacity.
+        // SAFETY: the benchmark's own buffers or the method's registered ones, sized for the sweep's largest call.
         unsafe {
             if registered && copy_in {
                 s.copy(input, src, bytes)?;
@@ -233,7 +228,8 @@ fn measure(
         (0..calls).try_for_each(|c| issue(m, stream, c, true, true))?;
         1
     };
-    let per_variant: Vec<u64> = (0..VARIANTS as u64).map(|k| variant_checksum(world, lo, hi, k)).collect();
+    let per_variant: Vec<u64> =
+        (0..VARIANTS as u64).map(|k| checksum(&Expected::variant(op, world, count, rank, k).values)).collect();
     let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
     let got_total = b.checksum.total(stream)?;
     let sums = rdv.all_gather("checked calls", &[u8::from(got_total == want_total)])?;
@@ -252,11 +248,8 @@ fn measure(
         issue(m, s, c, false, false)
     })?;
     let last = if registered { variant(calls - 1) } else { variant(c) };
-    let want = variant_sum(world, lo, hi, last as u64);
-    let verify = |m: &dyn Collective, when| {
-        verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), op, dtype, &want, 0.0, when)
-    };
-    if let Some(failure) = verify(m, "after the timed calls")? {
+    let want = Expected::variant(op, world, count, rank, last as u64);
+    if let Some(failure) = verify(m, &want, "after the timed calls")? {
         return Ok(row(Status::Failed(failure)));
     }
     Ok(row(Status::Passed).timed(t, cfg.report))
@@ -277,18 +270,15 @@ fn pick<'a>(registered: Option<&'a DeviceBuffer>, own: &'a DeviceBuffer, use_reg
 }
 
 /// Downloads and checks this rank's output; every rank learns every rank's verdict, so all agree.
-#[allow(clippy::too_many_arguments)]
 fn verify_output(
     rdv: &Rendezvous,
     stream: &Stream,
     output: &DeviceBuffer,
-    op: Op,
     dtype: DType,
-    want: &[f64],
-    tol: f64,
+    want: &Expected,
     when: &str,
 ) -> Result<Option<String>, BenchError> {
-    let mut out = vec![0u8; want.len() * dtype.size()];
+    let mut out = vec![0u8; want.values.len() * dtype.size()];
     stream.download(output, 0, &mut out)?;
-    Ok(agree_verdict(rdv, &out, dtype, want, tol, op == Op::AllReduce, when)?)
+    Ok(agree_verdict(rdv, &out, dtype, &want.values, want.tol, want.bitwise, when)?)
 }

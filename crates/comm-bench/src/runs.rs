@@ -3,7 +3,8 @@
 //! `<method>_time` in ms and `<method>_bwidth` in GB/s per method).
 
 use crate::config::Report;
-use crate::report::{Outcome, Status};
+use crate::report::{bus_factor, Outcome, Status};
+use collective_core::Op;
 use std::path::Path;
 
 /// One method at one size.
@@ -32,20 +33,10 @@ pub struct Run {
 /// comm_bench.py's element size: it times bf16.
 const CSV_ELEM: usize = 2;
 
-/// nccl-tests' bus bandwidth factor of allreduce (2(W-1)/W) or reduce-scatter ((W-1)/W).
-fn bus_factor(all_reduce: bool, world: usize) -> f64 {
-    let w = world as f64;
-    if all_reduce {
-        2.0 * (w - 1.0) / w
-    } else {
-        (w - 1.0) / w
-    }
-}
-
 impl Run {
     /// A run of ours; with `report`, each figure is recombined from every rank's times where the JSON has them.
-    pub fn from_outcome(o: &Outcome, label: &str, report: Option<Report>) -> Run {
-        let factor = bus_factor(o.op == collective_core::Op::AllReduce.name(), o.world);
+    pub fn from_outcome(o: &Outcome, label: &str, report: Option<Report>) -> Result<Run, String> {
+        let factor = bus_factor(o.op.parse::<Op>()?, o.world);
         let points = o
             .rows
             .iter()
@@ -68,13 +59,13 @@ impl Run {
             })
             .collect();
         let mode = if o.graph { "graph" } else { "eager" };
-        Run {
+        Ok(Run {
             label: label.into(),
             title: format!("{} {}, {} ranks, {} driver ({}), {mode}", o.op, o.dtype, o.world, o.driver, o.device),
             world: o.world,
             report: report.unwrap_or(o.report).name().into(),
             points,
-        }
+        })
     }
 
     /// A comm_bench.py CSV (ours has the same columns) of a run on `world` ranks; column stems are named as our
@@ -92,7 +83,7 @@ impl Run {
             let stem = pair[0].strip_suffix("_time").filter(|s| pair[1].strip_suffix("_bwidth") == Some(*s));
             let stem = stem.ok_or_else(|| format!("line 1: {shape}, found {} and {}", pair[0], pair[1]))?;
             let ours = methods::METHODS.iter().find(|m| m.csv == Some(stem));
-            methods.push((ours.map_or(stem, |m| m.name), ours.is_none_or(|m| m.op == collective_core::Op::AllReduce)));
+            methods.push((ours.map_or(stem, |m| m.name), ours.map_or(Op::AllReduce, |m| m.op)));
         }
         let mut points = Vec::new();
         for (i, line) in lines {
@@ -102,7 +93,7 @@ impl Run {
                 return Err(bad(&format!("{} cells where the header has {}", cells.len(), cols.len())));
             }
             let count: usize = cells[0].parse().map_err(|_| bad("N is not a whole number"))?;
-            for (k, &(method, all_reduce)) in methods.iter().enumerate() {
+            for (k, &(method, op)) in methods.iter().enumerate() {
                 // An empty cell: the method did not run at that size.
                 if cells[1 + 2 * k].is_empty() {
                     continue;
@@ -114,7 +105,7 @@ impl Run {
                     count,
                     bytes,
                     time_us: ms * 1e3,
-                    busbw_gbs: bytes as f64 / (ms * 1e-3) / 1e9 * bus_factor(all_reduce, world),
+                    busbw_gbs: bytes as f64 / (ms * 1e-3) / 1e9 * bus_factor(op, world),
                 });
             }
         }
@@ -153,7 +144,7 @@ pub fn load(path: &Path, report: Option<Report>, world: usize) -> Result<Run, St
     let named = |e: String| format!("{}: {e}", path.display());
     if text.trim_start().starts_with('{') {
         let outcome: Outcome = serde_json::from_str(&text).map_err(|e| named(e.to_string()))?;
-        Ok(Run::from_outcome(&outcome, &label, report))
+        Run::from_outcome(&outcome, &label, report).map_err(named)
     } else {
         if report.is_some_and(|r| r != Report::Rank0) {
             return Err(named("a comm_bench.py CSV holds rank 0's times only: --report other than rank0".into()));

@@ -1,6 +1,7 @@
 //! Result checks: fresh random inputs per check (like torch.rand: uniform in [0, 1), rounded to the dtype), an
 //! output poisoned with NaN before the run, a float64 reference computed from every rank's input, a per-element
-//! bound, and bitwise equality of the allreduce result across ranks.
+//! bound (none for all-gather, which only moves elements), and bitwise equality across ranks of a result every rank
+//! holds whole (allreduce, all-gather).
 
 use collective_core::{DType, Op};
 use rand::rngs::SmallRng;
@@ -68,14 +69,58 @@ pub fn compare(out: &[f64], reference: &[f64], tol: f64) -> Verdict {
     Verdict { wrong, max_rel_err: max_rel, first_wrong: first }
 }
 
-/// Which part of the reference a rank's output holds.
+/// Which elements of the inputs a rank's output is made of: summed, or for all-gather, those of every rank.
 pub fn output_range(op: Op, count: usize, world: usize, rank: usize) -> (usize, usize) {
     match op {
-        Op::AllReduce => (0, count),
+        Op::AllReduce | Op::AllGather => (0, count),
         Op::ReduceScatter => {
             let shard = count / world;
             (rank * shard, (rank + 1) * shard)
         }
+    }
+}
+
+/// What a rank's output must hold after one checked call: its values in float64, the bound [`compare`] holds them
+/// to, and whether every rank's output must have the same bits (not a reduce-scatter's, whose ranks hold different
+/// shards).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expected {
+    pub values: Vec<f64>,
+    pub tol: f64,
+    pub bitwise: bool,
+}
+
+impl Expected {
+    /// Rank `rank`'s output of `op` on the inputs of the check seeded `seed`: its part of the sum of every rank's
+    /// input, within [`tolerance`], or for all-gather every rank's input in rank order, exact.
+    pub fn seeded(
+        op: Op,
+        seed: u64,
+        world: usize,
+        count: usize,
+        dtype: DType,
+        rank: usize,
+        rounds_every_add: bool,
+    ) -> Expected {
+        let (lo, hi) = output_range(op, count, world, rank);
+        let (values, tol) = match op {
+            Op::AllGather => {
+                let all = (0..world).flat_map(|r| input_values(seed, r, count, dtype)).map(f64::from).collect();
+                (all, 0.0)
+            }
+            _ => (reference(seed, world, count, dtype, lo, hi), tolerance(dtype, world, rounds_every_add)),
+        };
+        Expected { values, tol, bitwise: op != Op::ReduceScatter }
+    }
+
+    /// Rank `rank`'s output of `op` on every rank's input variant `k` ([`variant_input`]): exact for every op.
+    pub fn variant(op: Op, world: usize, count: usize, rank: usize, k: u64) -> Expected {
+        let (lo, hi) = output_range(op, count, world, rank);
+        let values = match op {
+            Op::AllGather => (0..world).flat_map(|r| (lo..hi).map(move |i| variant_value(r, i, k) as f64)).collect(),
+            _ => variant_sum(world, lo, hi, k),
+        };
+        Expected { values, tol: 0.0, bitwise: op != Op::ReduceScatter }
     }
 }
 
@@ -101,9 +146,10 @@ pub fn variant_sum(world: usize, lo: usize, hi: usize, k: u64) -> Vec<f64> {
     (lo..hi).map(|i| (0..world).map(|r| variant_value(r, i, k) as f64).sum()).collect()
 }
 
-/// What comm-bench's device-side checksum adds for an output holding [`variant_sum`]`(world, lo, hi, k)`.
-pub fn variant_checksum(world: usize, lo: usize, hi: usize, k: u64) -> u64 {
-    variant_sum(world, lo, hi, k).iter().enumerate().map(|(j, &v)| v as u64 * (j as u64 % 7 + 1)).sum()
+/// What comm-bench's device-side checksum adds for an output holding `values` (whole numbers, as every
+/// [`Expected::variant`]'s are).
+pub fn checksum(values: &[f64]) -> u64 {
+    values.iter().enumerate().map(|(j, &v)| v as u64 * (j as u64 % 7 + 1)).sum()
 }
 
 /// A fresh random seed every rank shares (rank 0 draws it).
@@ -205,7 +251,7 @@ mod tests {
         let x = DType::Bf16.decode(&variant_input(3, n, 2, DType::Bf16));
         assert!(x.iter().enumerate().all(|(i, &v)| v == variant_value(3, i, 2) as f64));
         // Element 0: 0 + 13, weight 1; element 1: 7 + (7 + 13) % 17 = 10, weight 2.
-        assert_eq!(variant_checksum(2, 0, 2, 0), 13 + 2 * 10);
+        assert_eq!(checksum(&variant_sum(2, 0, 2, 0)), 13 + 2 * 10);
     }
 
     #[test]
@@ -213,5 +259,32 @@ mod tests {
         assert_eq!(output_range(Op::ReduceScatter, 12, 3, 2), (8, 12));
         assert_eq!(output_range(Op::AllReduce, 12, 3, 2), (0, 12));
         assert_ne!(fingerprint(b"ab"), fingerprint(b"ba"));
+    }
+
+    /// All-gather's expected output is every rank's input in rank order, exact and the same on every rank; a gather
+    /// that put one rank's input in another's slot is wrong from that slot on.
+    #[test]
+    fn all_gather_expects_every_input_in_rank_order_exactly() {
+        let (seed, world, n) = (5, 3, 100);
+        let want = Expected::seeded(Op::AllGather, seed, world, n, DType::Bf16, 1, false);
+        assert_eq!((want.values.len(), want.tol, want.bitwise), (world * n, 0.0, true));
+        let inputs: Vec<Vec<f64>> =
+            (0..world).map(|r| input_values(seed, r, n, DType::Bf16).into_iter().map(f64::from).collect()).collect();
+        assert_eq!(want.values, inputs.concat());
+        assert_eq!(want, Expected::seeded(Op::AllGather, seed, world, n, DType::Bf16, 2, false), "every rank's");
+        assert_eq!(compare(&inputs.concat(), &want.values, want.tol).wrong, 0);
+        let rotated = [&inputs[1][..], &inputs[2][..], &inputs[0][..]].concat();
+        assert_eq!(compare(&rotated, &want.values, want.tol).first_wrong, Some(0));
+        let mut one_off = inputs.concat();
+        one_off[n + 7] = DType::Bf16.decode(&DType::Bf16.encode(&[one_off[n + 7] as f32 * 1.01]))[0];
+        assert_eq!(
+            compare(&one_off, &want.values, want.tol).first_wrong,
+            Some(n + 7),
+            "exact: any difference is wrong"
+        );
+        let v = Expected::variant(Op::AllGather, world, n, 0, 2);
+        assert_eq!(v.values[n + 4], variant_value(1, 4, 2) as f64);
+        let rs = Expected::variant(Op::ReduceScatter, world, 3 * n, 1, 2);
+        assert_eq!((rs.values, rs.bitwise), (variant_sum(world, n, 2 * n, 2), false));
     }
 }

@@ -60,21 +60,21 @@ pub struct Method {
 
 const AR: Op = Op::AllReduce;
 const RS: Op = Op::ReduceScatter;
+const AG: Op = Op::AllGather;
 
 const fn row(name: &'static str, op: Op, csv: Option<&'static str>, kind: Kind, role: Role) -> Method {
     Method { name, op, csv, kind, role }
 }
 
 const fn car_row(name: &'static str, algo: car::Algo, variant: car::Variant, role: Role) -> Method {
-    let op = if matches!(algo, car::Algo::ReduceScatter) { RS } else { AR };
-    row(name, op, None, Kind::Car(algo, variant), role)
+    row(name, algo.op(), None, Kind::Car(algo, variant), role)
 }
 
 const fn tuned_row(name: &'static str, design: Design, staging: Staging, role: Role) -> Method {
     row(name, AR, None, Kind::Tuned(design, staging, CopyIn::Dma), role)
 }
 
-use car::Algo::{OneShot as Car1, ReduceScatter as CarRs, TwoShot as Car2};
+use car::Algo::{AllGather as CarAg, OneShot as Car1, ReduceScatter as CarRs, TwoShot as Car2};
 use car::Variant as V;
 use Role::{Ablation, Broken, Default};
 
@@ -98,6 +98,9 @@ pub const METHODS: &[Method] = &[
     row("symm_rs", RS, Some("symm_rs"), Kind::Symm(symm::Algo::ReduceScatter, false), Default),
     row("nccl_rs", RS, Some("nccl_rs"), Kind::Nccl { symmetric: false }, Default),
     row("nccl_symm_rs", RS, None, Kind::Nccl { symmetric: true }, Default),
+    row("car_ag", AG, Some("fbgemm_ag"), Kind::Car(CarAg, V::Base), Default),
+    row("nccl_ag", AG, Some("nccl_ag"), Kind::Nccl { symmetric: false }, Default),
+    row("nccl_symm_ag", AG, None, Kind::Nccl { symmetric: true }, Default),
     // car's ablation variants, each one factor of car changed.
     car_row("car_1shot_vmm", Car1, V::Vmm, Ablation),
     car_row("car_1shot_cas", Car1, V::Cas, Ablation),
@@ -129,8 +132,9 @@ pub const METHODS: &[Method] = &[
         Kind::Tuned(Design::ZeroCopyTwoShot, Staging::Vmm, CopyIn::Fused),
         Ablation,
     ),
-    // Host driver only: must fail the benchmark's checks of consecutive calls.
+    // Host driver only: must fail the benchmark's checks of consecutive calls, and of every rank's gather.
     car_row("car_1shot_broken_samehalf", Car1, V::BrokenSameHalf, Broken),
+    car_row("car_ag_broken_ringorder", CarAg, V::BrokenRingOrder, Broken),
 ];
 
 impl Method {
@@ -150,9 +154,9 @@ impl Method {
 }
 
 /// What every communicator allocates per rank, as `Communicator::new` builds it: its engine (car's one-shot and
-/// two-shot, the tuned designs) and its reduce-scatter (car's).
+/// two-shot, the tuned designs), its reduce-scatter and its all-gather (car's).
 pub fn communicator_buffers() -> Buffers {
-    ["car_1shot", "car_2shot", "symm_2shot_tuned", "car_rs"]
+    ["car_1shot", "car_2shot", "symm_2shot_tuned", "car_rs", "car_ag"]
         .into_iter()
         .map(|m| lookup(m).expect("registered").buffers())
         .fold(Buffers::default(), |a, b| a + b)
@@ -420,6 +424,7 @@ mod tests {
     fn columns_match_comm_bench_py() {
         assert_eq!(csv_columns(Op::AllReduce), ["fbgemm_1shot", "symm_1shot", "fbgemm_2shot", "symm_2shot", "nccl"]);
         assert_eq!(csv_columns(Op::ReduceScatter), ["fbgemm_rs", "symm_rs", "nccl_rs"]);
+        assert_eq!(csv_columns(Op::AllGather), ["fbgemm_ag", "nccl_ag"]);
         assert!(op_of("car_9shot").unwrap_err().contains("car_1shot"));
     }
 
@@ -436,7 +441,7 @@ mod tests {
             };
             assert_eq!(own, Some(m.name), "{m:?}");
         }
-        for algo in [Car1, Car2] {
+        for algo in [Car1, Car2, CarRs, CarAg] {
             for v in car::Variant::ALL {
                 if let Some(name) = v.method(algo) {
                     assert!(lookup(name).is_some(), "car's {name} has no row");
@@ -459,6 +464,7 @@ mod tests {
             }
         }
         assert_eq!(op_of("car_rs@8x256"), Ok(Op::ReduceScatter));
+        assert_eq!(op_of("car_ag@8x256"), Ok(Op::AllGather));
         assert_eq!(op_of("symm_ll@8x256"), Ok(Op::AllReduce));
         assert!(op_of("symm_1shot_tuned@8x256").unwrap_err().contains("launch shapes"));
         assert!(op_of("auto@8x256").unwrap_err().contains("launch shapes"));
@@ -472,9 +478,9 @@ mod tests {
 
     #[test]
     fn buffers_count_what_each_builds() {
-        // Communicator::new: car's one-shot, two-shot and reduce-scatter (two IPC halves each) and the tuned designs'
-        // four buffers.
-        assert_eq!(communicator_buffers(), Buffers { capacities: 10, shm: 6 });
+        // Communicator::new: car's one-shot, two-shot, reduce-scatter and all-gather (two IPC halves each) and the
+        // tuned designs' four buffers.
+        assert_eq!(communicator_buffers(), Buffers { capacities: 12, shm: 8 });
         assert_eq!(buffers_of("car_1shot@16x512"), Buffers { capacities: 2, shm: 2 });
         assert_eq!(buffers_of("symm_zc_2shot_ipc"), Buffers { capacities: 4, shm: 2 });
         assert_eq!(buffers_of("symm_2shot_fused"), Buffers { capacities: 1, shm: 0 });

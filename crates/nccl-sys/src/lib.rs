@@ -102,6 +102,15 @@ pub type ncclReduceScatterFn = unsafe extern "C" fn(
     comm: ncclComm_t,
     stream: ncclStream_t,
 ) -> ncclResult_t;
+/// `sendcount` is the number of elements each rank sends; `recvbuff` receives `nranks * sendcount`, in rank order.
+pub type ncclAllGatherFn = unsafe extern "C" fn(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: ncclStream_t,
+) -> ncclResult_t;
 pub type ncclMemAllocFn = unsafe extern "C" fn(ptr: *mut *mut c_void, size: usize) -> ncclResult_t;
 pub type ncclMemFreeFn = unsafe extern "C" fn(ptr: *mut c_void) -> ncclResult_t;
 pub type ncclCommWindowRegisterFn = unsafe extern "C" fn(
@@ -191,6 +200,7 @@ pub struct NcclLib {
     pub ncclGetErrorString: ncclGetErrorStringFn,
     pub ncclAllReduce: ncclAllReduceFn,
     pub ncclReduceScatter: ncclReduceScatterFn,
+    pub ncclAllGather: ncclAllGatherFn,
     /// NCCL >= 2.19 (and recent RCCL).
     pub ncclMemAlloc: Option<ncclMemAllocFn>,
     pub ncclMemFree: Option<ncclMemFreeFn>,
@@ -272,6 +282,7 @@ impl NcclLib {
             ncclGetErrorString: required!(ncclGetErrorString),
             ncclAllReduce: required!(ncclAllReduce),
             ncclReduceScatter: required!(ncclReduceScatter),
+            ncclAllGather: required!(ncclAllGather),
             ncclMemAlloc: optional!(ncclMemAlloc),
             ncclMemFree: optional!(ncclMemFree),
             ncclCommWindowRegister: optional!(ncclCommWindowRegister),

@@ -20,9 +20,10 @@ use std::ptr;
 pub struct NcclOptions {
     /// The one op this instance runs, so each method name maps to one instance.
     pub op: Op,
-    /// Run between registered symmetric windows (`nccl_symm`, `nccl_symm_rs`).
+    /// Run between registered symmetric windows (`nccl_symm`, `nccl_symm_rs`, `nccl_symm_ag`).
     pub symmetric: bool,
-    /// Largest input in bytes; also the size of each staging buffer when `symmetric`.
+    /// Largest input in bytes; also the size of the input staging buffer when `symmetric` (the output's is
+    /// [`Op::output_capacity`]).
     pub capacity_bytes: usize,
 }
 
@@ -33,6 +34,8 @@ pub fn method_name(op: Op, symmetric: bool) -> &'static str {
         (Op::AllReduce, true) => "nccl_symm",
         (Op::ReduceScatter, false) => "nccl_rs",
         (Op::ReduceScatter, true) => "nccl_symm_rs",
+        (Op::AllGather, false) => "nccl_ag",
+        (Op::AllGather, true) => "nccl_symm_ag",
     }
 }
 
@@ -79,9 +82,10 @@ struct SymmFns {
     deregister: ncclCommWindowDeregisterFn,
 }
 
-/// A staging buffer from `ncclMemAlloc` and its window (null until registered).
+/// A staging buffer from `ncclMemAlloc` of `bytes`, and its window (null until registered).
 struct Staging {
     ptr: *mut c_void,
+    bytes: usize,
     win: ncclWindow_t,
 }
 
@@ -183,11 +187,11 @@ impl Nccl {
     /// Allocates and registers the input and output windows; on error, drop releases what was made.
     fn register_staging(&mut self, rdv: &Rendezvous, fns: SymmFns) -> Result<(), CollectiveError> {
         let mut failed = None;
-        for _ in 0..2 {
+        for bytes in [self.capacity, self.op.output_capacity(self.capacity, rdv.world())] {
             let mut ptr = ptr::null_mut();
             // SAFETY: ncclMemAlloc writes one pointer.
-            match self.lib.check(unsafe { (fns.alloc)(&mut ptr, self.capacity) }, "ncclMemAlloc") {
-                Ok(()) => self.staging.push(Staging { ptr, win: ptr::null_mut() }),
+            match self.lib.check(unsafe { (fns.alloc)(&mut ptr, bytes) }, "ncclMemAlloc") {
+                Ok(()) => self.staging.push(Staging { ptr, bytes, win: ptr::null_mut() }),
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -206,9 +210,9 @@ impl Nccl {
             )));
         }
         for buf in &mut self.staging {
-            // SAFETY: `buf.ptr` holds `capacity` bytes from ncclMemAlloc; `buf.win` receives the window.
+            // SAFETY: `buf.ptr` holds `buf.bytes` from ncclMemAlloc; `buf.win` receives the window.
             let status =
-                unsafe { (fns.register)(self.comm, buf.ptr, self.capacity, &mut buf.win, NCCL_WIN_COLL_SYMMETRIC) };
+                unsafe { (fns.register)(self.comm, buf.ptr, buf.bytes, &mut buf.win, NCCL_WIN_COLL_SYMMETRIC) };
             self.lib.check(status, "ncclCommWindowRegister").map_err(nccl_err)?;
         }
         Ok(())
@@ -269,6 +273,7 @@ impl Collective for Nccl {
                     (self.lib.ncclReduceScatter)(send, recv, out_count, dt, sum, self.comm, handle),
                     "ncclReduceScatter",
                 ),
+                Op::AllGather => ((self.lib.ncclAllGather)(send, recv, count, dt, self.comm, handle), "ncclAllGather"),
             }
         };
         self.lib.check(status, call).map_err(nccl_err)?;
@@ -328,7 +333,7 @@ mod tests {
         let gpu = host_gpu();
         let rdv = ipc::Rendezvous::join(&ipc::JobId::random(), 0, 1, ipc::RendezvousOptions::default()).unwrap();
         for symmetric in [false, true] {
-            for op in [Op::AllReduce, Op::ReduceScatter] {
+            for op in [Op::AllReduce, Op::ReduceScatter, Op::AllGather] {
                 let opts = NcclOptions { op, symmetric, capacity_bytes: 1 << 20 };
                 match Nccl::new(Team::new(&gpu, &rdv, 1), opts) {
                     Err(CollectiveError::Unsupported(msg)) => {
@@ -358,6 +363,8 @@ mod tests {
         assert_eq!(method_name(Op::AllReduce, true), "nccl_symm");
         assert_eq!(method_name(Op::ReduceScatter, false), "nccl_rs");
         assert_eq!(method_name(Op::ReduceScatter, true), "nccl_symm_rs");
+        assert_eq!(method_name(Op::AllGather, false), "nccl_ag");
+        assert_eq!(method_name(Op::AllGather, true), "nccl_symm_ag");
         assert_eq!(nccl_dtype(DType::F16), 6);
         assert_eq!(nccl_dtype(DType::F32), 7);
         assert_eq!(nccl_dtype(DType::Bf16), 9);

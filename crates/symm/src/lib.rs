@@ -57,10 +57,10 @@ pub struct SymmOptions {
 }
 
 /// The method name of `algo`, with its copy-in fused into the kernel or not; `None` where that does not exist
-/// (one-shot always fuses it, reduce-scatter never does).
+/// (one-shot always fuses it, reduce-scatter never does, and symm has no all-gather).
 pub fn method_name(algo: Algo, fused_copy_in: bool) -> Option<&'static str> {
     match (algo, fused_copy_in) {
-        (_, false) => Some(algo.method(Family::Symm)),
+        (_, false) => algo.method(Family::Symm),
         (Algo::TwoShot, true) => Some("symm_2shot_fused"),
         _ => None,
     }
@@ -96,7 +96,8 @@ impl Symm {
     /// Creates, exchanges and maps the symmetric buffers. Collective: every rank calls it.
     pub fn new(team: Team<'_>, algo: Algo, opts: SymmOptions) -> Result<Symm, CollectiveError> {
         let name = method_name(algo, opts.fused_copy_in).ok_or_else(|| {
-            CollectiveError::BadArgs(format!("{}: no variant with the copy-in fused", algo.method(Family::Symm)))
+            let fused = if opts.fused_copy_in { " with the copy-in fused" } else { "" };
+            CollectiveError::BadArgs(format!("symm has no {algo:?}{fused}"))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
         team.require_peer_atomics(name)?;

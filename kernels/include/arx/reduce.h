@@ -21,6 +21,9 @@ template <int DT, bool STAGE = false> ARX_DEV void copy_range(const void* src, v
     typedef Elem<DT> E;
     u64 h, z;
     split<DT>(src, r, h, z);
+    // A destination shifted against the source (all-gather's rank slots of the output) may not share its
+    // alignment: then everything takes the scalar path.
+    if ((((u64)dst ^ (u64)src) & 15) != 0) h = z = r.lo;
     for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) E::store(dst, i, E::load(src, i));
     const vec16* s = (const vec16*)((const char*)src + h * E::SIZE);
     vec16* d = (vec16*)((char*)dst + h * E::SIZE);

@@ -1,6 +1,7 @@
 //! The communicator: one per rank, built from the launcher's environment or from explicit coordinates; it opens the
-//! local rank's device, agrees on placement, builds the engine once, and runs allreduce / reduce-scatter on the
-//! caller's stream and buffers with the algorithm its tune table names for the size, mode and residency.
+//! local rank's device, agrees on placement, builds the engine once, and runs allreduce / reduce-scatter /
+//! all-gather on the caller's stream and buffers with the algorithm its tune table names for the size, mode and
+//! residency (car's one algorithm for reduce-scatter and for all-gather).
 
 mod register;
 mod tuning;
@@ -74,6 +75,7 @@ pub struct Communicator {
     // Field order is drop order: the engine and the mappings go before the rendezvous and the driver.
     engine: Engine,
     reduce_scatter: car::Car,
+    all_gather: car::Car,
     registrations: Vec<Registration>,
     next_registration: usize,
     /// What calls change; calls take `&self`, as NCCL's take a communicator handle.
@@ -144,11 +146,12 @@ impl Communicator {
         )?;
         let built = Communicator::build(info, &opts, gpu.clone(), &rdv, opened.notes, timeout);
         match built {
-            Ok((engine, reduce_scatter, placement, notes, own)) => {
+            Ok((engine, [reduce_scatter, all_gather], placement, notes, own)) => {
                 rdv.set_timeout(timeout);
                 Ok(Communicator {
                     engine,
                     reduce_scatter,
+                    all_gather,
                     registrations: Vec::new(),
                     next_registration: 0,
                     state: RefCell::default(),
@@ -179,7 +182,7 @@ impl Communicator {
         rdv: &Rendezvous,
         mut notes: Vec<String>,
         timeout: Duration,
-    ) -> Result<(Engine, car::Car, Placement, Vec<String>, Stream), Error> {
+    ) -> Result<(Engine, [car::Car; 2], Placement, Vec<String>, Stream), Error> {
         let i = gpu.info();
         let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
         let me = RankDevice {
@@ -239,16 +242,17 @@ impl Communicator {
             .with_kernel_timeout(timeout)
             .with_missing_peer_atomics(no_atomics.as_deref());
         let engine = Engine::new(team, opts.capacity_bytes, tables)?;
-        let rs_opts = car::CarOptions {
+        let car_opts = car::CarOptions {
             capacity_bytes: opts.capacity_bytes,
             uncached: true,
             rule: None,
             variant: car::Variant::Base,
         };
-        let reduce_scatter = car::Car::new(team, car::Algo::ReduceScatter, rs_opts)?;
+        let reduce_scatter = car::Car::new(team, car::Algo::ReduceScatter, car_opts)?;
+        let all_gather = car::Car::new(team, car::Algo::AllGather, car_opts)?;
         let mut seen = std::collections::HashSet::new();
         notes.retain(|n| seen.insert(n.clone()));
-        Ok((engine, reduce_scatter, placement, notes, gpu.stream()?))
+        Ok((engine, [reduce_scatter, all_gather], placement, notes, gpu.stream()?))
     }
 
     pub fn rank(&self) -> usize {
@@ -339,19 +343,13 @@ impl Communicator {
     ///   its own buffer of that registration, at the same offset.
     pub unsafe fn issue(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
         call.checked_for(self.world(), self.capacity)?;
+        // SAFETY (every arm): the caller's contract.
         let algo = match call.op() {
-            // SAFETY: the caller's contract.
             Op::AllReduce => unsafe { self.issue_all_reduce(call, algo, stream)? },
-            Op::ReduceScatter => {
-                if let Some(a) = algo.filter(|&a| a != Algorithm::CarReduceScatter) {
-                    return Err(Error::BadArgs(format!("{a} is not a reduce-scatter algorithm")));
-                }
-                let mut state = self.state.borrow_mut();
-                let k = state.caller_stream(&self.gpu, stream)?;
-                // SAFETY: the caller's contract; the call was checked for this communicator's capacity.
-                unsafe { self.reduce_scatter.enqueue(&call, &state.streams[k].1)? };
-                Algorithm::CarReduceScatter
-            }
+            Op::ReduceScatter => unsafe {
+                self.issue_car(&self.reduce_scatter, Algorithm::CarReduceScatter, call, algo, stream)?
+            },
+            Op::AllGather => unsafe { self.issue_car(&self.all_gather, Algorithm::CarAllGather, call, algo, stream)? },
         };
         self.last.set(Some(algo));
         Ok(algo)
@@ -393,6 +391,24 @@ impl Communicator {
         unsafe { self.issue(call, None, stream) }
     }
 
+    /// Enqueues an all-gather: every rank receives every rank's `count` elements in rank order in `output`
+    /// (`count * W` elements, rank r's from element `r * count`); input and output may not overlap.
+    ///
+    /// # Safety
+    /// As [`Communicator::issue`].
+    pub unsafe fn all_gather(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DType,
+        stream: u64,
+    ) -> Result<Algorithm, Error> {
+        let call = self.call(Op::AllGather, dtype, input, output, count)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.issue(call, None, stream) }
+    }
+
     /// Forgets `raw`, a stream this communicator was called on that the caller is about to destroy, so a later
     /// stream that reuses its handle is borrowed afresh.
     pub fn forget_stream(&self, raw: u64) {
@@ -417,6 +433,12 @@ impl Communicator {
         self.host_call(Op::ReduceScatter, input.as_ptr(), input.len(), Some(out))
     }
 
+    /// All-gather of host slices on the host driver: `output` holds `input.len() * W` elements.
+    pub fn all_gather_host<T: Scalar>(&self, input: &[T], output: &mut [T]) -> Result<Algorithm, Error> {
+        let out = (output.as_mut_ptr(), output.len());
+        self.host_call(Op::AllGather, input.as_ptr(), input.len(), Some(out))
+    }
+
     /// One host-driver call on slices the public wrappers borrowed (`output` None: in place, `input` then comes
     /// from a mutable borrow).
     fn host_call<T: Scalar>(
@@ -436,7 +458,7 @@ impl Communicator {
         let out_count = op.output_count(count, self.world());
         let (out_ptr, out_len) = output.unwrap_or((input as *mut T, count));
         // A reduce-scatter whose count does not divide has no right output length: the call's check says why.
-        if (op == Op::AllReduce || count.is_multiple_of(self.world())) && out_len != out_count {
+        if (op != Op::ReduceScatter || count.is_multiple_of(self.world())) && out_len != out_count {
             return Err(Error::BadArgs(format!(
                 "{op} of {count} elements needs an output of {out_count}, not {out_len}"
             )));
@@ -449,11 +471,13 @@ impl Communicator {
             // returns only after the host stream has run the call on this thread.
             return unsafe { self.issue(call, None, own) };
         }
-        // Staged: the scratch holds an input and an output of the capacity each, so the call's own check bounds it.
+        // Staged: the scratch holds an input of the capacity and the op's largest output, so the call's own check
+        // bounds it (grown when an all-gather first needs more than an allreduce).
         let in_bytes = self.capacity.next_multiple_of(VEC_BYTES);
+        let need = in_bytes + op.output_capacity(self.capacity, self.world());
         let mut state = self.state.borrow_mut();
-        if state.scratch.is_none() {
-            state.scratch = Some(self.gpu.alloc(2 * in_bytes, MemKind::Device)?);
+        if state.scratch.as_ref().is_none_or(|s| s.bytes() < need) {
+            state.scratch = Some(self.gpu.alloc(need, MemKind::Device)?);
         }
         let scratch = state.scratch.as_ref().expect("allocated above");
         let s_in = scratch.ptr();
@@ -481,6 +505,28 @@ impl Communicator {
         let mut peers = r.peers;
         peers.iter_mut().take(self.world()).for_each(|p| *p += offset);
         Some(peers)
+    }
+
+    /// A reduce-scatter or all-gather, which `car` alone runs, as `runs` (the one algorithm a caller may force).
+    ///
+    /// # Safety
+    /// As [`Communicator::issue`].
+    unsafe fn issue_car(
+        &self,
+        car: &car::Car,
+        runs: Algorithm,
+        call: Call,
+        algo: Option<Algorithm>,
+        stream: u64,
+    ) -> Result<Algorithm, Error> {
+        if let Some(a) = algo.filter(|&a| a != runs) {
+            return Err(Error::BadArgs(format!("{a} does not run {}", call.op())));
+        }
+        let mut state = self.state.borrow_mut();
+        let k = state.caller_stream(&self.gpu, stream)?;
+        // SAFETY: the caller's contract; the call was checked for this communicator's capacity.
+        unsafe { car.enqueue(&call, &state.streams[k].1)? };
+        Ok(runs)
     }
 
     /// An allreduce: its residency, its algorithm (the table's for the size, mode and residency, or `algo`), and,
