@@ -312,6 +312,7 @@ class Check:
                     self.align()
                     eager = block(x, w, b)
                     self.align()
+                    print(f"{what}: the op ran {self.comm.last_algorithm}", flush=True)
                     if not torch.equal(bits(eager), bits(plain(x, w, b))):
                         self.fail(f"{what}: the op differs from the plain call")
                     self.align()
