@@ -25,6 +25,7 @@ struct CarParams {
     u32 world;
     u32 dtype;
     u32 reserved;
+    u64 status;  // the communicator's status words (arx/sync.h), which every wait watches
 };
 
 #define CAR_ROUND 1     // the sum rounded to the element type after every add, not accumulated in f32
@@ -40,11 +41,10 @@ template <int K> ARX_DEV const u64* car_flags(const CarParams& p) {
     return (K & CAR_TABLE) ? (const u64*)p.table + 2 * ARX_MAX_RANKS : p.flags;
 }
 
-template <int K> ARX_DEV void car_barrier(const CarParams& p, u32 ph, u64 epoch) {
-    if (K & CAR_CAS)
-        cas_barrier(car_flags<K>(p), p.rank, p.world, p.timeout_ns);
-    else
-        flag_barrier(car_flags<K>(p), p.rank, p.world, ph, epoch, p.timeout_ns);
+// False (in every thread of the block) when a peer did not arrive: the kernel then returns.
+template <int K> ARX_DEV bool car_barrier(const CarParams& p, u32 ph, u64 epoch) {
+    if (K & CAR_CAS) return cas_barrier(car_flags<K>(p), p.rank, p.world, p.timeout_ns, p.status);
+    return flag_barrier(car_flags<K>(p), p.rank, p.world, ph, epoch, p.timeout_ns, p.status);
 }
 
 template <int K> ARX_DEV void car_views(const CarParams& p, u64 epoch, u64* views) {
@@ -60,21 +60,26 @@ template <int K> ARX_DEV void car_views(const CarParams& p, u64 epoch, u64* view
 // CAR_ONEBLOCK: every block of this rank reports its copy-in done; block 0 waits for them all, runs the cross-rank
 // barrier in its own slot, and releases the other blocks. Words after the epoch counters: u64 [ARX_MAX_BLOCKS]
 // arrivals, then one release word, all epoch-valued (never reset). All blocks are co-resident (the launch cap).
-template <int K> ARX_DEV void one_block_barrier(const CarParams& p, u64 epoch) {
+template <int K> ARX_DEV bool one_block_barrier(const CarParams& p, u64 epoch) {
     u64* arrived = (u64*)p.counters + ARX_MAX_BLOCKS;
     u64* release = arrived + ARX_MAX_BLOCKS;
+    __shared__ u32 s_failed;
+    if (threadIdx.x == 0) s_failed = 0;
     __syncthreads();
     if (blockIdx.x == 0) {
-        for (u32 b = threadIdx.x + 1; b < gridDim.x; b += blockDim.x) wait_epoch(arrived + b, epoch, p.timeout_ns);
-        car_barrier<K>(p, 0, epoch);
+        for (u32 b = threadIdx.x + 1; b < gridDim.x; b += blockDim.x)
+            if (!wait_epoch(arrived + b, epoch, p.timeout_ns, p.status, p.rank, ARX_WAIT_BLOCKS)) s_failed = 1;
+        // A failed wait set the abort word, which ends the other blocks' waits for the release too.
+        if (!car_barrier<K>(p, 0, epoch) || s_failed) return false;
         if (threadIdx.x == 0) st_release_sys(release, epoch);
     } else {
         if (threadIdx.x == 0) {
             st_release_sys(arrived + blockIdx.x, epoch);
-            wait_epoch(release, epoch, p.timeout_ns);
+            if (!wait_epoch(release, epoch, p.timeout_ns, p.status, p.rank, ARX_WAIT_BLOCKS)) s_failed = 1;
         }
         __syncthreads();
     }
+    return s_failed == 0;
 }
 
 // CAR_PUSH: dst[d][i] = src[i] for every rank d (one load, `world` stores).
@@ -106,16 +111,13 @@ template <int DT, int K> ARX_DEV void car_1shot_k(CarParams p) {
         u64 mine[ARX_MAX_RANKS];  // slot `rank` of every rank's half; then every source's slot of this rank's
         for (u32 d = 0; d < p.world; ++d) mine[d] = views[d] + p.rank * p.slot_bytes;
         copy_to_all<DT>((const void*)p.input, mine, p.world, r);
-        car_barrier<K>(p, 0, epoch);
+        if (!car_barrier<K>(p, 0, epoch)) return;
         for (u32 s = 0; s < p.world; ++s) mine[s] = views[p.rank] + s * p.slot_bytes;
         reduce_range<DT, round>(mine, p.world, (void*)p.output, r);
         return;
     }
     copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], r);
-    if (K & CAR_ONEBLOCK)
-        one_block_barrier<K>(p, epoch);
-    else
-        car_barrier<K>(p, 0, epoch);
+    if (!((K & CAR_ONEBLOCK) ? one_block_barrier<K>(p, epoch) : car_barrier<K>(p, 0, epoch))) return;
     reduce_range<DT, round>(views, p.world, (void*)p.output, r);
 }
 
@@ -128,10 +130,10 @@ template <int DT, int K> ARX_DEV void car_2shot_k(CarParams p) {
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT, true>((const void*)p.input, (void*)views[p.rank],
                              block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
-    car_barrier<K>(p, 0, epoch);
+    if (!car_barrier<K>(p, 0, epoch)) return;
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     reduce_range<DT>(views, p.world, (void*)views[p.rank], mine);
-    car_barrier<K>(p, 1, epoch);
+    if (!car_barrier<K>(p, 1, epoch)) return;
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)views[s], (void*)p.output,
                        block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
@@ -148,7 +150,7 @@ template <int DT> ARX_DEV void car_rs(CarParams p) {
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT, true>((const void*)p.input, (void*)views[p.rank],
                              block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
-    car_barrier<0>(p, 0, epoch);
+    if (!car_barrier<0>(p, 0, epoch)) return;
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     // Shifted so that element i of the sum lands at output[i - shard start].
     u64 out = p.output - (u64)p.rank * shard * E::SIZE;
@@ -164,7 +166,7 @@ template <int DT> ARX_DEV void car_ag(CarParams p) {
     car_views<0>(p, epoch, views);
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], r);
-    car_barrier<0>(p, 0, epoch);
+    if (!car_barrier<0>(p, 0, epoch)) return;
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)views[s], (void*)(p.output + s * p.count * E::SIZE), r);
 }

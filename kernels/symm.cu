@@ -21,15 +21,17 @@ struct SymmParams {
     u32 world;
     u32 dtype;
     u32 reserved;
+    u64 status;  // the communicator's status words (arx/sync.h), which every wait watches
 };
 
-ARX_DEV void symm_barrier(const SymmParams& p) { cas_barrier(p.pads, p.rank, p.world, p.timeout_ns); }
+// False (in every thread of the block) when a peer did not arrive: the kernel then returns.
+ARX_DEV bool symm_barrier(const SymmParams& p) { return cas_barrier(p.pads, p.rank, p.world, p.timeout_ns, p.status); }
 
 template <int DT> ARX_DEV void symm_1shot(SymmParams p) {
     typedef Elem<DT> E;
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     copy_range<DT>((const void*)p.input, (void*)p.bufs[p.rank], r);
-    symm_barrier(p);  // block b of every rank copied slice b
+    if (!symm_barrier(p)) return;  // block b of every rank copied slice b
     reduce_range<DT>(p.bufs, p.world, (void*)p.output, r);
     symm_barrier(p);  // nobody's next copy-in overwrites a buffer this call still reads
 }
@@ -44,10 +46,10 @@ template <int DT, int K> ARX_DEV void symm_2shot_k(SymmParams p) {
         for (u32 s = 0; s < p.world; ++s)
             copy_range<DT>((const void*)p.input, (void*)p.bufs[p.rank],
                            block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
-    symm_barrier(p);
+    if (!symm_barrier(p)) return;
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     reduce_range<DT>(p.bufs, p.world, (void*)p.bufs[p.rank], mine);
-    symm_barrier(p);
+    if (!symm_barrier(p)) return;
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)p.bufs[s], (void*)p.output,
                        block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
@@ -57,7 +59,7 @@ template <int DT, int K> ARX_DEV void symm_2shot_k(SymmParams p) {
 template <int DT> ARX_DEV void symm_rs(SymmParams p) {
     typedef Elem<DT> E;
     u64 shard = p.count / p.world;
-    symm_barrier(p);
+    if (!symm_barrier(p)) return;
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
     reduce_range<DT>(p.bufs, p.world, (void*)(p.output - (u64)p.rank * shard * E::SIZE), mine);
     symm_barrier(p);

@@ -38,7 +38,13 @@ struct TunedParams {
     u32 reserved;
     u64 peer_table;              // the *_table kernels: u64 [inputs ARX_MAX_RANKS][outputs ARX_MAX_RANKS]
     u64 copy_from;               // zero-copy one- and two-shot: a caller's input to copy in first, or 0
+    u64 status;                  // the communicator's status words (arx/sync.h), which every wait watches
 };
+
+// False (in every thread of the block) when a peer did not arrive: the kernel then returns.
+ARX_DEV bool tuned_barrier(const TunedParams& p, u32 ph, u64 epoch) {
+    return flag_barrier(p.flags, p.rank, p.world, ph, epoch, p.timeout_ns, p.status);
+}
 
 // The zero-copy bodies take every rank's input and output views apart from the parameters: the plain kernels pass
 // the parameters' arrays, the *_table kernels arrays loaded from the peer table. Every index into a view array is a
@@ -95,11 +101,14 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
     const u64* mine = (const u64*)p.packets[p.rank] + area;
     for (u64 j = first; j < n; j += stride) {
         u32 words[ARX_MAX_RANKS];
-        Spin s = spin_start(p.timeout_ns);
+        Spin s = spin_start(p.timeout_ns, p.status);
+        bool ok = true;
 #pragma unroll
         for (u32 src = 0; src < ARX_MAX_RANKS; ++src) {
-            if (src < p.world) words[src] = LlPacket::poll(mine + src * p.ll_packets + j, flag, s);
+            if (ok && src < p.world) ok = LlPacket::poll(mine + src * p.ll_packets + j, flag, s, src, words[src]);
         }
+        // No barrier follows: a thread whose packets never came just ends.
+        if (!ok) return;
         float acc[2];
         for (int k = 0; k < per; ++k) acc[k] = payload<DT>(words[0], k);
 #pragma unroll
@@ -123,9 +132,9 @@ template <int DT> ARX_DEV void zc_1shot(const TunedParams& p, const u64* in, con
     u64 epoch = next_epoch(p.counters);
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     if (p.copy_from) copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank), r);
-    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
+    if (!tuned_barrier(p, 0, epoch)) return;
     reduce_range<DT>(in, p.world, (void*)pick(out, p.rank), r);
-    flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
+    if (!tuned_barrier(p, 1, epoch)) return;
     ll_clean(p, epoch);
 }
 
@@ -160,9 +169,9 @@ template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, con
         for (u32 s = 0; s < p.world; ++s)
             copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
                                  block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
-    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
+    if (!tuned_barrier(p, 0, epoch)) return;
     reduce_push<DT>(p.world, in, out, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC));
-    flag_barrier(p.flags, p.rank, p.world, 1, epoch, p.timeout_ns);
+    if (!tuned_barrier(p, 1, epoch)) return;
     ll_clean(p, epoch);
 }
 
@@ -176,7 +185,7 @@ template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
     for (u32 q = 0; q < ARX_MAX_RANKS; ++q) views[q] = q < p.world ? p.staging[q] + half : 0;
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     copy_range<DT, true>((const void*)p.inputs[p.rank], (void*)(p.staging[p.rank] + half), r);
-    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
+    if (!tuned_barrier(p, 0, epoch)) return;
     reduce_range<DT>(views, p.world, (void*)p.outputs[p.rank], r);
     ll_clean(p, epoch);
 }
@@ -191,7 +200,7 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
     typedef Elem<DT> E;
     const int per = 4 / E::SIZE;  // elements per packet
     u64 epoch = next_epoch(p.counters);
-    flag_barrier(p.flags, p.rank, p.world, 0, epoch, p.timeout_ns);
+    if (!tuned_barrier(p, 0, epoch)) return;
     u64 flag = ll_flag(epoch);
     u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
     u64 shard = shard_elems(p.count, p.world, E::VEC);  // a multiple of `per`
@@ -223,8 +232,9 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
         Range r = shard_range(p.count, shard, src);
         u64 m = (r.hi - r.lo + per - 1) / per;
         for (u64 j = first; j < m; j += stride) {
-            Spin s = spin_start(p.timeout_ns);
-            u32 w = LlPacket::poll(inbox + src * p.ll_packets + j, flag, s);
+            Spin s = spin_start(p.timeout_ns, p.status);
+            u32 w;
+            if (!LlPacket::poll(inbox + src * p.ll_packets + j, flag, s, src, w)) return;
             u64 e = r.lo + j * per;
             if (e + per <= r.hi) {
                 ((u32*)mine_out)[e / per] = w;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first run on a real GPU node (8 GPUs, or fewer under MPS), from the binaries `cargo xtask bundle` put into
 # dist/ (nothing is built here). Each step is its own process with short per-call timeouts, so a hang (a kernel's
-# trap) in one method group ends that step only and the others still run; everything lands in OUT_DIR and in
+# wait past its deadline, which fails the step's calls) in one method group ends that step only and the others still run; everything lands in OUT_DIR and in
 # OUT_DIR.tar.gz, the one file to send back.
 #   [RANKS=8] [BACKEND=cuda|hip] [SKIP="step ..."] [SOAK_CALLS=2000] [SOAK_SECONDS=600] [BENCH_ARGS="--counts ..."]
 #   first_node_run.sh OUT_DIR [--with-nvls]

@@ -18,6 +18,8 @@ step foreign "$here/cuda_foreign"
 step communicator_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/communicator_tests" --test-threads 1 \
     every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover bad_calls_get_typed_errors_before_any_work \
     registered_caller_buffers_are_read_in_place packets_stay_exact_across_the_flag_wrap
+# A dead, a stopped and an aborted peer: the survivors' calls fail, named, and their contexts live on.
+step dead_peer_tests env ARX_TEST_BACKEND=cuda "$here/dead_peer_tests" --test-threads 1
 step cuda_example "$here/comm-bench" launch -n "$ranks" -- "$here/cuda_graph_allreduce"
 for mode in eager graph; do
     flag=(); [ "$mode" = graph ] && flag=(--graph)

@@ -34,6 +34,7 @@ step smoke "$here/gpu_smoke" --backend cuda
 step check_cuda "${launch[@]}" "$python" "$here/gpu_python_check.py" check --backend cuda
 step check_host "$python" -m allreduce_rs.launch -n 2 -- "$python" "$here/gpu_python_check.py" check --backend host
 step torchrun "$python" -m torch.distributed.run --nproc-per-node "$ranks" "$here/row_parallel.py"
+step dead_peer "$python" -m allreduce_rs.launch -n 4 -- "$python" "$here/gpu_dead_peer.py"
 step sweep_eager "${launch[@]}" "${bench[@]}" --output "$out/sweep_eager.json"
 step sweep_graph "${launch[@]}" "${bench[@]}" --graph --output "$out/sweep_graph.json"
 # The per-call cost at 1024 elements: the Python path and comm-bench's auto (the communicator's public call), the same iterations.

@@ -212,9 +212,18 @@ class Communicator:
         :meth:`register` or a graph capture): ``tuned on this machine (PATH)``, a file, or ``built-in default: ...``
         saying what was measured where it differs from this job (then :attr:`notes` says so too)."""
 
+    def abort(self) -> None:
+        """Ends the communicator from any thread, at once, as ncclCommAbort: every wait of its kernels ends (their
+        results undefined) and every later call raises :class:`PeerError`. Then :meth:`close` it (no barrier is
+        waited for) and build a new communicator, with a new job id, to go on."""
+
+    def check(self) -> None:
+        """Raises :class:`PeerError` (its ``ranks`` the peers that did not arrive) if any call so far failed, for a
+        program that looks after a graph replay; synchronise the stream first. The next call raises it anyway."""
+
     def close(self) -> None:
-        """Ends the communicator: a barrier with every peer (which may still read this rank's buffers), then its
-        buffers are unmapped. Collective. Refused (AllreduceError) while tensors made from the registered buffers
+        """Ends the communicator: a barrier with every peer (which may still read this rank's buffers; none after a
+        failure), then its buffers are unmapped. Collective. Refused (AllreduceError) while tensors made from the registered buffers
         are alive. Later calls raise AllreduceError; closing twice does nothing."""
 
     def __enter__(self) -> "Communicator": ...

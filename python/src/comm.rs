@@ -172,7 +172,7 @@ impl PyCommunicator {
         let arg = args::describe(tensor, "tensor")?;
         let on_device = matches!(arg.memory, Memory::Device(_));
         if on_device {
-            self.check(&arg, "tensor")?;
+            self.check_place(&arg, "tensor")?;
         }
         let (ptr, bytes) = (DevicePtr(arg.ptr), arg.bytes());
         self.with(|state| {
@@ -292,6 +292,19 @@ impl PyCommunicator {
     /// Ends the communicator: a barrier with every peer (they may still read this rank's buffers), then its
     /// buffers are unmapped. Refused while tensors made from registered_input/registered_output are alive.
     /// Collective; later calls raise AllreduceError.
+    /// Ends the communicator from any thread, at once, as ncclCommAbort: every wait of its kernels ends (those
+    /// running and those enqueued, their results undefined), and every later call raises PeerError. Then close()
+    /// it (no peer barrier is waited for) and build a new one, with a new job id, to go on.
+    fn abort(&self) {
+        self.abort.abort();
+    }
+
+    /// Raises PeerError naming the ranks that did not arrive if any call so far failed (for a program that looks
+    /// after a graph replay; the next call raises it anyway). Synchronise the stream first to see its last calls.
+    fn check(&self) -> PyResult<()> {
+        self.with(|state| state.comm.check().map_err(from_error))
+    }
+
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let views = self.views.load(Ordering::SeqCst);
         if views > 0 {

@@ -46,6 +46,8 @@ pub struct PyCommunicator {
     pub(crate) sources: [[String; 3]; 2],
     /// Live DLPack views of the registered buffers.
     pub(crate) views: Arc<AtomicUsize>,
+    /// Ends the communicator from any thread without its lock (a call may hold it, waiting for a dead peer).
+    pub(crate) abort: allreduce::AbortHandle,
 }
 
 impl PyCommunicator {
@@ -76,6 +78,7 @@ impl PyCommunicator {
             sources: Mode::ALL.map(|m| Residency::ALL.map(|r| comm.table_source(m, r).to_string())),
             placement,
             views: Arc::new(AtomicUsize::new(0)),
+            abort: comm.abort_handle(),
             state: Mutex::new(Some(State { comm, host_stream, registered: Vec::new() })),
         })
     }
@@ -101,7 +104,7 @@ impl PyCommunicator {
 
     /// Refuses a tensor this communicator's driver cannot reach. The call's own rules (capacity, alignment of device
     /// memory, divisibility, overlap) are [`Communicator::call`]'s, checked once when the call is built.
-    pub(crate) fn check(&self, arg: &Arg, what: &str) -> PyResult<()> {
+    pub(crate) fn check_place(&self, arg: &Arg, what: &str) -> PyResult<()> {
         let wrong_place = |there: String| {
             let here = match self.driver {
                 DriverKind::Host => "host memory (numpy arrays, CPU tensors)".to_string(),
@@ -146,7 +149,7 @@ impl PyCommunicator {
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Arg, Option<Arg>)> {
         let input = args::describe(tensor, "tensor")?;
-        self.check(&input, "tensor")?;
+        self.check_place(&input, "tensor")?;
         let output = match out {
             None if !input.writable => {
                 return Err(ArgumentError::new_err("tensor: read-only, so it cannot be reduced in place; pass out="))
@@ -154,7 +157,7 @@ impl PyCommunicator {
             None => None,
             Some(o) => {
                 let o = args::describe(o, "out")?;
-                self.check(&o, "out")?;
+                self.check_place(&o, "out")?;
                 same_shape(&input, &o, input.count, "the tensor's")?;
                 if !o.writable {
                     return Err(ArgumentError::new_err("out: read-only"));
@@ -179,9 +182,9 @@ impl PyCommunicator {
         out: &Bound<'py, PyAny>,
     ) -> PyResult<(Arg, Arg)> {
         let input = args::describe(input, "input")?;
-        self.check(&input, "input")?;
+        self.check_place(&input, "input")?;
         let output = args::describe(out, "out")?;
-        self.check(&output, "out")?;
+        self.check_place(&output, "out")?;
         // A reduce-scatter's count that does not divide has no shard shape: the call refuses it, saying so.
         if op != Op::ReduceScatter || input.count.is_multiple_of(self.world) {
             let whose = if op == Op::ReduceScatter { "a shard of the input's" } else { "the world's inputs'" };

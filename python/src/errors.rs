@@ -24,6 +24,7 @@ pub fn from_error(e: Error) -> PyErr {
         Error::Mismatch(_) => MismatchError::new_err(msg),
         Error::Unsupported(_) => UnsupportedError::new_err(msg),
         Error::NoLauncher => LauncherError::new_err(msg),
+        Error::Peer { ranks, .. } => PeerError::new_err((msg, ranks)),
         Error::Launch(e) => from_launch(e),
         Error::Gpu(e) => from_gpu(&e, msg),
         Error::Ipc(e) => from_ipc(&e, msg),

@@ -5,6 +5,8 @@ or unexpected exception; rank 0 prints ``SCENARIO ok`` when its checks all passe
 import hashlib
 import os
 import sys
+import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -408,12 +410,47 @@ def mismatch():
 
 
 def peer_dies():
-    """Rank 1 exits after set-up; every other rank's next call raises PeerError naming it, after the timeout."""
-    comm = host_comm(timeout_s=1.0)
-    if comm.rank == 1:
+    """Rank 1 exits after set-up; every other rank's next call raises PeerError naming it within 2 s (the deadline is
+    10 s), and every later call too; abort() from another thread is refused nothing; then the survivors allreduce
+    exactly with a communicator of their own (a new job id)."""
+    comm = host_comm(timeout_s=10.0)
+    rank, world = comm.rank, comm.world_size
+    comm.barrier()
+    if rank == 1:
         os._exit(0)
+    start = time.monotonic()
     e = expect(ar.PeerError, lambda: comm.all_reduce(np.ones(4096, np.float32)), "rank(s) [1]")
+    took = time.monotonic() - start
     assert e.ranks == (1,), e.ranks
+    assert took < 2.0, f"rank 1's death took {took:.2f} s to be reported"
+    print(f"PeerError named rank 1 after {took:.2f} s", flush=True)
+    expect(ar.PeerError, lambda: comm.all_reduce(np.ones(8, np.float32)), "rank(s) [1]")
+    expect(ar.PeerError, comm.check, "rank(s) [1]")
+    comm.close()
+    me = rank - (rank > 1)
+    job = os.environ["ALLREDUCE_JOB_ID"] + "2"
+    with ar.Communicator(me, world - 1, me, job, backend="host", capacity_bytes=CAPACITY) as survivors:
+        x = np.ones(100, np.float32)
+        survivors.all_reduce(x)
+        assert (x == world - 1).all(), x[:4]
+    return rank
+
+
+def aborted():
+    """abort() (from any thread; here between calls, since a host-driver call holds the interpreter) ends the
+    communicator on this rank: its calls and check() raise PeerError; the others go on to close."""
+    comm = host_comm()
+    comm.all_reduce(np.ones(64, np.float32))
+    if comm.rank == 0:
+        t = threading.Thread(target=comm.abort)
+        t.start()
+        t.join()
+        e = expect(ar.PeerError, lambda: comm.all_reduce(np.ones(64, np.float32)), "aborted by the caller")
+        assert e.ranks == (), e.ranks
+        expect(ar.PeerError, comm.check, "aborted")
+    comm.barrier()
+    comm.abort()
+    comm.close()
     return comm.rank
 
 

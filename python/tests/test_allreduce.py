@@ -72,6 +72,10 @@ def test_a_peer_that_dies_is_named():
     assert "[rank 2]" in out
 
 
+def test_abort_ends_the_communicator_on_its_rank():
+    run_job(2, "aborted")
+
+
 def test_a_peer_that_never_comes_is_named():
     run_job(2, "peer_never_comes")
 

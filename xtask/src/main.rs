@@ -85,6 +85,7 @@ fn bundle() -> Result<(), String> {
         "gpu_residency.sh",
         "gpu_ab.sh",
         "gpu_python_check.py",
+        "gpu_dead_peer.py",
         "ab_table.py",
         "comm_json.py",
     ];
@@ -95,9 +96,13 @@ fn bundle() -> Result<(), String> {
     let example = root().join("python/examples/row_parallel.py");
     std::fs::copy(&example, dist.join("row_parallel.py")).map_err(|e| format!("copy {}: {e}", example.display()))?;
     // The test binaries that run on a GPU node: comm-bench's GPU sweep (COMM_BENCH=dist/comm-bench REQUIRE_GPU=1
-    // dist/gpu_tests) and the communicator's driver-independent tests (ARX_TEST_BACKEND=cuda dist/communicator_tests).
-    for (package, test, to) in [("comm-bench", "gpu", "gpu_tests"), ("allreduce", "communicator", "communicator_tests")]
-    {
+    // dist/gpu_tests) and the communicator's driver-independent tests (ARX_TEST_BACKEND=cuda dist/communicator_tests,
+    // dist/dead_peer_tests).
+    for (package, test, to) in [
+        ("comm-bench", "gpu", "gpu_tests"),
+        ("allreduce", "communicator", "communicator_tests"),
+        ("allreduce", "dead_peer", "dead_peer_tests"),
+    ] {
         let json = output(cargo().args([
             "test",
             "--release",

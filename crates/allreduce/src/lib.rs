@@ -28,7 +28,7 @@ pub mod placement;
 pub mod tune;
 
 pub use collective_core::{Call, CallError, DType, Op};
-pub use comm::{Communicator, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS};
+pub use comm::{AbortHandle, Communicator, Failure, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS};
 pub use gpu::{Backend, DevicePtr, DriverKind};
 pub use launch::RankInfo;
 pub use placement::Placement;
@@ -64,6 +64,9 @@ pub enum Error {
     Unsupported(String),
     #[error("ranks disagree: {0}")]
     Mismatch(String),
+    /// A peer that did not arrive (or an abort): the communicator is poisoned, and every later call says the same.
+    #[error("peer rank(s) {ranks:?} {what}: this communicator has failed; build a new one (with a new job id)")]
+    Peer { ranks: Vec<usize>, what: String },
 }
 
 /// The element types a safe wrapper takes: `half::bf16`, `half::f16` and `f32`.

@@ -8,36 +8,8 @@ use measure::check::{agree_verdict, fingerprint, input_values, reference, tolera
 use symm::tuned::TWO_SHOT_EPOCH_MAX_BYTES;
 use symm::tuned::{EPOCH_MAX_BYTES, LL_HANDOVER_EAGER_BYTES, LL_HANDOVER_GRAPH_BYTES, LL_MAX_BYTES};
 
-/// The driver of the driver-independent tests.
-fn backend() -> gpu::Backend {
-    std::env::var("ARX_TEST_BACKEND").map_or(gpu::Backend::Host, |b| b.parse().expect("ARX_TEST_BACKEND"))
-}
-
-/// Their world size: `default`, or `ARX_TEST_RANKS`.
-fn ranks(default: usize) -> usize {
-    std::env::var("ARX_TEST_RANKS").map_or(default, |r| r.parse().expect("ARX_TEST_RANKS"))
-}
-
-/// Runs `body` as every rank of a `world`-rank job: the launcher starts this test binary again, filtered to `test`.
-fn as_job(test: &str, world: usize, body: impl FnOnce(launch::RankInfo)) {
-    if let Some(info) = launch::detect().unwrap() {
-        body(info);
-        return;
-    }
-    let mut opts = launch::LaunchOptions::new(world, launch::self_exe().unwrap());
-    opts.args = ["--exact", test, "--nocapture", "--test-threads", "1"].map(Into::into).to_vec();
-    opts.env = vec![("ALLREDUCE_TUNE_DIR".into(), std::env::temp_dir().join("arx-no-tables").display().to_string())];
-    launch::run(&opts).unwrap();
-}
-
-fn comm_on(backend: gpu::Backend, info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
-    let opts = Options { backend, capacity_bytes, ..Options::default() };
-    Communicator::new(info, opts).unwrap()
-}
-
-fn host_comm(info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
-    comm_on(gpu::Backend::Host, info, capacity_bytes)
-}
+mod common;
+use common::{as_job, backend, comm_on, host_comm, ranks};
 
 /// An allreduce checked, then issued with `algo` forced (`None`: the table's).
 ///

@@ -170,7 +170,9 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
         dtype: DType::from_code(p.dtype)?,
         rank: p.rank as usize,
         world,
-        deadline: Deadline::after(Duration::from_nanos(p.timeout_ns)),
+        // SAFETY: the status words are the communicator's (or the method's own) live memory, process memory on the
+        // host driver, which others change only with atomic stores.
+        deadline: unsafe { Deadline::after(Duration::from_nanos(p.timeout_ns)).watching(p.status) },
     };
     let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, call.dtype.vec(), call.dtype.size());
     let at = |base: u64, elem: usize| (base as *mut u8).wrapping_add(elem * size);

@@ -12,7 +12,7 @@ mod host;
 use collective_core::host_sync::FLAG_SLOTS;
 pub use collective_core::Algo;
 use collective_core::{
-    Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
+    Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, OwnStatus, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 use std::collections::HashMap;
@@ -43,6 +43,8 @@ pub struct CarParams {
     pub world: u32,
     pub dtype: u32,
     pub reserved: u32,
+    /// The communicator's status words (`kernels/include/arx/sync.h`), which every wait watches.
+    pub status: u64,
 }
 
 /// Options for [`Car::new`].
@@ -154,6 +156,7 @@ pub struct Car {
     _flags: DeviceBuffer,
     _counters: DeviceBuffer,
     _table: Option<DeviceBuffer>,
+    _status: OwnStatus,
 }
 
 /// u64 words of a rank's counter array: epoch counters, then `Variant::OneBlockBarrier`'s arrival and release words.
@@ -192,7 +195,9 @@ impl Car {
         stream.fill(&counters, 0)?;
         stream.sync()?;
         let peers = team.exchange(name, &[(&data, sharing), (&flags, flag_sharing)])?;
+        let status = team.status()?;
         let mut base = CarParams::zeroed_with(rank, world, half, team.timeout_ns());
+        base.status = status.ptr;
         base.bufs = peers.column(0);
         base.flags = peers.column(1);
         base.counters = counters.ptr().0;
@@ -241,6 +246,7 @@ impl Car {
             _flags: flags,
             _counters: counters,
             _table: table,
+            _status: status,
         })
     }
 }

@@ -14,7 +14,7 @@ pub use call::{Call, CallError, Residency};
 pub use elem::{Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
 pub use plan::{LaunchPlan, LaunchRule};
-pub use team::{PeerMaps, Sharing, Team};
+pub use team::{OwnStatus, PeerMaps, Sharing, Team, STATUS_BYTES};
 
 use gpu::Stream;
 use std::fmt;

@@ -8,8 +8,8 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 /// What a method is built from: this rank's device, the job's rendezvous, and how many ranks share this device
-/// (from the placement the ranks agreed on, not from `world / device count`), and how long a kernel waits for a
-/// peer before it traps.
+/// (from the placement the ranks agreed on, not from `world / device count`), how long a kernel waits for a peer,
+/// and the status words its waits watch and record a failure in.
 #[derive(Clone, Copy)]
 pub struct Team<'a> {
     pub gpu: &'a Gpu,
@@ -19,6 +19,18 @@ pub struct Team<'a> {
     /// Why atomics on peers' memory are not native here (the drivers' report), which the compare-and-swap
     /// handshakes need; `None` where no pair is known to lack them.
     pub missing_peer_atomics: Option<&'a str>,
+    /// The communicator's status words (`STATUS_BYTES`, `kernels/include/arx/sync.h`); `None`: a method built on its
+    /// own watches words of its own ([`Team::status`]).
+    pub status: Option<DevicePtr>,
+}
+
+/// Bytes of a communicator's status words: u64 [abort, failed, the rank waited for, what was waited for].
+pub const STATUS_BYTES: usize = 32;
+
+/// Status words a method allocated for itself because its team had none; the kernels' address is `ptr`.
+pub struct OwnStatus {
+    pub ptr: u64,
+    pub _buf: Option<DeviceBuffer>,
 }
 
 /// Every rank's copies of a set of buffers, as mapped here: `ptrs[rank][k]` is rank `rank`'s buffer `k`.
@@ -54,7 +66,26 @@ impl<'a> Team<'a> {
             ranks_per_device: ranks_per_device.max(1),
             kernel_timeout: rdv.timeout(),
             missing_peer_atomics: None,
+            status: None,
         }
+    }
+
+    /// The same team, whose kernels watch (and record their failures in) the status words at `status`, of
+    /// [`STATUS_BYTES`], zeroed, live as long as any method built from it.
+    pub fn with_status(self, status: DevicePtr) -> Team<'a> {
+        Team { status: Some(status), ..self }
+    }
+
+    /// The status words a method's kernels watch: the team's, or zeroed ones of the method's own (kept with it).
+    pub fn status(&self) -> Result<OwnStatus, CollectiveError> {
+        if let Some(p) = self.status {
+            return Ok(OwnStatus { ptr: p.0, _buf: None });
+        }
+        let buf = self.gpu.alloc(STATUS_BYTES, MemKind::Device)?;
+        let stream = self.gpu.stream()?;
+        stream.fill(&buf, 0)?;
+        stream.sync()?;
+        Ok(OwnStatus { ptr: buf.ptr().0, _buf: Some(buf) })
     }
 
     /// The same team, told that atomics on peers' memory are not native (`reason`).

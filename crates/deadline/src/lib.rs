@@ -46,11 +46,32 @@ pub fn timeout_from_env() -> Result<Duration, String> {
 pub struct Deadline {
     end: Instant,
     timeout: Duration,
+    /// The address of a word that ends every wait on this deadline once it is not zero (a communicator's abort
+    /// word, which a kernel's wait watches as well); 0: none.
+    abort_word: u64,
 }
 
 impl Deadline {
     pub fn after(timeout: Duration) -> Self {
-        Deadline { end: Instant::now() + timeout, timeout }
+        Deadline { end: Instant::now() + timeout, timeout, abort_word: 0 }
+    }
+
+    /// The same deadline, also ended by the word at `abort_word` becoming non-zero.
+    ///
+    /// # Safety
+    /// `abort_word` is the address of a live, 8-byte aligned u64, changed by anyone else only atomically, for as
+    /// long as a wait uses this deadline.
+    pub unsafe fn watching(self, abort_word: u64) -> Deadline {
+        Deadline { abort_word, ..self }
+    }
+
+    /// Whether the watched word says abort.
+    pub fn aborted(&self) -> bool {
+        // SAFETY: `watching`'s contract; AtomicU64 has u64's layout.
+        self.abort_word != 0
+            && unsafe { &*(self.abort_word as *const std::sync::atomic::AtomicU64) }
+                .load(std::sync::atomic::Ordering::Acquire)
+                != 0
     }
     pub fn expired(&self) -> bool {
         Instant::now() >= self.end
@@ -121,6 +142,10 @@ pub fn wait_all(
             return Ok(());
         }
         if let Some(reason) = aborted() {
+            return Err(WaitError::Aborted { what: what.to_string(), reason });
+        }
+        if deadline.aborted() {
+            let reason = "the communicator was aborted".to_string();
             return Err(WaitError::Aborted { what: what.to_string(), reason });
         }
         if deadline.expired() {

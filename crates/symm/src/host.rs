@@ -54,7 +54,9 @@ fn barrier(p: &SymmParams, channel: usize, deadline: &Deadline, what: &str) -> R
 fn run(l: &HostLaunch<'_>, kind: SymmKernel) -> Result<(), KernelFault> {
     let p: SymmParams = l.params()?;
     let dtype = DType::from_code(p.dtype)?;
-    let deadline = Deadline::after(Duration::from_nanos(p.timeout_ns));
+    // SAFETY: the status words are the communicator's (or the method's own) live memory, process memory on the host
+    // driver, which others change only with atomic stores.
+    let deadline = unsafe { Deadline::after(Duration::from_nanos(p.timeout_ns)).watching(p.status) };
     let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, dtype.vec(), dtype.size());
     let (rank, world) = (p.rank as usize, p.world as usize);
     let srcs: Vec<*const u8> = p.bufs[..world].iter().map(|&a| a as *const u8).collect();

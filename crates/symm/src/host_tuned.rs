@@ -69,7 +69,9 @@ fn call_with(p: TunedParams, l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
         rank: p.rank as usize,
         world: p.world as usize,
         grid: l.dims.grid as usize,
-        deadline: Deadline::after(Duration::from_nanos(p.timeout_ns)),
+        // SAFETY: the status words are the communicator's (or the method's own) live memory, process memory on the
+        // host driver, which others change only with atomic stores.
+        deadline: unsafe { Deadline::after(Duration::from_nanos(p.timeout_ns)).watching(p.status) },
         p,
     })
 }

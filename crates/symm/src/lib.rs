@@ -15,7 +15,7 @@ mod tuned_params;
 
 pub use collective_core::Algo;
 use collective_core::{
-    Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
+    Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, OwnStatus, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, Stream};
 use std::collections::HashMap;
@@ -42,6 +42,8 @@ pub struct SymmParams {
     pub world: u32,
     pub dtype: u32,
     pub reserved: u32,
+    /// The communicator's status words (`kernels/include/arx/sync.h`), which every wait watches.
+    pub status: u64,
 }
 
 /// Bytes of one signal pad: a u32 per (channel = block, peer).
@@ -90,6 +92,7 @@ pub struct Symm {
     _buffer: DeviceBuffer,
     /// The signal pad, where it is not at the end of the buffer.
     _pad: Option<DeviceBuffer>,
+    _status: OwnStatus,
 }
 
 impl Symm {
@@ -117,8 +120,10 @@ impl Symm {
             let peers = team.exchange(name, &[(&buffer, Sharing::Vmm), (&pad, sharing)])?;
             (Some(pad), peers)
         };
+        let status = team.status()?;
         let mut base = SymmParams {
             timeout_ns: team.timeout_ns(),
+            status: status.ptr,
             rank: rank as u32,
             world: world as u32,
             ..bytemuck::Zeroable::zeroed()
@@ -153,6 +158,7 @@ impl Symm {
             _peers: peers.mapped,
             _buffer: buffer,
             _pad: pad,
+            _status: status,
         })
     }
 }

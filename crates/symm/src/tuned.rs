@@ -22,7 +22,8 @@
 use crate::host_tuned;
 use collective_core::host_sync::FLAG_SLOTS;
 use collective_core::{
-    Call, Collective, CollectiveError, DType, LaunchRule, Mode, Op, Sharing, Team, LINE_BYTES, MAX_BLOCKS, MAX_RANKS,
+    Call, Collective, CollectiveError, DType, LaunchRule, Mode, Op, OwnStatus, Sharing, Team, LINE_BYTES, MAX_BLOCKS,
+    MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 
@@ -255,6 +256,7 @@ pub struct SymmTuned {
     _sync: DeviceBuffer,
     _staging: DeviceBuffer,
     _counters: DeviceBuffer,
+    _status: OwnStatus,
 }
 
 /// Bytes of a rank's packet area: two parities, a slot per source.
@@ -304,7 +306,9 @@ impl SymmTuned {
         let bufs =
             [(&input, Sharing::Vmm), (&output, Sharing::Vmm), (&sync, sync_sharing), (&staging, staging_sharing)];
         let peers = team.exchange(name, &bufs)?;
+        let status = team.status()?;
         let mut base = TunedParams {
+            status: status.ptr,
             inputs: peers.column(0),
             outputs: peers.column(1),
             packets: peers.column(2),
@@ -370,6 +374,7 @@ impl SymmTuned {
             _sync: sync,
             _staging: staging,
             _counters: counters,
+            _status: status,
         })
     }
 }

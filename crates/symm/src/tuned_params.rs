@@ -31,6 +31,8 @@ pub struct TunedParams {
     pub peer_table: u64,
     /// Zero-copy one- and two-shot: a caller's input that the kernel copies into the registered one first (0: none).
     pub copy_from: u64,
+    /// The communicator's status words (`kernels/include/arx/sync.h`), which every wait watches.
+    pub status: u64,
 }
 
 /// Bytes of one peer table (see [`TunedParams::peer_table`]).

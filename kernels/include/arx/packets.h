@@ -34,11 +34,12 @@ struct LlPacket {
         data = (u32)v;
         return (v & 0xffffffff00000000ull) == flag;
     }
-    // Polls `slot` until it carries `flag` (ending the kernel when `s` times out) and returns its data.
-    ARX_DEV u32 poll(const u64* slot, u64 flag, Spin& s) {
-        u32 data;
-        while (!read(slot, flag, data)) s.check();
-        return data;
+    // Polls `slot` until it carries `flag` (from rank `src`): true, with its data in `data`; false when the wait
+    // ended without it (see Spin).
+    ARX_DEV bool poll(const u64* slot, u64 flag, Spin& s, u32 src, u32& data) {
+        while (!read(slot, flag, data))
+            if (!s.check(src, ARX_WAIT_PACKETS)) return false;
+        return true;
     }
 };
 

@@ -47,7 +47,6 @@ ARX_DEV void st_stage(vec16* p, vec16 v) {
 }
 // s_memrealtime: the 100 MHz constant clock of gfx9 (CDNA: MI200, MI300); RDNA 3 (gfx11) has no such instruction.
 ARX_DEV u64 timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
-ARX_DEV void arx_trap() { __builtin_trap(); }
 ARX_DEV float u32_as_f32(u32 x) { return __builtin_bit_cast(float, x); }
 ARX_DEV u32 f32_as_u32(float x) { return __builtin_bit_cast(u32, x); }
 ARX_DEV float f16_to_f32(u16 x) { return (float)__builtin_bit_cast(_Float16, x); }
@@ -83,7 +82,6 @@ ARX_DEV u64 timer_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-ARX_DEV void arx_trap() { __trap(); }
 ARX_DEV float u32_as_f32(u32 x) { return __uint_as_float(x); }
 ARX_DEV u32 f32_as_u32(float x) { return __float_as_uint(x); }
 ARX_DEV float f16_to_f32(u16 x) {

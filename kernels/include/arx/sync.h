@@ -1,5 +1,5 @@
-// Synchronisation: per-block epoch counters, the trapping spin, epoch-flag waits and barriers, torch's CAS
-// handshake.
+// Synchronisation: per-block epoch counters, the spin that watches the communicator's status words, epoch-flag waits
+// and barriers, torch's CAS handshake.
 #ifndef ARX_SYNC_H
 #define ARX_SYNC_H
 
@@ -20,58 +20,91 @@ ARX_DEV u64 next_epoch(u64 counters) {
     return s_epoch;
 }
 
-// A spin that ends the kernel (rather than hanging the GPU) once `timeout_ns` has passed.
+// The communicator's status words (device memory, u64 [4]) that every wait watches, so no wait traps and a failure
+// ends every wait of this rank: [0] abort (set by the host, or by a wait that timed out), [1] 1 once a wait timed
+// out, [2] the rank it waited for, [3] what it waited for (ARX_WAIT_* | phase). The host reads them and reports.
+#define ARX_WAIT_FLAGS 0x100u    // an epoch-flag barrier, | its phase
+#define ARX_WAIT_PACKETS 0x200u  // LL packets
+#define ARX_WAIT_CAS 0x300u      // torch's compare-and-swap handshake
+#define ARX_WAIT_BLOCKS 0x400u   // car's one-block barrier: this rank's own blocks
+
+// A spin with a deadline that watches the status words: check() is false once the wait must end.
 struct Spin {
     u64 start, timeout;
+    u64* status;
     u32 n;
-    __device__ __forceinline__ void check() {
-        if ((++n & 1023u) == 0 && timer_ns() - start > timeout) arx_trap();
+    __device__ __forceinline__ bool check(u32 peer, u32 what) {
+        if ((++n & 1023u) != 0) return true;
+        if (ld_relaxed_sys(status) != 0) return false;
+        if (timer_ns() - start <= timeout) return true;
+        // The first failure of a call is what the host reports; a later one's record would describe the same stall.
+        if (ld_relaxed_sys(status + 1) == 0) {
+            st_relaxed_sys(status + 2, peer);
+            st_relaxed_sys(status + 3, what);
+            st_relaxed_sys(status + 1, 1);
+        }
+        st_release_sys(status, 1);
+        return false;
     }
 };
-ARX_DEV Spin spin_start(u64 timeout_ns) { return Spin{timer_ns(), timeout_ns, 0}; }
+ARX_DEV Spin spin_start(u64 timeout_ns, u64 status) { return Spin{timer_ns(), timeout_ns, (u64*)status, 0}; }
 
-// Waits until the epoch word *p reaches `epoch`, then acquires what its writer released.
-ARX_DEV void wait_epoch(const u64* p, u64 epoch, u64 timeout_ns) {
-    Spin s = spin_start(timeout_ns);
+// Waits until the epoch word *p reaches `epoch`, then acquires what its writer released; false when the wait ended
+// without it (the communicator aborted, or the deadline passed: recorded as waiting for `peer`, `what`).
+ARX_DEV bool wait_epoch(const u64* p, u64 epoch, u64 timeout_ns, u64 status, u32 peer, u32 what) {
+    Spin s = spin_start(timeout_ns, status);
 #ifdef ARX_IS_HIP
     // On GFX942 every system-scope acquire load invalidates the caches: poll relaxed, then acquire once.
-    while (ld_relaxed_sys(p) < epoch) s.check();
+    while (ld_relaxed_sys(p) < epoch)
+        if (!s.check(peer, what)) return false;
     fence_acquire_sys();
 #else
     // On NVIDIA an acquire load per poll is cheaper than relaxed polls and PTX's only acquire fence, a full
     // fence.acq_rel.
-    while (ld_acquire_sys(p) < epoch) s.check();
+    while (ld_acquire_sys(p) < epoch)
+        if (!s.check(peer, what)) return false;
 #endif
+    return true;
 }
 
 // Block-level barrier of phase `ph` over epoch flags u64 [ARX_MAX_BLOCKS][ARX_PHASES][ARX_MAX_RANKS] per rank: thread t
 // tells rank t that this block reached `epoch` (remote release store), then waits until rank t's block said the
-// same (wait_epoch on the local slot). Block b's work depends only on block b of the peers.
-ARX_DEV void flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epoch, u64 timeout_ns) {
+// same (wait_epoch on the local slot). Block b's work depends only on block b of the peers. False, in every thread of
+// the block, when a wait ended without its peer: the kernel then returns.
+ARX_DEV bool flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epoch, u64 timeout_ns, u64 status) {
+    __shared__ u32 s_failed;
+    if (threadIdx.x == 0) s_failed = 0;
     __syncthreads();
     u32 t = threadIdx.x;
     if (t < world) {
         u64 slot = ((u64)blockIdx.x * ARX_PHASES + ph) * ARX_MAX_RANKS;
         st_release_sys((u64*)flags[t] + slot + rank, epoch);
-        wait_epoch((const u64*)flags[rank] + slot + t, epoch, timeout_ns);
+        if (!wait_epoch((const u64*)flags[rank] + slot + t, epoch, timeout_ns, status, t, ARX_WAIT_FLAGS | ph))
+            s_failed = 1;
     }
     __syncthreads();
+    return s_failed == 0;
 }
 
 // Torch's signal-pad handshake on channel `blockIdx.x` of pads u32 [ARX_MAX_BLOCKS][ARX_MAX_RANKS] per rank:
 // signal = remote compare-and-swap 0 -> 1 (retried until the peer consumed our previous signal), wait = local
-// compare-and-swap 1 -> 0.
-ARX_DEV void cas_barrier(const u64* pads, u32 rank, u32 world, u64 timeout_ns) {
+// compare-and-swap 1 -> 0. False, in every thread of the block, when a wait ended without its peer.
+ARX_DEV bool cas_barrier(const u64* pads, u32 rank, u32 world, u64 timeout_ns, u64 status) {
+    __shared__ u32 s_failed;
+    if (threadIdx.x == 0) s_failed = 0;
     __syncthreads();
     u32 t = threadIdx.x;
     if (t < world && t != rank) {
         u32* remote = (u32*)pads[t] + blockIdx.x * ARX_MAX_RANKS + rank;
         u32* local = (u32*)pads[rank] + blockIdx.x * ARX_MAX_RANKS + t;
-        Spin s = spin_start(timeout_ns);
-        while (cas_acq_rel_sys(remote, 0u, 1u) != 0u) s.check();
-        while (cas_acq_rel_sys(local, 1u, 0u) != 1u) s.check();
+        Spin s = spin_start(timeout_ns, status);
+        bool ok = true;
+        while (ok && cas_acq_rel_sys(remote, 0u, 1u) != 0u) ok = s.check(t, ARX_WAIT_CAS);
+        while (ok && cas_acq_rel_sys(local, 1u, 0u) != 1u) ok = s.check(t, ARX_WAIT_CAS);
+        if (!ok) s_failed = 1;
     }
     __syncthreads();
+    return s_failed == 0;
 }
 
 #endif  // ARX_SYNC_H

@@ -5,6 +5,7 @@
 
 mod register;
 mod tuning;
+mod watch;
 
 use crate::engine::Engine;
 use crate::placement::{decode_links, encode_links, Placement, RankDevice};
@@ -22,6 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use symm::tuned::{Deferred, PeerBuffers};
 pub use tuning::{Measured, TuneReport, TuneRequest};
+use watch::Watch;
+pub use watch::{AbortHandle, Failure};
 
 /// How a communicator is built.
 #[derive(Clone, Debug)]
@@ -83,6 +86,8 @@ pub struct Communicator {
     /// The peers' buffers mapped for past captures.
     capture_mappings: Vec<Arc<DeviceBuffer>>,
     imports: Imports,
+    /// The status words the kernels' waits watch, the watchdog, and the failure that poisons every later call.
+    watch: Watch,
     own: Stream,
     last: Cell<Option<Algorithm>>,
     capacity: usize,
@@ -146,7 +151,7 @@ impl Communicator {
         )?;
         let built = Communicator::build(info, &opts, gpu.clone(), &rdv, opened.notes, timeout);
         match built {
-            Ok((engine, [reduce_scatter, all_gather], placement, notes, own)) => {
+            Ok((engine, [reduce_scatter, all_gather], placement, notes, own, watch)) => {
                 rdv.set_timeout(timeout);
                 Ok(Communicator {
                     engine,
@@ -157,6 +162,7 @@ impl Communicator {
                     state: RefCell::default(),
                     capture_mappings: Vec::new(),
                     imports: Imports::default(),
+                    watch,
                     own,
                     last: Cell::new(None),
                     capacity: opts.capacity_bytes,
@@ -182,7 +188,7 @@ impl Communicator {
         rdv: &Rendezvous,
         mut notes: Vec<String>,
         timeout: Duration,
-    ) -> Result<(Engine, [car::Car; 2], Placement, Vec<String>, Stream), Error> {
+    ) -> Result<(Engine, [car::Car; 2], Placement, Vec<String>, Stream, Watch), Error> {
         let i = gpu.info();
         let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
         let me = RankDevice {
@@ -238,9 +244,22 @@ impl Communicator {
             }
         }
         let no_atomics = placement.missing_peer_atomics();
+        let pids = rdv.all_gather("pids", &(std::process::id() as i32).to_le_bytes())?;
+        let pids: Vec<i32> = pids.iter().map(|b| i32::from_le_bytes(b[..4].try_into().expect("4-byte pids"))).collect();
+        let hosts: Vec<&str> = placement.ranks.iter().map(|d| d.host.as_str()).collect();
+        let watched = watch::watchable(&pids, &hosts, info.rank);
+        if watched.len() + 1 < hosts.iter().filter(|&&h| h == hosts[info.rank]).count() {
+            notes.push(
+                "some peers' processes are not visible from here (another pid namespace?): their death is \
+                        found by the kernels' deadline only"
+                    .into(),
+            );
+        }
+        let watch = Watch::start(&gpu, watched)?;
         let team = Team::new(&gpu, rdv, placement.ranks_per_device)
             .with_kernel_timeout(timeout)
-            .with_missing_peer_atomics(no_atomics.as_deref());
+            .with_missing_peer_atomics(no_atomics.as_deref())
+            .with_status(watch.status());
         let engine = Engine::new(team, opts.capacity_bytes, tables)?;
         let car_opts = car::CarOptions {
             capacity_bytes: opts.capacity_bytes,
@@ -252,7 +271,7 @@ impl Communicator {
         let all_gather = car::Car::new(team, car::Algo::AllGather, car_opts)?;
         let mut seen = std::collections::HashSet::new();
         notes.retain(|n| seen.insert(n.clone()));
-        Ok((engine, [reduce_scatter, all_gather], placement, notes, gpu.stream()?))
+        Ok((engine, [reduce_scatter, all_gather], placement, notes, gpu.stream()?, watch))
     }
 
     pub fn rank(&self) -> usize {
@@ -343,16 +362,58 @@ impl Communicator {
     ///   its own buffer of that registration, at the same offset.
     pub unsafe fn issue(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
         call.checked_for(self.world(), self.capacity)?;
+        if let Some(f) = self.watch.failure() {
+            return Err(Error::Peer { ranks: f.ranks, what: f.what });
+        }
         // SAFETY (every arm): the caller's contract.
-        let algo = match call.op() {
-            Op::AllReduce => unsafe { self.issue_all_reduce(call, algo, stream)? },
+        let issued = match call.op() {
+            Op::AllReduce => unsafe { self.issue_all_reduce(call, algo, stream) },
             Op::ReduceScatter => unsafe {
-                self.issue_car(&self.reduce_scatter, Algorithm::CarReduceScatter, call, algo, stream)?
+                self.issue_car(&self.reduce_scatter, Algorithm::CarReduceScatter, call, algo, stream)
             },
-            Op::AllGather => unsafe { self.issue_car(&self.all_gather, Algorithm::CarAllGather, call, algo, stream)? },
+            Op::AllGather => unsafe { self.issue_car(&self.all_gather, Algorithm::CarAllGather, call, algo, stream) },
         };
+        let algo = issued.map_err(|e| self.poisoned_by(e))?;
         self.last.set(Some(algo));
         Ok(algo)
+    }
+
+    /// A host kernel's wait that ended without its peers poisons the communicator, as a device kernel's record in
+    /// the status words does; any other error is returned as it is.
+    fn poisoned_by(&self, e: Error) -> Error {
+        let wait = match &e {
+            Error::Gpu(gpu::GpuError::Kernel { fault: gpu::KernelFault::Wait(w), .. }) => w,
+            Error::Collective(collective_core::CollectiveError::Gpu(gpu::GpuError::Kernel {
+                fault: gpu::KernelFault::Wait(w),
+                ..
+            })) => w,
+            _ => return e,
+        };
+        let failure = match wait {
+            deadline::WaitError::TimedOut(t) => {
+                Failure { ranks: t.missing.clone(), what: format!("never arrived ({})", t.what) }
+            }
+            deadline::WaitError::Aborted { what, reason } => {
+                Failure { ranks: Vec::new(), what: format!("{what}: {reason}") }
+            }
+        };
+        self.watch.fail(failure);
+        let f = self.watch.failure().expect("recorded above");
+        Error::Peer { ranks: f.ranks, what: f.what }
+    }
+
+    /// Whether every call so far could run: after a graph replay (or any time), the failure the kernels' status
+    /// words record, read now. A failed communicator stays failed: every later call returns the same error.
+    pub fn check(&self) -> Result<(), Error> {
+        match self.watch.check() {
+            Some(f) => Err(Error::Peer { ranks: f.ranks, what: f.what }),
+            None => Ok(()),
+        }
+    }
+
+    /// A handle that ends this communicator from any thread ([`AbortHandle::abort`]), as `ncclCommAbort`.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.watch.abort_handle()
     }
 
     /// Enqueues an allreduce of `count` elements of `dtype` from `input` into `output` (they may be the same
@@ -624,6 +685,11 @@ impl Drop for Communicator {
     /// (The caller's streams are the caller's to have finished: they may be gone by now.)
     fn drop(&mut self) {
         let _ = self.own.sync();
+        // A failed communicator's peers may be gone: nobody would come to the barrier. Its memory is released
+        // here all the same; what a dead peer had mapped of it went with that peer's process.
+        if self.watch.failure().is_some() {
+            return;
+        }
         if let Err(e) = self.rdv.barrier("communicator teardown") {
             eprintln!("warning: allreduce communicator: teardown barrier: {e}");
         }

@@ -1,0 +1,236 @@
+//! A dead or stuck peer, noticed and named: the status words every kernel's waits watch (this communicator's device
+//! memory, `kernels/include/arx/sync.h`), a watchdog thread that reads them and watches the peers' processes, the
+//! failure the next call returns (the communicator is then poisoned), and the abort any thread may set, as
+//! `ncclCommAbort`. No wait traps, so the process's GPU context outlives a failed call.
+
+use collective_core::STATUS_BYTES;
+use gpu::{DeviceBuffer, DriverKind, Gpu, MemKind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often the watchdog reads the status words and looks for the peers' processes: a dead peer is reported well
+/// within 2 s, and the poll costs one 32-byte read on a stream of its own.
+const WATCH_PERIOD: Duration = Duration::from_millis(100);
+
+/// Why a communicator stopped: the ranks that did not arrive (empty for an abort) and what was waited for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub ranks: Vec<usize>,
+    pub what: String,
+}
+
+/// The state the communicator, its watchdog and its abort handles share.
+struct Shared {
+    gpu: Gpu,
+    status: DeviceBuffer,
+    failure: Mutex<Option<Failure>>,
+    stop: AtomicBool,
+}
+
+/// Ends a communicator from any thread, as `ncclCommAbort`: every wait of its kernels ends (those running and those
+/// enqueued), and every later call returns [`crate::Error::Peer`].
+#[derive(Clone)]
+pub struct AbortHandle(Arc<Shared>);
+
+impl AbortHandle {
+    pub fn abort(&self) {
+        self.0.fail(Failure { ranks: Vec::new(), what: "aborted by the caller".into() });
+    }
+}
+
+/// The watchdog and the status words of one communicator.
+pub(super) struct Watch {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Shared {
+    /// Records `failure` (the first one wins) and sets the abort word, which ends every wait of this rank.
+    fn fail(&self, failure: Failure) {
+        let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(failure);
+        }
+        drop(f);
+        if let Err(e) = self.set_abort() {
+            eprintln!("warning: allreduce communicator: setting the abort word: {e}");
+        }
+    }
+
+    fn set_abort(&self) -> gpu::Result<()> {
+        if self.gpu.kind() == DriverKind::Host {
+            // SAFETY: on the host driver the status words are this process's live memory, 8-aligned; the host
+            // kernels read them atomically.
+            unsafe { &*(self.status.ptr().0 as *const AtomicU64) }.store(1, Ordering::Release);
+            return Ok(());
+        }
+        // A stream of its own, so the store does not wait behind the kernels it is meant to end.
+        let stream = self.gpu.stream()?;
+        stream.upload(&self.status, 0, &1u64.to_le_bytes())?;
+        stream.sync()
+    }
+
+    /// The status words: [abort, failed, the rank waited for, what was waited for].
+    fn read(&self, stream: Option<&gpu::Stream>) -> gpu::Result<[u64; 4]> {
+        let mut words = [0u64; 4];
+        if self.gpu.kind() == DriverKind::Host {
+            for (k, w) in words.iter_mut().enumerate() {
+                // SAFETY: as in set_abort.
+                *w = unsafe { &*(self.status.ptr().0 as *const AtomicU64).add(k) }.load(Ordering::Acquire);
+            }
+            return Ok(words);
+        }
+        let own;
+        let stream = match stream {
+            Some(s) => s,
+            None => {
+                own = self.gpu.stream()?;
+                &own
+            }
+        };
+        let mut bytes = [0u8; STATUS_BYTES];
+        stream.download(&self.status, 0, &mut bytes)?;
+        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        }
+        Ok(words)
+    }
+
+    /// What the status words say failed, recorded as this communicator's failure.
+    fn look(&self, stream: Option<&gpu::Stream>) {
+        match self.read(stream) {
+            Ok([_, 1, peer, what]) => {
+                self.fail(Failure { ranks: vec![peer as usize], what: format!("never arrived at {}", describe(what)) })
+            }
+            Ok([abort, ..]) if abort != 0 => {
+                self.fail(Failure { ranks: Vec::new(), what: "the communicator's abort word was set".into() })
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("warning: allreduce communicator: reading the status words: {e}"),
+        }
+    }
+
+    fn failure(&self) -> Option<Failure> {
+        self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// What a kernel's wait recorded it waited for (`ARX_WAIT_*` in `kernels/include/arx/sync.h`).
+fn describe(what: u64) -> String {
+    match what >> 8 {
+        1 => format!("barrier phase {}", what & 0xff),
+        2 => "its packets".into(),
+        3 => "the compare-and-swap handshake".into(),
+        4 => "this rank's own blocks' barrier".into(),
+        _ => format!("wait {what:#x}"),
+    }
+}
+
+impl Watch {
+    /// Zeroed status words, and a watchdog over them and over `peers` ((rank, pid) of the peers whose processes
+    /// this rank can see).
+    pub(super) fn start(gpu: &Gpu, peers: Vec<(usize, i32)>) -> Result<Watch, crate::Error> {
+        let status = gpu.alloc(STATUS_BYTES, MemKind::Device)?;
+        let stream = gpu.stream()?;
+        stream.fill(&status, 0)?;
+        stream.sync()?;
+        let shared =
+            Arc::new(Shared { gpu: gpu.clone(), status, failure: Mutex::new(None), stop: AtomicBool::new(false) });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("allreduce-watchdog".into())
+            .spawn(move || watchdog(&s, &peers, stream))
+            .map_err(|e| crate::Error::Unsupported(format!("starting the watchdog thread: {e}")))?;
+        Ok(Watch { shared, thread: Some(thread) })
+    }
+
+    /// The status words' device address, for the kernels.
+    pub(super) fn status(&self) -> gpu::DevicePtr {
+        self.shared.status.ptr()
+    }
+
+    pub(super) fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.shared.clone())
+    }
+
+    /// The failure that poisoned the communicator, if one did.
+    pub(super) fn failure(&self) -> Option<Failure> {
+        self.shared.failure()
+    }
+
+    /// Reads the status words now (the watchdog reads them every [`WATCH_PERIOD`]) and returns any failure.
+    pub(super) fn check(&self) -> Option<Failure> {
+        self.shared.look(None);
+        self.failure()
+    }
+
+    /// Records a failure a host kernel returned (the host driver's waits return theirs rather than record it).
+    pub(super) fn fail(&self, failure: Failure) {
+        self.shared.fail(failure);
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Until stopped or failed: the status words, then whether every watched peer's process still exists.
+fn watchdog(shared: &Shared, peers: &[(usize, i32)], stream: gpu::Stream) {
+    while !shared.stop.load(Ordering::Acquire) && shared.failure().is_none() {
+        shared.look(Some(&stream));
+        let gone: Vec<usize> = peers
+            .iter()
+            .filter(|&&(_, pid)| {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
+            })
+            .map(|&(r, _)| r)
+            .collect();
+        if !gone.is_empty() {
+            shared.fail(Failure { ranks: gone, what: "exited (its process is gone)".into() });
+        }
+        std::thread::sleep(WATCH_PERIOD);
+    }
+}
+
+/// The peers whose processes this rank can watch: every other rank on this host whose pid is alive from here now
+/// (a pid of another pid namespace would look dead, so those are left to the kernels' deadline).
+pub(super) fn watchable(pids: &[i32], hosts: &[&str], rank: usize) -> Vec<(usize, i32)> {
+    let visible = |pid: i32| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+    (0..pids.len())
+        .filter(|&r| r != rank && hosts[r] == hosts[rank] && visible(pids[r]))
+        .map(|r| (r, pids[r]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_wait_kind_is_named() {
+        assert_eq!(describe(0x101), "barrier phase 1");
+        assert_eq!(describe(0x200), "its packets");
+        assert_eq!(describe(0x300), "the compare-and-swap handshake");
+        assert_eq!(describe(0x400), "this rank's own blocks' barrier");
+        let source = include_str!("../../../../kernels/include/arx/sync.h");
+        for (name, code) in [("FLAGS", 0x100), ("PACKETS", 0x200), ("CAS", 0x300), ("BLOCKS", 0x400)] {
+            assert!(source.contains(&format!("#define ARX_WAIT_{name} {code:#x}u")), "ARX_WAIT_{name}");
+        }
+    }
+
+    #[test]
+    fn only_visible_peers_of_this_host_are_watched() {
+        let me = std::process::id() as i32;
+        // A pid far above any pid_max: no such process, as a peer in another pid namespace looks.
+        let pids = [me, me, i32::MAX, me];
+        let hosts = ["a", "a", "a", "b"];
+        assert_eq!(watchable(&pids, &hosts, 0), vec![(1, me)]);
+    }
+}

@@ -1,0 +1,36 @@
+//! What the multi-process tests share: the driver and world size they run on, and a test body run as every rank of
+//! a job that the project's launcher starts from this test binary.
+#![allow(dead_code)] // each test binary uses its own part
+
+use allreduce::{Communicator, Options};
+
+/// The driver of the driver-independent tests.
+pub fn backend() -> gpu::Backend {
+    std::env::var("ARX_TEST_BACKEND").map_or(gpu::Backend::Host, |b| b.parse().expect("ARX_TEST_BACKEND"))
+}
+
+/// Their world size: `default`, or `ARX_TEST_RANKS`.
+pub fn ranks(default: usize) -> usize {
+    std::env::var("ARX_TEST_RANKS").map_or(default, |r| r.parse().expect("ARX_TEST_RANKS"))
+}
+
+/// Runs `body` as every rank of a `world`-rank job: the launcher starts this test binary again, filtered to `test`.
+pub fn as_job(test: &str, world: usize, body: impl FnOnce(launch::RankInfo)) {
+    if let Some(info) = launch::detect().unwrap() {
+        body(info);
+        return;
+    }
+    let mut opts = launch::LaunchOptions::new(world, launch::self_exe().unwrap());
+    opts.args = ["--exact", test, "--nocapture", "--test-threads", "1"].map(Into::into).to_vec();
+    opts.env = vec![("ALLREDUCE_TUNE_DIR".into(), std::env::temp_dir().join("arx-no-tables").display().to_string())];
+    launch::run(&opts).unwrap();
+}
+
+pub fn comm_on(backend: gpu::Backend, info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
+    let opts = Options { backend, capacity_bytes, ..Options::default() };
+    Communicator::new(info, opts).unwrap()
+}
+
+pub fn host_comm(info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
+    comm_on(gpu::Backend::Host, info, capacity_bytes)
+}
