@@ -102,13 +102,12 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
     for (u64 j = first; j < n; j += stride) {
         u32 words[ARX_MAX_RANKS];
         Spin s = spin_start(p.timeout_ns, p.status);
-        bool ok = true;
 #pragma unroll
         for (u32 src = 0; src < ARX_MAX_RANKS; ++src) {
-            if (ok && src < p.world) ok = LlPacket::poll(mine + src * p.ll_packets + j, flag, s, src, words[src]);
+            if (src < p.world) words[src] = LlPacket::poll(mine + src * p.ll_packets + j, flag, s, src);
         }
         // No barrier follows: a thread whose packets never came just ends.
-        if (!ok) return;
+        if (s.failed) return;
         float acc[2];
         for (int k = 0; k < per; ++k) acc[k] = payload<DT>(words[0], k);
 #pragma unroll
@@ -233,8 +232,8 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
         u64 m = (r.hi - r.lo + per - 1) / per;
         for (u64 j = first; j < m; j += stride) {
             Spin s = spin_start(p.timeout_ns, p.status);
-            u32 w;
-            if (!LlPacket::poll(inbox + src * p.ll_packets + j, flag, s, src, w)) return;
+            u32 w = LlPacket::poll(inbox + src * p.ll_packets + j, flag, s, src);
+            if (s.failed) return;
             u64 e = r.lo + j * per;
             if (e + per <= r.hi) {
                 ((u32*)mine_out)[e / per] = w;

@@ -34,12 +34,14 @@ struct LlPacket {
         data = (u32)v;
         return (v & 0xffffffff00000000ull) == flag;
     }
-    // Polls `slot` until it carries `flag` (from rank `src`): true, with its data in `data`; false when the wait
-    // ended without it (see Spin).
-    ARX_DEV bool poll(const u64* slot, u64 flag, Spin& s, u32 src, u32& data) {
+    // Polls `slot` until it carries `flag` (from rank `src`) and returns its data; when the wait ends without it
+    // (see Spin), `s.failed` says so and the data is meaningless. The data is returned, not written through a
+    // pointer, so a caller's unrolled array of words stays in registers.
+    ARX_DEV u32 poll(const u64* slot, u64 flag, Spin& s, u32 src) {
+        u32 data;
         while (!read(slot, flag, data))
-            if (!s.check(src, ARX_WAIT_PACKETS)) return false;
-        return true;
+            if (!s.check(src, ARX_WAIT_PACKETS)) break;
+        return data;
     }
 };
 

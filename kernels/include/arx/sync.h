@@ -28,26 +28,28 @@ ARX_DEV u64 next_epoch(u64 counters) {
 #define ARX_WAIT_CAS 0x300u      // torch's compare-and-swap handshake
 #define ARX_WAIT_BLOCKS 0x400u   // car's one-block barrier: this rank's own blocks
 
-// A spin with a deadline that watches the status words: check() is false once the wait must end.
+// A spin with a deadline that watches the status words: check() is false (and `failed` set) once the wait must end.
 struct Spin {
     u64 start, timeout;
     u64* status;
     u32 n;
+    bool failed;
     __device__ __forceinline__ bool check(u32 peer, u32 what) {
         if ((++n & 1023u) != 0) return true;
-        if (ld_relaxed_sys(status) != 0) return false;
-        if (timer_ns() - start <= timeout) return true;
+        bool aborted = ld_relaxed_sys(status) != 0;
+        if (!aborted && timer_ns() - start <= timeout) return true;
         // The first failure of a call is what the host reports; a later one's record would describe the same stall.
-        if (ld_relaxed_sys(status + 1) == 0) {
+        if (!aborted && ld_relaxed_sys(status + 1) == 0) {
             st_relaxed_sys(status + 2, peer);
             st_relaxed_sys(status + 3, what);
             st_relaxed_sys(status + 1, 1);
         }
         st_release_sys(status, 1);
+        failed = true;
         return false;
     }
 };
-ARX_DEV Spin spin_start(u64 timeout_ns, u64 status) { return Spin{timer_ns(), timeout_ns, (u64*)status, 0}; }
+ARX_DEV Spin spin_start(u64 timeout_ns, u64 status) { return Spin{timer_ns(), timeout_ns, (u64*)status, 0, false}; }
 
 // Waits until the epoch word *p reaches `epoch`, then acquires what its writer released; false when the wait ended
 // without it (the communicator aborted, or the deadline passed: recorded as waiting for `peer`, `what`).
