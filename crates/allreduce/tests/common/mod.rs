@@ -23,6 +23,13 @@ pub fn as_job(test: &str, world: usize, body: impl FnOnce(launch::RankInfo)) {
     let mut opts = launch::LaunchOptions::new(world, launch::self_exe().unwrap());
     opts.args = ["--exact", test, "--nocapture", "--test-threads", "1"].map(Into::into).to_vec();
     opts.env = vec![("ALLREDUCE_TUNE_DIR".into(), std::env::temp_dir().join("arx-no-tables").display().to_string())];
+    // On a GPU, one job at a time, whatever the harness's thread count (or other test processes) would start: the
+    // kernels of two 8-rank jobs on one device need not all be resident, and their waits would end at the deadline.
+    let _one_job = (backend() != gpu::Backend::Host).then(|| {
+        let path = std::env::temp_dir().join("arx-gpu-tests.lock");
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).unwrap();
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e).unwrap()
+    });
     launch::run(&opts).unwrap();
 }
 
