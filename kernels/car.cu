@@ -26,6 +26,7 @@ struct CarParams {
     u32 dtype;
     u32 reserved;
     u64 status;  // the communicator's status words (arx/sync.h), which every wait watches
+    u64 bias;    // allreduce: added to every sum after the ranks' inputs (car's `z`), or 0
 };
 
 #define CAR_ROUND 1     // the sum rounded to the element type after every add, not accumulated in f32
@@ -113,12 +114,12 @@ template <int DT, int K> ARX_DEV void car_1shot_k(CarParams p) {
         copy_to_all<DT>((const void*)p.input, mine, p.world, r);
         if (!car_barrier<K>(p, 0, epoch)) return;
         for (u32 s = 0; s < p.world; ++s) mine[s] = views[p.rank] + s * p.slot_bytes;
-        reduce_range<DT, round>(mine, p.world, (void*)p.output, r);
+        reduce_range<DT, round>(mine, p.world, (void*)p.output, r, (const void*)p.bias);
         return;
     }
     copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], r);
     if (!((K & CAR_ONEBLOCK) ? one_block_barrier<K>(p, epoch) : car_barrier<K>(p, 0, epoch))) return;
-    reduce_range<DT, round>(views, p.world, (void*)p.output, r);
+    reduce_range<DT, round>(views, p.world, (void*)p.output, r, (const void*)p.bias);
 }
 
 template <int DT, int K> ARX_DEV void car_2shot_k(CarParams p) {
@@ -132,7 +133,7 @@ template <int DT, int K> ARX_DEV void car_2shot_k(CarParams p) {
                              block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     if (!car_barrier<K>(p, 0, epoch)) return;
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
-    reduce_range<DT>(views, p.world, (void*)views[p.rank], mine);
+    reduce_range<DT>(views, p.world, (void*)views[p.rank], mine, (const void*)p.bias);
     if (!car_barrier<K>(p, 1, epoch)) return;
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)views[s], (void*)p.output,

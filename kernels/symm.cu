@@ -22,6 +22,7 @@ struct SymmParams {
     u32 dtype;
     u32 reserved;
     u64 status;  // the communicator's status words (arx/sync.h), which every wait watches
+    u64 bias;    // allreduce: added to every sum after the ranks' inputs, or 0
 };
 
 // False (in every thread of the block) when a peer did not arrive: the kernel then returns.
@@ -32,7 +33,7 @@ template <int DT> ARX_DEV void symm_1shot(SymmParams p) {
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     copy_range<DT>((const void*)p.input, (void*)p.bufs[p.rank], r);
     if (!symm_barrier(p)) return;  // block b of every rank copied slice b
-    reduce_range<DT>(p.bufs, p.world, (void*)p.output, r);
+    reduce_range<DT>(p.bufs, p.world, (void*)p.output, r, (const void*)p.bias);
     symm_barrier(p);  // nobody's next copy-in overwrites a buffer this call still reads
 }
 
@@ -48,7 +49,7 @@ template <int DT, int K> ARX_DEV void symm_2shot_k(SymmParams p) {
                            block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     if (!symm_barrier(p)) return;
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
-    reduce_range<DT>(p.bufs, p.world, (void*)p.bufs[p.rank], mine);
+    reduce_range<DT>(p.bufs, p.world, (void*)p.bufs[p.rank], mine, (const void*)p.bias);
     if (!symm_barrier(p)) return;
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)p.bufs[s], (void*)p.output,

@@ -39,6 +39,7 @@ struct TunedParams {
     u64 peer_table;              // the *_table kernels: u64 [inputs ARX_MAX_RANKS][outputs ARX_MAX_RANKS]
     u64 copy_from;               // zero-copy one- and two-shot: a caller's input to copy in first, or 0
     u64 status;                  // the communicator's status words (arx/sync.h), which every wait watches
+    u64 bias;                    // added to every sum after the ranks' inputs (car's `z`), or 0
 };
 
 // False (in every thread of the block) when a peer did not arrive: the kernel then returns.
@@ -114,6 +115,9 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
         for (u32 src = 1; src < ARX_MAX_RANKS; ++src)
             if (src < p.world)
                 for (int k = 0; k < per; ++k) acc[k] += payload<DT>(words[src], k);
+        // The bias after every rank's input, as sum_at adds it; a half-filled last packet has one element.
+        if (p.bias)
+            for (int k = 0; k < per && j * per + k < p.count; ++k) acc[k] += E::load((const void*)p.bias, j * per + k);
         if ((j + 1) * per <= p.count) {
             ((u32*)p.outputs[p.rank])[j] = pack_payload<DT>(acc);
         } else {
@@ -132,32 +136,32 @@ template <int DT> ARX_DEV void zc_1shot(const TunedParams& p, const u64* in, con
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     if (p.copy_from) copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank), r);
     if (!tuned_barrier(p, 0, epoch)) return;
-    reduce_range<DT>(in, p.world, (void*)pick(out, p.rank), r);
+    reduce_range<DT>(in, p.world, (void*)pick(out, p.rank), r, (const void*)p.bias);
     if (!tuned_barrier(p, 1, epoch)) return;
     ll_clean(p, epoch);
 }
 
 // dst[d][i] = sum over ranks of src[i] at one element i, for every rank d.
-template <int DT> ARX_DEV void push_at(u32 world, const u64* in, const u64* out, u64 i) {
-    float acc = sum_at<DT, false>(in, world, i);
+template <int DT> ARX_DEV void push_at(u32 world, const u64* in, const u64* out, u64 i, const void* bias) {
+    float acc = sum_at<DT, false>(in, world, i, bias);
 #pragma unroll
     for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
         if (d < world) Elem<DT>::store((void*)out[d], i, acc);
 }
 
 // dst[d][i] = sum over ranks of src[i], for every rank d: one reduction, pushed to all.
-template <int DT> ARX_DEV void reduce_push(u32 world, const u64* in, const u64* out, Range r) {
+template <int DT> ARX_DEV void reduce_push(u32 world, const u64* in, const u64* out, Range r, const void* bias) {
     typedef Elem<DT> E;
     u64 h, z;
     split<DT>((const void*)in[0], r, h, z);
-    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) push_at<DT>(world, in, out, i);
+    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) push_at<DT>(world, in, out, i, bias);
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
-        vec16 sum = sum_vec<DT, false>(in, world, h * E::SIZE, v);
+        vec16 sum = sum_vec<DT, false>(in, world, h * E::SIZE, v, bias);
 #pragma unroll
         for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
             if (d < world) ((vec16*)((char*)out[d] + h * E::SIZE))[v] = sum;
     }
-    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(world, in, out, i);
+    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(world, in, out, i, bias);
 }
 
 template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, const u64* out) {
@@ -169,7 +173,8 @@ template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, con
             copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
                                  block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     if (!tuned_barrier(p, 0, epoch)) return;
-    reduce_push<DT>(p.world, in, out, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC));
+    reduce_push<DT>(p.world, in, out, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC),
+                    (const void*)p.bias);
     if (!tuned_barrier(p, 1, epoch)) return;
     ll_clean(p, epoch);
 }
@@ -185,7 +190,7 @@ template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
     Range r = block_range(Range{0, p.count}, blockIdx.x, gridDim.x, E::VEC);
     copy_range<DT, true>((const void*)p.inputs[p.rank], (void*)(p.staging[p.rank] + half), r);
     if (!tuned_barrier(p, 0, epoch)) return;
-    reduce_range<DT>(views, p.world, (void*)p.outputs[p.rank], r);
+    reduce_range<DT>(views, p.world, (void*)p.outputs[p.rank], r, (const void*)p.bias);
     ll_clean(p, epoch);
 }
 
@@ -220,8 +225,10 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
             for (u32 src = 1; src < ARX_MAX_RANKS; ++src)
                 if (src < p.world)
                     for (int q = 0; q < per; ++q) acc[q] += payload<DT>(w[src], q);
+            if (p.bias)
+                for (int q = 0; q < per; ++q) acc[q] += E::load((const void*)p.bias, e + q);
         } else {  // a half-filled last packet (odd count of 2-byte elements): never read past the inputs
-            acc[0] = sum_at<DT, false>(in, p.world, e);
+            acc[0] = sum_at<DT, false>(in, p.world, e, (const void*)p.bias);
         }
         ll_push(p.packets, p.world, area + p.rank * p.ll_packets + j, pack_payload<DT>(acc), flag);
     }

@@ -101,11 +101,14 @@ class Communicator:
         tensor: T,
         out: Optional[T] = None,
         *,
+        bias: Optional[T] = None,
         stream: Optional[StreamLike] = None,
         algorithm: Optional[str] = None,
     ) -> T:
         """Sums ``tensor`` over every rank, in place, or into ``out`` (same dtype and element count; the same
-        tensor, or disjoint memory). Returns the tensor that holds the sum.
+        tensor, or disjoint memory). Returns the tensor that holds the sum. ``bias`` (same dtype and element count,
+        the same values on every rank, apart from ``out``) is added to every sum after the ranks' inputs, inside
+        the kernel, in one fixed order, as FBGEMM car's ``z`` (on the host driver it needs 16-byte alignment).
 
         On a GPU driver ``tensor`` is a contiguous CUDA (ROCm) tensor of this communicator's device, 16-byte aligned,
         and the call is enqueued on ``stream`` (default: torch's current stream of the device) and returns at once:
@@ -122,8 +125,8 @@ class Communicator:
                 on another device or driver, a misaligned address, an ``out`` of another dtype or size or partly
                 overlapping, a read-only array written, a stream on the host driver, an unknown algorithm.
             CapacityError: more bytes than ``capacity_bytes``.
-            PeerError: a peer did not arrive within the timeout (host driver; on a GPU a kernel's deadline traps,
-                which torch reports at its next synchronisation).
+            PeerError: a peer did not arrive (it died, or the deadline passed) or the communicator was aborted:
+                ``ranks`` names them; the communicator has failed, and every later call raises the same.
         """
 
     def reduce_scatter(self, input: TensorLike, out: T, *, stream: Optional[StreamLike] = None) -> T:
@@ -137,7 +140,7 @@ class Communicator:
         Devices, streams and errors as :meth:`all_reduce`."""
 
     def prepare_all_reduce(
-        self, tensor: T, out: Optional[T] = None, *, algorithm: Optional[str] = None
+        self, tensor: T, out: Optional[T] = None, *, bias: Optional[T] = None, algorithm: Optional[str] = None
     ) -> "PreparedCall":
         """``all_reduce(tensor, out, algorithm=...)`` checked once and bound, for a loop that reduces the same
         buffers every step: ``call = comm.prepare_all_reduce(x, out=y)``, then ``call()`` issues it on torch's

@@ -9,9 +9,12 @@ names its communicator by a *group*: a string registered here, which a compiled 
 
 The operators (namespace ``allreduce_rs``), each with a fake (meta) implementation for tracing:
 
-    all_reduce(Tensor x, str group) -> Tensor                          the sum in a new tensor
-    all_reduce_(Tensor(a!) x, str group) -> ()                         the sum in x
-    all_reduce_out(Tensor x, str group, Tensor(a!) out) -> ()          the sum in out (x's shape)
+    all_reduce(Tensor x, str group, Tensor? bias=None) -> Tensor                  the sum in a new tensor
+    all_reduce_(Tensor(a!) x, str group, Tensor? bias=None) -> ()                 the sum in x
+    all_reduce_out(Tensor x, str group, Tensor(a!) out, Tensor? bias=None) -> ()  the sum in out (x's shape)
+
+A ``bias`` (x's shape and dtype, the same values on every rank) is added to every sum after the ranks' inputs,
+inside the kernel (car's ``z``): what a row-parallel Linear's bias needs, with no second kernel.
     reduce_scatter(Tensor x, str group, bool split_last_dim=False) -> Tensor
 
 They run the communicator's calls (bfloat16, float16 or float32 tensors of its device; on a GPU, on torch's current
@@ -91,10 +94,10 @@ def _check_out(x: torch.Tensor, out: torch.Tensor) -> None:
         raise ArgumentError(f"all_reduce_out: out has shape {list(out.shape)}, x has {list(x.shape)}: they must match")
 
 
-def _sum_into(comm: Communicator, x: torch.Tensor, out: torch.Tensor) -> None:
-    """Sums ``x`` over every rank into ``out`` (the same shape; the same tensor for in place)."""
+def _sum_into(comm: Communicator, x: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    """Sums ``x`` over every rank into ``out`` (the same shape; the same tensor for in place), plus ``bias``."""
     dense = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    comm.all_reduce(x.contiguous(), out=dense)
+    comm.all_reduce(x.contiguous(), out=dense, bias=None if bias is None else bias.contiguous())
     if dense is not out:
         out.copy_(dense)
 
@@ -112,32 +115,32 @@ def _shard_shape(x: torch.Tensor, world: int, split_last_dim: bool) -> List[int]
     return shape
 
 
-def _all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
+def _all_reduce(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     out = x.new_empty(x.shape)
-    _sum_into(communicator(group), x, out)
+    _sum_into(communicator(group), x, out, bias)
     return out
 
 
-def _all_reduce_fake(x: torch.Tensor, group: str) -> torch.Tensor:
+def _all_reduce_fake(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     # Every fake implementation looks its group up, so an unknown name is refused while tracing, before any rank runs.
     communicator(group)
     return x.new_empty(x.shape)
 
 
-def _all_reduce_inplace(x: torch.Tensor, group: str) -> None:
-    _sum_into(communicator(group), x, x)
+def _all_reduce_inplace(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> None:
+    _sum_into(communicator(group), x, x, bias)
 
 
-def _all_reduce_inplace_fake(x: torch.Tensor, group: str) -> None:
+def _all_reduce_inplace_fake(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> None:
     communicator(group)
 
 
-def _all_reduce_out(x: torch.Tensor, group: str, out: torch.Tensor) -> None:
+def _all_reduce_out(x: torch.Tensor, group: str, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
     _check_out(x, out)
-    _sum_into(communicator(group), x, out)
+    _sum_into(communicator(group), x, out, bias)
 
 
-def _all_reduce_out_fake(x: torch.Tensor, group: str, out: torch.Tensor) -> None:
+def _all_reduce_out_fake(x: torch.Tensor, group: str, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
     communicator(group)
     _check_out(x, out)
 
@@ -164,9 +167,13 @@ def _reduce_scatter_fake(x: torch.Tensor, group: str, split_last_dim: bool = Fal
 # nothing. One kernel for every device (CompositeExplicitAutograd): the communicator's driver decides which it takes.
 _LIB = torch.library.Library("allreduce_rs", "DEF")
 for _schema, _impl, _fake in [
-    ("all_reduce(Tensor x, str group) -> Tensor", _all_reduce, _all_reduce_fake),
-    ("all_reduce_(Tensor(a0!) x, str group) -> ()", _all_reduce_inplace, _all_reduce_inplace_fake),
-    ("all_reduce_out(Tensor x, str group, Tensor(a2!) out) -> ()", _all_reduce_out, _all_reduce_out_fake),
+    ("all_reduce(Tensor x, str group, Tensor? bias=None) -> Tensor", _all_reduce, _all_reduce_fake),
+    ("all_reduce_(Tensor(a0!) x, str group, Tensor? bias=None) -> ()", _all_reduce_inplace, _all_reduce_inplace_fake),
+    (
+        "all_reduce_out(Tensor x, str group, Tensor(a2!) out, Tensor? bias=None) -> ()",
+        _all_reduce_out,
+        _all_reduce_out_fake,
+    ),
     ("reduce_scatter(Tensor x, str group, bool split_last_dim=False) -> Tensor", _reduce_scatter, _reduce_scatter_fake),
 ]:
     _name = _schema.split("(")[0]
@@ -175,22 +182,22 @@ for _schema, _impl, _fake in [
     torch.library.register_fake(f"allreduce_rs::{_name}", _fake, lib=_LIB)
 
 
-def all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
+def all_reduce(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The sum of ``x`` over every rank of ``group``'s communicator, in a new contiguous tensor
     (``torch.ops.allreduce_rs.all_reduce``)."""
-    return torch.ops.allreduce_rs.all_reduce(x, group)
+    return torch.ops.allreduce_rs.all_reduce(x, group, bias)
 
 
-def all_reduce_(x: torch.Tensor, group: str) -> torch.Tensor:
+def all_reduce_(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sums ``x`` over every rank in place and returns it (``torch.ops.allreduce_rs.all_reduce_``)."""
-    torch.ops.allreduce_rs.all_reduce_(x, group)
+    torch.ops.allreduce_rs.all_reduce_(x, group, bias)
     return x
 
 
-def all_reduce_out(x: torch.Tensor, group: str, out: torch.Tensor) -> torch.Tensor:
+def all_reduce_out(x: torch.Tensor, group: str, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Writes the sum of ``x`` over every rank into ``out`` (x's shape and dtype, memory disjoint from x's) and
     returns it (``torch.ops.allreduce_rs.all_reduce_out``)."""
-    torch.ops.allreduce_rs.all_reduce_out(x, group, out)
+    torch.ops.allreduce_rs.all_reduce_out(x, group, out, bias)
     return out
 
 

@@ -34,7 +34,7 @@ impl PreparedCall {
     pub(crate) fn new(comm: &Bound<'_, PyCommunicator>, req: Request) -> PyResult<PreparedCall> {
         let py = comm.py();
         let mut storage = Vec::new();
-        for arg in std::iter::once(&req.input).chain(req.output.as_ref()) {
+        for arg in std::iter::once(&req.input).chain(req.output.as_ref()).chain(req.bias.as_ref()) {
             // A torch tensor's memory belongs to its storage; a host array's to the array, held as `obj`.
             if let Ok(s) = arg.obj.bind(py).call_method0(pyo3::intern!(py, "untyped_storage")) {
                 storage.push(s.unbind());

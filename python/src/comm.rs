@@ -95,20 +95,24 @@ impl PyCommunicator {
         PyCommunicator::build(py, None, opts)
     }
 
-    /// Allreduces `tensor` in place, or into `out`; returns the tensor that holds the sum.
-    #[pyo3(signature = (tensor, out = None, *, stream = None, algorithm = None))]
+    /// Allreduces `tensor` in place, or into `out`; returns the tensor that holds the sum. `bias` (the tensor's size
+    /// and dtype, the same values on every rank, apart from `out`) is added to every sum after the ranks' inputs,
+    /// in the kernel, as FBGEMM car's `z`.
+    #[pyo3(signature = (tensor, out = None, *, bias = None, stream = None, algorithm = None))]
     fn all_reduce<'py>(
         &self,
         py: Python<'py>,
         tensor: &Bound<'py, PyAny>,
         out: Option<&Bound<'py, PyAny>>,
+        bias: Option<&Bound<'py, PyAny>>,
         stream: Option<&Bound<'py, PyAny>>,
         algorithm: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let algo = algorithm_named(algorithm)?;
         let (input, output) = self.all_reduce_args(tensor, out)?;
+        let bias = self.bias_arg(&input, bias)?;
         let handle = self.stream_handle(py, stream)?;
-        let req = self.request(Op::AllReduce, algo, input, output)?;
+        let req = self.request(Op::AllReduce, algo, input, output, bias)?;
         self.issue(py, &req, handle)?;
         Ok(req.output.map_or(req.input.obj, |o| o.obj).into_bound(py))
     }
@@ -142,16 +146,18 @@ impl PyCommunicator {
     /// all_reduce(tensor, out, algorithm=...) checked once and bound: the returned PreparedCall issues it with
     /// `call()` (or `call(stream=...)`), reading no tensor attribute again, for a hot loop that reduces the same
     /// buffers each step. It keeps the tensors' storage alive and always reduces the memory they had when prepared.
-    #[pyo3(signature = (tensor, out = None, *, algorithm = None))]
+    #[pyo3(signature = (tensor, out = None, *, bias = None, algorithm = None))]
     fn prepare_all_reduce(
         slf: &Bound<'_, Self>,
         tensor: &Bound<'_, PyAny>,
         out: Option<&Bound<'_, PyAny>>,
+        bias: Option<&Bound<'_, PyAny>>,
         algorithm: Option<&str>,
     ) -> PyResult<PreparedCall> {
         let algo = algorithm_named(algorithm)?;
         let (input, output) = slf.get().all_reduce_args(tensor, out)?;
-        PreparedCall::new(slf, slf.get().request(Op::AllReduce, algo, input, output)?)
+        let bias = slf.get().bias_arg(&input, bias)?;
+        PreparedCall::new(slf, slf.get().request(Op::AllReduce, algo, input, output, bias)?)
     }
 
     /// reduce_scatter(input, out) checked once and bound, as prepare_all_reduce.
@@ -161,7 +167,7 @@ impl PyCommunicator {
         out: &Bound<'_, PyAny>,
     ) -> PyResult<PreparedCall> {
         let (input, output) = slf.get().output_args(Op::ReduceScatter, input, out)?;
-        PreparedCall::new(slf, slf.get().request(Op::ReduceScatter, None, input, Some(output))?)
+        PreparedCall::new(slf, slf.get().request(Op::ReduceScatter, None, input, Some(output), None)?)
     }
 
     /// Registers the memory of `tensor` (a CUDA / ROCm tensor of this device) with every peer, so calls on tensors

@@ -205,17 +205,36 @@ impl PyCommunicator {
         algo: Option<Algorithm>,
         input: Arg,
         output: Option<Arg>,
+        bias: Option<Arg>,
     ) -> PyResult<Request> {
         let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.as_ref().map_or(input.ptr, |o| o.ptr)));
         // Host arrays that are not 16-byte aligned go through the slice calls, which stage them and check the call
-        // they make then; everything else is checked here, once.
+        // they make then (they take no bias); everything else is checked here, once.
         let aligned = [i, o].iter().all(|p| p.0.is_multiple_of(VEC_BYTES as u64));
-        let call = if self.driver == DriverKind::Host && algo.is_none() && !aligned {
+        let call = if self.driver == DriverKind::Host && algo.is_none() && bias.is_none() && !aligned {
             None
         } else {
-            Some(self.with(|state| state.comm.call(op, input.dtype, i, o, input.count).map_err(from_error))?)
+            let call = self.with(|state| state.comm.call(op, input.dtype, i, o, input.count).map_err(from_error))?;
+            Some(match &bias {
+                Some(b) => call.with_bias(DevicePtr(b.ptr)).map_err(|e| from_error(e.into()))?,
+                None => call,
+            })
         };
-        Ok(Request { op, algo, input, output, call })
+        Ok(Request { op, algo, input, output, bias, call })
+    }
+
+    /// The bias of an allreduce (`bias=`), checked: on this communicator's device, the tensor's dtype and size.
+    pub(crate) fn bias_arg(&self, input: &Arg, bias: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arg>> {
+        let Some(b) = bias else { return Ok(None) };
+        let b = args::describe(b, "bias")?;
+        self.check_place(&b, "bias")?;
+        if b.dtype != input.dtype || b.count != input.count {
+            return Err(ArgumentError::new_err(format!(
+                "bias: {} elements of {}, not the tensor's {} of {}",
+                b.count, b.dtype, input.count, input.dtype
+            )));
+        }
+        Ok(Some(b))
     }
 
     /// A reduce-scatter or all-gather of `input` into `out`, checked and issued on `stream`; returns `out`.
@@ -229,7 +248,7 @@ impl PyCommunicator {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (input, output) = self.output_args(op, input, out)?;
         let handle = self.stream_handle(py, stream)?;
-        let req = self.request(op, None, input, Some(output))?;
+        let req = self.request(op, None, input, Some(output), None)?;
         self.issue(py, &req, handle)?;
         Ok(req.output.expect("given above").obj.into_bound(py))
     }
@@ -260,7 +279,7 @@ impl PyCommunicator {
             // A recorded capture's calls may read these tensors in place from every peer at each replay: kept alive
             // with the communicator, as end_graph_capture requires.
             if state.comm.recording_graph_capture() {
-                let objs = std::iter::once(&req.input).chain(&req.output).map(|a| a.obj.clone_ref(py));
+                let objs = std::iter::once(&req.input).chain(&req.output).chain(&req.bias).map(|a| a.obj.clone_ref(py));
                 state.registered.extend(objs);
             }
             Ok(algo)
@@ -300,6 +319,8 @@ pub(crate) struct Request {
     pub(crate) algo: Option<Algorithm>,
     pub(crate) input: Arg,
     pub(crate) output: Option<Arg>,
+    /// An allreduce's bias, added to every sum after the ranks' inputs.
+    pub(crate) bias: Option<Arg>,
     pub(crate) call: Option<Call>,
 }
 

@@ -277,6 +277,8 @@ def bad_arguments():
     expect(A, lambda: comm.all_reduce(f32, out=np.zeros(64, np.float16)), "dtype fp16 differs")
     expect(A, lambda: comm.all_reduce(f32, out=np.zeros(63, np.float32)), "63 elements")
     expect(A, lambda: comm.all_reduce(f32[:32], out=f32[16:48]), "overlaps")
+    expect(A, lambda: comm.all_reduce(f32, bias=np.zeros(63, np.float32)), "bias: 63 elements")
+    expect(A, lambda: comm.all_reduce(f32, bias=f32), "bias", "overlaps the output")
     expect(A, lambda: comm.all_reduce(f32, stream=0), "takes no stream")
     expect(A, lambda: comm.all_reduce(f32, algorithm="nccl"), "not one of")
     e = expect(ar.CapacityError, lambda: comm.all_reduce(np.zeros(CAPACITY // 4 + 1, np.float32)), "capacity_bytes")

@@ -33,9 +33,9 @@ def test_ops_register_with_their_schemas_and_only_when_imported():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == [
-        "allreduce_rs::all_reduce(Tensor x, str group) -> Tensor",
-        "allreduce_rs::all_reduce_(Tensor(a0!) x, str group) -> ()",
-        "allreduce_rs::all_reduce_out(Tensor x, str group, Tensor(a2!) out) -> ()",
+        "allreduce_rs::all_reduce(Tensor x, str group, Tensor? bias=None) -> Tensor",
+        "allreduce_rs::all_reduce_(Tensor(a0!) x, str group, Tensor? bias=None) -> ()",
+        "allreduce_rs::all_reduce_out(Tensor x, str group, Tensor(a2!) out, Tensor? bias=None) -> ()",
         "allreduce_rs::reduce_scatter(Tensor x, str group, bool split_last_dim=False) -> Tensor",
     ], p.stdout
 

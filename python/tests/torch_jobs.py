@@ -77,6 +77,15 @@ def values():
             out = torch.full_like(x, float("nan"))
             assert ops.all_reduce_out(x, group, out) is out
             same_bits(out, plain, f"{what}: all_reduce_out")
+            # A bias (the values of a rank past the last, so the same on every rank) after the ranks' inputs.
+            b = inputs(seed, world, shape, dtype)
+            with_bias = comm.all_reduce(x, out=torch.empty_like(x), bias=b)
+            check_sum(with_bias, reference(seed, range(world + 1), shape, dtype), world + 1, f"{what} + bias")
+            jobs.same_on_every_rank(comm, raw(with_bias), f"{what} + bias")
+            same_bits(ops.all_reduce(x, group, b), with_bias, f"{what}: all_reduce with a bias")
+            inplace = x.clone()
+            same_bits(ops.all_reduce_(inplace, group, b), with_bias, f"{what}: all_reduce_ with a bias")
+            same_bits(ops.all_reduce_out(x, group, out, b), with_bias, f"{what}: all_reduce_out with a bias")
             with torch.inference_mode():
                 same_bits(ops.all_reduce(x, group), plain, f"{what}: all_reduce in inference mode")
             if len(shape) > 1:

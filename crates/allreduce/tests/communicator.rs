@@ -50,6 +50,8 @@ fn handover_counts(dtype: DType, capacity: usize) -> Vec<usize> {
     counts
 }
 
+/// With a bias (`bias`: its buffer), every design adds it after the ranks' inputs: the float64 reference has one more
+/// term, and every design must still give the same bits.
 #[test]
 fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
     as_job("every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover", ranks(3), |info| {
@@ -60,11 +62,20 @@ fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
         let stream = gpu.stream().unwrap();
         let input = gpu.alloc(capacity, MemKind::Device).unwrap();
         let output = gpu.alloc(capacity, MemKind::Device).unwrap();
-        for dtype in DType::ALL {
+        let bias_buf = gpu.alloc(capacity, MemKind::Device).unwrap();
+        for (dtype, with_bias) in DType::ALL.into_iter().flat_map(|d| [(d, false), (d, true)]) {
             for count in handover_counts(dtype, capacity) {
                 let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
                 let values = dtype.encode(&input_values(seed, rank, count, dtype));
-                let want = reference(seed, world, count, dtype, 0, count);
+                let mut want = reference(seed, world, count, dtype, 0, count);
+                // The bias: the values of a rank past the last, so every rank has the same.
+                let bias = with_bias.then(|| {
+                    let b = input_values(seed, world, count, dtype);
+                    stream.upload(&bias_buf, 0, &dtype.encode(&b)).unwrap();
+                    want.iter_mut().zip(&b).for_each(|(w, &b)| *w += b as f64);
+                    bias_buf.ptr()
+                });
+                let terms = world + usize::from(with_bias);
                 let mut prints = Vec::new();
                 let runs: Vec<Option<Algorithm>> =
                     Algorithm::CANDIDATES.into_iter().map(Some).chain([None, None]).collect();
@@ -75,18 +86,21 @@ fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
                     let out = if in_place { &input } else { &output };
                     // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
                     unsafe {
-                        all_reduce_with(&comm, algo, input.ptr(), out.ptr(), count, dtype, stream.handle()).unwrap()
+                        let call = comm.call(Op::AllReduce, dtype, input.ptr(), out.ptr(), count).unwrap();
+                        let call = bias.map_or(Ok(call), |b| call.with_bias(b)).unwrap();
+                        comm.issue(call, algo, stream.handle()).unwrap()
                     };
                     stream.sync().unwrap();
                     let mut got = vec![0u8; count * dtype.size()];
                     stream.download(out, 0, &mut got).unwrap();
-                    let what = format!("{dtype} x {count}, {}", algo.map_or("communicator".into(), |a| a.to_string()));
+                    let algo = algo.map_or("communicator".into(), |a| a.to_string());
+                    let what = format!("{dtype} x {count}, {algo}{}", if with_bias { " + bias" } else { "" });
                     let verdict = agree_verdict(
                         comm.rendezvous(),
                         &got,
                         dtype,
                         &want,
-                        tolerance(dtype, world, false),
+                        tolerance(dtype, terms, false),
                         true,
                         &what,
                     );

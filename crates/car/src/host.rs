@@ -5,7 +5,7 @@
 
 use crate::CarParams;
 use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
-use collective_core::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
+use collective_core::{block_range, shard_elems, shard_range, sum_sources, DType, HostElem, MAX_RANKS};
 use deadline::Deadline;
 use gpu::{HostKernel, HostLaunch, KernelFault};
 use std::time::Duration;
@@ -141,7 +141,7 @@ impl Call<'_> {
     }
 
     fn reduce(&self, srcs: &[u64], (lo, hi): (usize, usize), dst: *mut u8) {
-        let srcs: Vec<*const u8> = srcs.iter().map(|&a| a as *const u8).collect();
+        let srcs = sum_sources(srcs.iter().copied(), self.p.bias);
         // SAFETY: every source holds `hi` elements; `dst` holds `hi - lo` (or is the sources' element `lo`).
         unsafe {
             if self.knobs.round {

@@ -45,6 +45,8 @@ pub struct CarParams {
     pub reserved: u32,
     /// The communicator's status words (`kernels/include/arx/sync.h`), which every wait watches.
     pub status: u64,
+    /// Allreduce: added to every sum after the ranks' inputs (car's `z`), or 0.
+    pub bias: u64,
 }
 
 /// Options for [`Car::new`].
@@ -286,7 +288,8 @@ impl Car {
         let dtype = call.dtype();
         let plan = self.rule.plan(call.bytes(), self.cap);
         let (input, output, count) = (call.input().0, call.output().0, call.count() as u64);
-        let params = CarParams { input, output, count, dtype: dtype.code(), ..self.base };
+        let bias = call.bias().map_or(0, |b| b.0);
+        let params = CarParams { input, output, count, dtype: dtype.code(), bias, ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         // SAFETY: the caller vouches for the call's input and output (this function's contract); the rest of
         // `params` is this communicator's own memory, of at least the capacity the call was checked for.

@@ -67,6 +67,12 @@ pub enum CallError {
     Overlap { input: u64, bytes: usize, output: u64, out_bytes: usize, op: Op },
     #[error("this call was checked for {checked_world} ranks and {checked_capacity} bytes, not for this communicator")]
     Foreign { checked_world: usize, checked_capacity: usize },
+    #[error("a bias is added to an allreduce's sum; {op} takes none")]
+    BiasNotAllReduce { op: Op },
+    #[error(
+        "bias {bias:#x} (+{bytes} bytes) overlaps the output {output:#x}: the sum is written while the bias is read"
+    )]
+    BiasOverlap { bias: u64, output: u64, bytes: usize },
 }
 
 /// A checked call: `count` elements of `dtype` at `input`, the result ([`Op::output_count`] elements) at `output`,
@@ -83,6 +89,7 @@ pub struct Call {
     world: usize,
     capacity: usize,
     residency: Residency,
+    bias: Option<DevicePtr>,
 }
 
 impl Call {
@@ -118,10 +125,32 @@ impl Call {
         if overlap && (i != o || op != Op::AllReduce) {
             return Err(CallError::Overlap { input: i, bytes, output: o, out_bytes, op });
         }
-        Ok(Call { op, dtype, count, input, output, world, capacity, residency: Residency::Caller })
+        Ok(Call { op, dtype, count, input, output, world, capacity, residency: Residency::Caller, bias: None })
     }
 
     /// The same call on buffers that live in `residency` (the caller's memory unless said otherwise).
+    /// The same allreduce with `bias` (as many elements of the call's dtype as the input) added to every sum after
+    /// the ranks' inputs, as car's `z`: every rank passes its own bias (the same values, or the ranks' results
+    /// differ), 16-byte aligned, apart from the output.
+    pub fn with_bias(self, bias: DevicePtr) -> Result<Call, CallError> {
+        if self.op != Op::AllReduce {
+            return Err(CallError::BiasNotAllReduce { op: self.op });
+        }
+        if !bias.0.is_multiple_of(VEC_BYTES as u64) {
+            return Err(CallError::Misaligned { what: "bias", ptr: bias.0, align: VEC_BYTES });
+        }
+        let bytes = self.bytes() as u64;
+        if bias.0 < self.output.0 + bytes && self.output.0 < bias.0 + bytes {
+            return Err(CallError::BiasOverlap { bias: bias.0, output: self.output.0, bytes: bytes as usize });
+        }
+        Ok(Call { bias: Some(bias), ..self })
+    }
+
+    /// The bias added to every sum, if any.
+    pub fn bias(&self) -> Option<DevicePtr> {
+        self.bias
+    }
+
     pub fn in_residency(self, residency: Residency) -> Call {
         Call { residency, ..self }
     }
@@ -209,6 +238,17 @@ mod tests {
         assert!(call(ag, DType::F32, P.0 + 64, P.0, 4).is_ok());
         let e = below.unwrap_err().to_string();
         assert!(e.ends_with(": all_gather needs disjoint buffers"), "{e}");
+    }
+
+    #[test]
+    fn a_bias_is_checked_too() {
+        let c = call(Op::AllReduce, DType::F32, P.0, P.0, 16).unwrap();
+        assert_eq!(c.with_bias(DevicePtr(P.0 + 64)).unwrap().bias(), Some(DevicePtr(P.0 + 64)));
+        assert!(matches!(c.with_bias(DevicePtr(P.0 + 48)), Err(CallError::BiasOverlap { .. })));
+        assert!(matches!(c.with_bias(DevicePtr(P.0 + 72)), Err(CallError::Misaligned { what: "bias", .. })));
+        let rs = call(Op::ReduceScatter, DType::F32, P.0, P.0 + 64, 16).unwrap();
+        assert!(matches!(rs.with_bias(DevicePtr(P.0 + 4096)), Err(CallError::BiasNotAllReduce { .. })));
+        assert_eq!(c.bias(), None);
     }
 
     #[test]

@@ -77,6 +77,12 @@ impl DType {
     }
 }
 
+/// The sources of a sum, in the order the kernels add them: every rank's buffer at the addresses `srcs`, then the
+/// bias at `bias` when it is not 0 (`sum_at` in `kernels/include/arx/reduce.h`).
+pub fn sum_sources(srcs: impl IntoIterator<Item = u64>, bias: u64) -> Vec<*const u8> {
+    srcs.into_iter().chain((bias != 0).then_some(bias)).map(|a| a as *const u8).collect()
+}
+
 impl HostElem {
     /// `dst[i - lo] = src[0][i] + src[1][i] + ...` for i in `[lo, hi)`, in rank order with f32 accumulation, the
     /// same order as the device kernels, so every driver and every rank gets the same bits.

@@ -11,7 +11,7 @@ mod plan;
 mod team;
 
 pub use call::{Call, CallError, Residency};
-pub use elem::{Element, HostElem};
+pub use elem::{sum_sources, Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
 pub use plan::{LaunchPlan, LaunchRule};
 pub use team::{OwnStatus, PeerMaps, Sharing, Team, STATUS_BYTES};

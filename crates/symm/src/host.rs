@@ -4,7 +4,7 @@
 
 use crate::SymmParams;
 use collective_core::host_sync::cas_barrier;
-use collective_core::{block_range, shard_elems, shard_range, DType, HostElem};
+use collective_core::{block_range, shard_elems, shard_range, sum_sources, DType, HostElem};
 use deadline::Deadline;
 use gpu::{HostKernel, HostLaunch, KernelFault};
 use std::time::Duration;
@@ -59,7 +59,7 @@ fn run(l: &HostLaunch<'_>, kind: SymmKernel) -> Result<(), KernelFault> {
     let deadline = unsafe { Deadline::after(Duration::from_nanos(p.timeout_ns)).watching(p.status) };
     let (count, grid, vec, size) = (p.count as usize, l.dims.grid as usize, dtype.vec(), dtype.size());
     let (rank, world) = (p.rank as usize, p.world as usize);
-    let srcs: Vec<*const u8> = p.bufs[..world].iter().map(|&a| a as *const u8).collect();
+    let srcs = sum_sources(p.bufs[..world].iter().copied(), p.bias);
     let name = match kind {
         SymmKernel::OneShot => "symm_1shot",
         SymmKernel::TwoShot => "symm_2shot",

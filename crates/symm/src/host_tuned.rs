@@ -4,7 +4,7 @@
 
 use crate::tuned_params::{ll_flag, TunedParams};
 use collective_core::host_sync::{flag_barrier, next_epoch};
-use collective_core::{block_range, shard_elems, shard_range, DType, HostElem, MAX_RANKS};
+use collective_core::{block_range, shard_elems, shard_range, sum_sources, DType, HostElem, MAX_RANKS};
 use deadline::{wait_all, Deadline};
 use gpu::{HostKernel, HostLaunch, KernelFault};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,7 +127,9 @@ fn ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
                 || None,
             )?;
             let bytes: Vec<[u8; 4]> = words[..c.world].iter().map(|w| w.to_le_bytes()).collect();
-            let srcs: Vec<*const u8> = bytes.iter().map(|w| w.as_ptr()).collect();
+            // The packets' words, then (as the kernel adds it) this packet's elements of the bias.
+            let bias = if p.bias == 0 { 0 } else { p.bias + (j * 4) as u64 };
+            let srcs = sum_sources(bytes.iter().map(|w| w.as_ptr() as u64), bias);
             let mut sum = [0u8; 4];
             let k = (count - j * per).min(per);
             // SAFETY: each word holds `per` elements; the sum is written to a local word, then `k` elements out.
@@ -161,7 +163,7 @@ fn zc(c: Call, two_shot: bool) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
     let name = if two_shot { "symm_zc_2shot" } else { "symm_zc_1shot" };
-    let srcs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+    let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
@@ -210,12 +212,13 @@ fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
         let off = (epoch & 1) * p.half_bytes;
         let views: Vec<*const u8> = p.staging[..c.world].iter().map(|&a| (a + off) as *const u8).collect();
+        let sum_of = sum_sources(views.iter().map(|&v| v as u64), p.bias);
         let (lo, hi) = block_range(0, count, b, c.grid, vec);
         // SAFETY: registered input and staging halves hold `count` elements.
         unsafe { HostElem::copy(c.dtype, p.inputs[c.rank] as *const u8, views[c.rank] as *mut u8, lo, hi) };
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_epoch_1shot")? };
         // SAFETY: as above; the output holds `count` elements.
-        unsafe { HostElem::reduce(c.dtype, &views, lo, hi, (p.outputs[c.rank] as *mut u8).add(lo * size)) };
+        unsafe { HostElem::reduce(c.dtype, &sum_of, lo, hi, (p.outputs[c.rank] as *mut u8).add(lo * size)) };
         ll_clean(p, c.rank, epoch, b, c.grid);
     }
     Ok(())
@@ -253,7 +256,7 @@ fn zc_2shot_ll(c: Call) -> Result<(), KernelFault> {
         )
         .into());
     }
-    let srcs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+    let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
     let output = p.outputs[c.rank] as *mut u8;
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.

@@ -44,6 +44,8 @@ pub struct SymmParams {
     pub reserved: u32,
     /// The communicator's status words (`kernels/include/arx/sync.h`), which every wait watches.
     pub status: u64,
+    /// Allreduce: added to every sum after the ranks' inputs (car's `z`), or 0.
+    pub bias: u64,
 }
 
 /// Bytes of one signal pad: a u32 per (channel = block, peer).
@@ -186,7 +188,8 @@ impl Collective for Symm {
         }
         let plan = self.rule.plan(bytes, self.cap);
         let (input, output, count) = (call.input().0, call.output().0, call.count() as u64);
-        let params = SymmParams { input, output, count, dtype: dtype.code(), ..self.base };
+        let bias = call.bias().map_or(0, |b| b.0);
+        let params = SymmParams { input, output, count, dtype: dtype.code(), bias, ..self.base };
         let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         unsafe { stream.launch(&self.kernels[&dtype], dims, &params)? };
         Ok(())

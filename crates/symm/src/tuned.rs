@@ -475,7 +475,8 @@ impl SymmTuned {
             Some((asked, cap)) if design == self.design => asked.plan(bytes, cap),
             _ => rule(self.kind, stem, bytes).plan(bytes, self.caps[s]),
         };
-        let mut params = TunedParams { count: count as u64, dtype: dtype.code(), ..self.base };
+        let bias = call.bias().map_or(0, |b| b.0);
+        let mut params = TunedParams { count: count as u64, dtype: dtype.code(), bias, ..self.base };
         let me = self.base.rank as usize;
         let (input, output) = (call.input(), call.output());
         let reads_peers = !matches!(stem, Stem::Ll | Stem::EpochOneShot);

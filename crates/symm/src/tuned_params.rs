@@ -33,6 +33,8 @@ pub struct TunedParams {
     pub copy_from: u64,
     /// The communicator's status words (`kernels/include/arx/sync.h`), which every wait watches.
     pub status: u64,
+    /// Allreduce: added to every sum after the ranks' inputs (car's `z`), or 0.
+    pub bias: u64,
 }
 
 /// Bytes of one peer table (see [`TunedParams::peer_table`]).

@@ -42,22 +42,24 @@ template <int DT, bool ROUND> ARX_DEV float add(float acc, float x) {
     return ROUND ? Elem<DT>::round(acc + x) : acc + x;
 }
 
-// srcs[0][i] + ... + srcs[world-1][i], in rank order. Unrolled over the rank bound with predicates, like the vector
-// body, so that every index into `srcs` is a constant: a caller's pointer array can then stay in registers (one
-// loop to `world` anywhere puts it in local memory, and every sum reads its pointers from there).
-template <int DT, bool ROUND> ARX_DEV float sum_at(const u64* srcs, u32 world, u64 i) {
+// srcs[0][i] + ... + srcs[world-1][i], in rank order, then + bias[i] when there is a bias (car's `z`): one fixed
+// order on every rank and in every design. Unrolled over the rank bound with predicates, like the vector body, so
+// that every index into `srcs` is a constant: a caller's pointer array can then stay in registers (one loop to
+// `world` anywhere puts it in local memory, and every sum reads its pointers from there).
+template <int DT, bool ROUND> ARX_DEV float sum_at(const u64* srcs, u32 world, u64 i, const void* bias) {
     typedef Elem<DT> E;
     float acc = E::load((const void*)srcs[0], i);
 #pragma unroll
     for (u32 p = 1; p < ARX_MAX_RANKS; ++p)
         if (p < world) acc = add<DT, ROUND>(acc, E::load((const void*)srcs[p], i));
+    if (bias) acc = add<DT, ROUND>(acc, E::load(bias, i));
     return acc;
 }
 
-// The sum of 16-byte vector v of every source, `offset` bytes in (rank order; see add()): the vector body of every
-// sum. Fully unrolled over the rank bound with predicates, so `in` stays in registers and all loads are in flight
-// together.
-template <int DT, bool ROUND> ARX_DEV vec16 sum_vec(const u64* srcs, u32 world, u64 offset, u64 v) {
+// The sum of 16-byte vector v of every source, `offset` bytes in (rank order, then the bias; see sum_at): the vector
+// body of every sum. Fully unrolled over the rank bound with predicates, so `in` stays in registers and all loads
+// are in flight together.
+template <int DT, bool ROUND> ARX_DEV vec16 sum_vec(const u64* srcs, u32 world, u64 offset, u64 v, const void* bias) {
     typedef Elem<DT> E;
     vec16 in[ARX_MAX_RANKS];
 #pragma unroll
@@ -72,21 +74,27 @@ template <int DT, bool ROUND> ARX_DEV vec16 sum_vec(const u64* srcs, u32 world, 
 #pragma unroll
             for (int k = 0; k < E::VEC; ++k) acc[k] = add<DT, ROUND>(acc[k], E::lane(in[p], k));
         }
+    if (bias) {
+        vec16 z = ((const vec16*)((const char*)bias + offset))[v];
+#pragma unroll
+        for (int k = 0; k < E::VEC; ++k) acc[k] = add<DT, ROUND>(acc[k], E::lane(z, k));
+    }
     return E::pack(acc);
 }
 
-// dst[i] = srcs[0][i] + ... + srcs[world-1][i] (rank order; see add()). dst may be one of the sources.
-template <int DT, bool ROUND = false> ARX_DEV void reduce_range(const u64* srcs, u32 world, void* dst, Range r) {
+// dst[i] = srcs[0][i] + ... + srcs[world-1][i] (+ bias[i]; rank order; see sum_at). dst may be one of the sources.
+template <int DT, bool ROUND = false>
+ARX_DEV void reduce_range(const u64* srcs, u32 world, void* dst, Range r, const void* bias = 0) {
     typedef Elem<DT> E;
     u64 h, z;
     split<DT>(dst, r, h, z);
     // A destination shifted against the sources (reduce-scatter into a shard-sized output) may not share their
     // alignment: then everything takes the scalar path.
     if ((((u64)dst ^ srcs[0]) & 15) != 0) h = z = r.lo;
-    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) E::store(dst, i, sum_at<DT, ROUND>(srcs, world, i));
+    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) E::store(dst, i, sum_at<DT, ROUND>(srcs, world, i, bias));
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x)
-        ((vec16*)((char*)dst + h * E::SIZE))[v] = sum_vec<DT, ROUND>(srcs, world, h * E::SIZE, v);
-    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) E::store(dst, i, sum_at<DT, ROUND>(srcs, world, i));
+        ((vec16*)((char*)dst + h * E::SIZE))[v] = sum_vec<DT, ROUND>(srcs, world, h * E::SIZE, v, bias);
+    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) E::store(dst, i, sum_at<DT, ROUND>(srcs, world, i, bias));
 }
 
 #endif  // ARX_REDUCE_H
