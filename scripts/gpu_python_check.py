@@ -272,7 +272,7 @@ class Check:
 
     def compiled(self):
         """allreduce_rs.ops under ``torch.compile(fullgraph=True)``: a row-parallel block (each rank's partial Linear,
-        the allreduce op, a bias, ReLU) compiled by Inductor with the default mode and with ``mode="reduce-overhead"``
+        then the allreduce op with the Linear's bias added in the kernel, ReLU) compiled by Inductor with the default mode and with ``mode="reduce-overhead"``
         (CUDA graphs that torch's cudagraph trees record, then replay) gives the eager block's bits on fresh inputs
         at every call, the eager block through the op gives the plain call's, and both are near the float64 block;
         no graph may be skipped for CUDA graphs."""
@@ -285,11 +285,15 @@ class Check:
         group = ops.register(self.comm)
         tokens, k, d_out = 128, 1024, 2048
 
-        def block(x, w, b):
-            return torch.relu(ops.all_reduce(F.linear(x, w), group) + b)
+        # The partial product is computed, and every rank's finished, before the block: with the ranks sharing one GPU
+        # under MPS, a rank whose GEMM is queued behind its peers' collective kernels (spinning on every SM) cannot
+        # get the SMs it needs, and they wait for it until their deadline (seen at 8 ranks). With a GPU per rank
+        # the GEMM belongs in the block.
+        def block(partial, b):
+            return torch.relu(ops.all_reduce(partial, group, b))
 
-        def plain(x, w, b):
-            return torch.relu(self.comm.all_reduce(F.linear(x, w)) + b)
+        def plain(partial, b):
+            return torch.relu(self.comm.all_reduce(partial, out=torch.empty_like(partial), bias=b))
 
         def bits(t):
             return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
@@ -306,17 +310,17 @@ class Check:
                     b = self.inputs(sb, 0, d_out, dtype) * (-k * self.world / 4)
                     x, w = xs[self.rank], ws[self.rank]
                     what = f"compiled {dtype} mode={mode} step {step}"
-                    # cuBLAS's first GEMM of a dtype sets up for seconds under MPS: never inside the collective,
-                    # whose peers would wait for it past their deadline.
-                    F.linear(x, w)
+                    partial = F.linear(x, w)
+                    # The Linear's bias, one per output feature, as the elementwise bias the kernel adds.
+                    bias = b.expand_as(partial).contiguous()
                     self.align()
-                    eager = block(x, w, b)
+                    eager = block(partial, bias)
                     self.align()
                     print(f"{what}: the op ran {self.comm.last_algorithm}", flush=True)
-                    if not torch.equal(bits(eager), bits(plain(x, w, b))):
+                    if not torch.equal(bits(eager), bits(plain(partial, bias))):
                         self.fail(f"{what}: the op differs from the plain call")
                     self.align()
-                    got = fn(x, w, b).clone()
+                    got = fn(partial, bias).clone()
                     if not torch.equal(bits(got), bits(eager)):
                         self.fail(f"{what}: compiled differs from eager")
                     digests = self.comm.all_gather_bytes(struct.pack("q", self.digest(got.flatten())))
