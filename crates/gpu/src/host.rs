@@ -3,8 +3,9 @@
 //! thread, and whose "kernels" are Rust functions that run the same algorithms with std atomics.
 
 use crate::{
-    forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, GpuError, Handle, KernelFault, KernelLibrary,
-    LaunchDims, MemKind, PeerLink, RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
+    forget, offset_in, DeviceInfo, DevicePtr, Driver, DriverKind, EventHandle, GpuError, GraphHandle, Handle,
+    KernelFault, KernelHandle, KernelLibrary, LaunchDims, MemKind, ModuleHandle, PeerLink, RawMem, Result, ShareHandle,
+    SharedRange, StreamHandle, PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use nix::fcntl::OFlag;
 use nix::sys::mman::{self, MapFlags, ProtFlags};
@@ -70,13 +71,13 @@ pub(crate) struct HostDriver {
     prefix: String,
     mems: Mutex<HashMap<u64, Mapping>>,
     /// Per stream: `Some(ops)` while capturing.
-    streams: Mutex<HashMap<Handle, Option<Vec<Op>>>>,
+    streams: Mutex<HashMap<StreamHandle, Option<Vec<Op>>>>,
     /// How many times each stream was adopted and not yet forgotten.
-    adopted: Mutex<HashMap<Handle, usize>>,
-    events: Mutex<HashMap<Handle, Option<Instant>>>,
-    modules: Mutex<HashMap<Handle, &'static [(&'static str, HostKernel)]>>,
-    kernels: Mutex<HashMap<Handle, (&'static str, HostKernel)>>,
-    graphs: Mutex<HashMap<Handle, Vec<Op>>>,
+    adopted: Mutex<HashMap<StreamHandle, usize>>,
+    events: Mutex<HashMap<EventHandle, Option<Instant>>>,
+    modules: Mutex<HashMap<ModuleHandle, &'static [(&'static str, HostKernel)]>>,
+    kernels: Mutex<HashMap<KernelHandle, (&'static str, HostKernel)>>,
+    graphs: Mutex<HashMap<GraphHandle, Vec<Op>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -113,8 +114,14 @@ impl HostDriver {
         }
     }
 
-    fn id(&self) -> u64 {
+    /// A fresh number: one counter for memory tokens, names and handles, so no two objects share one.
+    fn next(&self) -> u64 {
         NEXT_ID.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh handle of any kind.
+    fn id<K>(&self) -> Handle<K> {
+        Handle::from_raw(self.next())
     }
 
     fn map_shared(&self, fd: impl AsFd, bytes: usize, backing: Backing) -> Result<RawMem> {
@@ -127,7 +134,7 @@ impl HostDriver {
     }
 
     fn insert(&self, m: Mapping) -> RawMem {
-        let token = self.id();
+        let token = self.next();
         let raw = RawMem { ptr: DevicePtr(m.addr.as_ptr() as u64), bytes: m.len, token };
         lock(&self.mems).insert(token, m);
         raw
@@ -145,14 +152,15 @@ impl HostDriver {
         Ok(())
     }
 
-    fn with_stream<T>(&self, stream: Handle, f: impl FnOnce(&mut Option<Vec<Op>>) -> T) -> Result<T> {
+    fn with_stream<T>(&self, stream: StreamHandle, f: impl FnOnce(&mut Option<Vec<Op>>) -> T) -> Result<T> {
         let mut streams = lock(&self.streams);
-        let s = streams.get_mut(&stream).ok_or_else(|| GpuError::BadArgs(format!("unknown stream {stream}")))?;
+        let s =
+            streams.get_mut(&stream).ok_or_else(|| GpuError::BadArgs(format!("unknown stream {}", stream.raw())))?;
         Ok(f(s))
     }
 
     /// Runs `op` now, or appends it to the stream's capture.
-    fn submit(&self, stream: Handle, op: Op) -> Result<()> {
+    fn submit(&self, stream: StreamHandle, op: Op) -> Result<()> {
         let pending = self.with_stream(stream, |s| match s {
             Some(ops) => {
                 ops.push(op);
@@ -166,7 +174,7 @@ impl HostDriver {
         }
     }
 
-    fn not_capturing(&self, stream: Handle, what: &'static str) -> Result<()> {
+    fn not_capturing(&self, stream: StreamHandle, what: &'static str) -> Result<()> {
         if self.capturing(stream)? {
             return Err(GpuError::BadArgs(format!("{what} is not allowed while the stream is capturing")));
         }
@@ -225,7 +233,7 @@ impl Driver for HostDriver {
                 Ok(self.insert(Mapping { addr, len: bytes, backing: Backing::Anonymous }))
             }
             MemKind::Ipc { .. } => {
-                let name = format!("{}-h{}-{}", self.prefix, std::process::id(), self.id());
+                let name = format!("{}-h{}-{}", self.prefix, std::process::id(), self.next());
                 let fd = mman::shm_open(
                     name.as_str(),
                     OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
@@ -316,54 +324,55 @@ impl Driver for HostDriver {
         Ok(SharedRange { handle, base, alloc_bytes: m.len, offset })
     }
 
-    fn stream_create(&self) -> Result<Handle> {
+    fn stream_create(&self) -> Result<StreamHandle> {
         let h = self.id();
         lock(&self.streams).insert(h, None);
         Ok(h)
     }
-    fn stream_destroy(&self, stream: Handle) -> Result<()> {
+    fn stream_destroy(&self, stream: StreamHandle) -> Result<()> {
         lock(&self.streams).remove(&stream).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown stream".into()))
     }
-    fn stream_adopt(&self, raw: Handle) -> Result<Handle> {
+    fn stream_adopt(&self, raw: u64) -> Result<StreamHandle> {
         // Host streams have no existence outside a driver, so only this driver's own can be adopted.
-        if !lock(&self.streams).contains_key(&raw) {
+        let h = StreamHandle::from_raw(raw);
+        if !lock(&self.streams).contains_key(&h) {
             return Err(GpuError::BadArgs(format!(
                 "stream_adopt of {raw}, which is not a live stream of this host driver"
             )));
         }
-        *lock(&self.adopted).entry(raw).or_default() += 1;
-        Ok(raw)
+        *lock(&self.adopted).entry(h).or_default() += 1;
+        Ok(h)
     }
     /// Every host-driver rank shares the one "device".
     fn peer_link(&self, _bus_id: &str) -> Result<Option<PeerLink>> {
         Ok(None)
     }
 
-    fn stream_forget(&self, stream: Handle) -> Result<()> {
+    fn stream_forget(&self, stream: StreamHandle) -> Result<()> {
         forget(&mut lock(&self.adopted), stream)
     }
-    fn stream_sync(&self, stream: Handle) -> Result<()> {
+    fn stream_sync(&self, stream: StreamHandle) -> Result<()> {
         self.not_capturing(stream, "stream_sync")
     }
-    fn event_create(&self) -> Result<Handle> {
+    fn event_create(&self) -> Result<EventHandle> {
         let h = self.id();
         lock(&self.events).insert(h, None);
         Ok(h)
     }
-    fn event_destroy(&self, event: Handle) -> Result<()> {
+    fn event_destroy(&self, event: EventHandle) -> Result<()> {
         lock(&self.events).remove(&event).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown event".into()))
     }
-    fn event_record(&self, event: Handle, stream: Handle) -> Result<()> {
+    fn event_record(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
         self.not_capturing(stream, "event_record")?;
         let mut events = lock(&self.events);
         let e = events.get_mut(&event).ok_or_else(|| GpuError::BadArgs("unknown event".into()))?;
         *e = Some(Instant::now());
         Ok(())
     }
-    fn event_sync(&self, event: Handle) -> Result<()> {
+    fn event_sync(&self, event: EventHandle) -> Result<()> {
         lock(&self.events).get(&event).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown event".into()))
     }
-    fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32> {
+    fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {
         let events = lock(&self.events);
         match (events.get(&start), events.get(&end)) {
             (Some(Some(a)), Some(Some(b))) => Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3),
@@ -371,34 +380,34 @@ impl Driver for HostDriver {
         }
     }
 
-    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+    fn memcpy_dtod(&self, stream: StreamHandle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.submit(stream, Op::Copy { dst, src, bytes })
     }
-    fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+    fn memset_d8(&self, stream: StreamHandle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.submit(stream, Op::Set { dst, value, bytes })
     }
-    fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()> {
+    fn memcpy_htod(&self, stream: StreamHandle, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.not_capturing(stream, "memcpy_htod")?;
         // SAFETY: `dst` was range-checked against its buffer by the caller (Stream::upload).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0 as *mut u8, src.len()) };
         Ok(())
     }
-    fn memcpy_dtoh(&self, stream: Handle, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+    fn memcpy_dtoh(&self, stream: StreamHandle, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         self.not_capturing(stream, "memcpy_dtoh")?;
         // SAFETY: as above (Stream::download).
         unsafe { std::ptr::copy_nonoverlapping(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
-    fn module_load(&self, lib: &KernelLibrary) -> Result<Handle> {
+    fn module_load(&self, lib: &KernelLibrary) -> Result<ModuleHandle> {
         let h = self.id();
         lock(&self.modules).insert(h, lib.host);
         Ok(h)
     }
-    fn module_unload(&self, module: Handle) -> Result<()> {
+    fn module_unload(&self, module: ModuleHandle) -> Result<()> {
         lock(&self.modules).remove(&module).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown module".into()))
     }
-    fn kernel(&self, module: Handle, name: &str) -> Result<Handle> {
+    fn kernel(&self, module: ModuleHandle, name: &str) -> Result<KernelHandle> {
         let table = *lock(&self.modules).get(&module).ok_or_else(|| GpuError::BadArgs("unknown module".into()))?;
         let (n, f) = table
             .iter()
@@ -408,16 +417,16 @@ impl Driver for HostDriver {
         lock(&self.kernels).insert(h, (n, *f));
         Ok(h)
     }
-    fn max_resident_blocks(&self, _kernel: Handle, _block: u32, _shared_bytes: u32) -> Result<usize> {
+    fn max_resident_blocks(&self, _kernel: KernelHandle, _block: u32, _shared_bytes: u32) -> Result<usize> {
         // A host kernel runs to completion on its caller's thread: every block is "resident".
         Ok(usize::MAX)
     }
-    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()> {
+    fn launch(&self, stream: StreamHandle, kernel: KernelHandle, dims: LaunchDims, params: &[u8]) -> Result<()> {
         let (name, f) = *lock(&self.kernels).get(&kernel).ok_or_else(|| GpuError::BadArgs("unknown kernel".into()))?;
         self.submit(stream, Op::Launch { name: name.to_string(), kernel: f, dims, params: params.to_vec() })
     }
 
-    fn capture_begin(&self, stream: Handle) -> Result<()> {
+    fn capture_begin(&self, stream: StreamHandle) -> Result<()> {
         self.with_stream(stream, |s| match s {
             Some(_) => Err(GpuError::BadArgs("stream is already capturing".into())),
             None => {
@@ -426,10 +435,10 @@ impl Driver for HostDriver {
             }
         })?
     }
-    fn capturing(&self, stream: Handle) -> Result<bool> {
+    fn capturing(&self, stream: StreamHandle) -> Result<bool> {
         self.with_stream(stream, |s| s.is_some())
     }
-    fn capture_end(&self, stream: Handle) -> Result<Handle> {
+    fn capture_end(&self, stream: StreamHandle) -> Result<GraphHandle> {
         let ops = self
             .with_stream(stream, |s| s.take())?
             .ok_or_else(|| GpuError::BadArgs("capture_end on a stream that is not capturing".into()))?;
@@ -437,12 +446,12 @@ impl Driver for HostDriver {
         lock(&self.graphs).insert(h, ops);
         Ok(h)
     }
-    fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()> {
+    fn graph_launch(&self, graph: GraphHandle, stream: StreamHandle) -> Result<()> {
         self.not_capturing(stream, "graph_launch")?;
         let ops = lock(&self.graphs).get(&graph).cloned().ok_or_else(|| GpuError::BadArgs("unknown graph".into()))?;
         ops.iter().try_for_each(run)
     }
-    fn graph_destroy(&self, graph: Handle) -> Result<()> {
+    fn graph_destroy(&self, graph: GraphHandle) -> Result<()> {
         lock(&self.graphs).remove(&graph).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown graph".into()))
     }
 }
@@ -608,7 +617,10 @@ mod tests {
         unsafe { own.memset(buf.ptr(), 9, 4096) }.unwrap();
         own.download(&buf, 0, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 9), "the original stream must outlive its borrows");
-        assert!(matches!(gpu.0.stream_forget(own.handle()), Err(GpuError::BadArgs(_))), "nothing left to forget");
+        assert!(
+            matches!(gpu.0.stream_forget(crate::StreamHandle::from_raw(own.handle())), Err(GpuError::BadArgs(_))),
+            "nothing left to forget"
+        );
         // SAFETY: the handles are not streams; the host driver refuses them without using them.
         unsafe {
             assert!(matches!(gpu.borrow_stream(u64::MAX), Err(GpuError::BadArgs(_))));

@@ -140,8 +140,65 @@ pub struct KernelLibrary {
     pub host: &'static [(&'static str, HostKernel)],
 }
 
-/// Raw handle of a stream, event, module, kernel or graph; its meaning is the driver's.
-pub type Handle = u64;
+/// A driver's handle of one kind of object (a stream, event, module, kernel or graph): the raw value is the
+/// driver's, the kind is the type's, so a stream cannot be passed where an event is wanted.
+pub struct Handle<K> {
+    raw: u64,
+    kind: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K> Handle<K> {
+    pub fn from_raw(raw: u64) -> Self {
+        Handle { raw, kind: std::marker::PhantomData }
+    }
+    /// The driver's value (a `CUstream`, `hipStream_t`, ... or the host driver's id).
+    pub fn raw(self) -> u64 {
+        self.raw
+    }
+}
+
+// By hand: derived impls would ask the same of `K`, which names a kind and is never built.
+impl<K> Clone for Handle<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<K> Copy for Handle<K> {}
+impl<K> PartialEq for Handle<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+impl<K> Eq for Handle<K> {}
+impl<K> std::hash::Hash for Handle<K> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.raw.hash(state)
+    }
+}
+impl<K> fmt::LowerHex for Handle<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.raw, f)
+    }
+}
+impl<K> fmt::Debug for Handle<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.raw)
+    }
+}
+
+/// The kinds of driver objects a [`Handle`] names.
+pub mod kinds {
+    pub enum Stream {}
+    pub enum Event {}
+    pub enum Module {}
+    pub enum Kernel {}
+    pub enum Graph {}
+}
+pub type StreamHandle = Handle<kinds::Stream>;
+pub type EventHandle = Handle<kinds::Event>;
+pub type ModuleHandle = Handle<kinds::Module>;
+pub type KernelHandle = Handle<kinds::Kernel>;
+pub type GraphHandle = Handle<kinds::Graph>;
 
 /// A piece of memory as the driver sees it.
 #[derive(Clone, Copy, Debug)]
@@ -181,44 +238,44 @@ pub trait Driver: Send + Sync {
     /// The allocation holding `bytes` at `ptr`, exported for a peer process; only queries and exports.
     fn share_range(&self, ptr: DevicePtr, bytes: usize) -> Result<SharedRange>;
 
-    fn stream_create(&self) -> Result<Handle>;
+    fn stream_create(&self) -> Result<StreamHandle>;
     /// Destroys a stream made by `stream_create`; one that was only adopted is refused (see `stream_forget`).
-    fn stream_destroy(&self, stream: Handle) -> Result<()>;
+    fn stream_destroy(&self, stream: StreamHandle) -> Result<()>;
     /// Starts tracking a stream this driver did not create, so every stream-taking method accepts it; returns the
     /// handle to use. Adopting one stream several times needs as many `stream_forget`s.
-    fn stream_adopt(&self, raw: Handle) -> Result<Handle>;
+    fn stream_adopt(&self, raw: u64) -> Result<StreamHandle>;
     /// How this device reaches the device with PCI bus id `bus_id`; `None` when that device is this one or is not
     /// visible to this process (a per-rank `CUDA_VISIBLE_DEVICES`), so the driver cannot say.
     fn peer_link(&self, bus_id: &str) -> Result<Option<PeerLink>>;
     /// Stops tracking an adopted stream without destroying it.
-    fn stream_forget(&self, stream: Handle) -> Result<()>;
-    fn stream_sync(&self, stream: Handle) -> Result<()>;
-    fn event_create(&self) -> Result<Handle>;
-    fn event_destroy(&self, event: Handle) -> Result<()>;
-    fn event_record(&self, event: Handle, stream: Handle) -> Result<()>;
-    fn event_sync(&self, event: Handle) -> Result<()>;
-    fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32>;
+    fn stream_forget(&self, stream: StreamHandle) -> Result<()>;
+    fn stream_sync(&self, stream: StreamHandle) -> Result<()>;
+    fn event_create(&self) -> Result<EventHandle>;
+    fn event_destroy(&self, event: EventHandle) -> Result<()>;
+    fn event_record(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
+    fn event_sync(&self, event: EventHandle) -> Result<()>;
+    fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32>;
 
-    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
-    fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
+    fn memcpy_dtod(&self, stream: StreamHandle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    fn memset_d8(&self, stream: StreamHandle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Host to device; returns once the copy is done.
-    fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()>;
+    fn memcpy_htod(&self, stream: StreamHandle, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Device to host; returns once the copy is done.
-    fn memcpy_dtoh(&self, stream: Handle, dst: &mut [u8], src: DevicePtr) -> Result<()>;
+    fn memcpy_dtoh(&self, stream: StreamHandle, dst: &mut [u8], src: DevicePtr) -> Result<()>;
 
-    fn module_load(&self, lib: &KernelLibrary) -> Result<Handle>;
-    fn module_unload(&self, module: Handle) -> Result<()>;
-    fn kernel(&self, module: Handle, name: &str) -> Result<Handle>;
+    fn module_load(&self, lib: &KernelLibrary) -> Result<ModuleHandle>;
+    fn module_unload(&self, module: ModuleHandle) -> Result<()>;
+    fn kernel(&self, module: ModuleHandle, name: &str) -> Result<KernelHandle>;
     /// How many blocks of `block` threads of this kernel can be resident on the whole device at once.
-    fn max_resident_blocks(&self, kernel: Handle, block: u32, shared_bytes: u32) -> Result<usize>;
-    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()>;
+    fn max_resident_blocks(&self, kernel: KernelHandle, block: u32, shared_bytes: u32) -> Result<usize>;
+    fn launch(&self, stream: StreamHandle, kernel: KernelHandle, dims: LaunchDims, params: &[u8]) -> Result<()>;
 
-    fn capture_begin(&self, stream: Handle) -> Result<()>;
+    fn capture_begin(&self, stream: StreamHandle) -> Result<()>;
     /// Whether work issued on `stream` now goes into a graph capture (an invalidated capture counts).
-    fn capturing(&self, stream: Handle) -> Result<bool>;
-    fn capture_end(&self, stream: Handle) -> Result<Handle>;
-    fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()>;
-    fn graph_destroy(&self, graph: Handle) -> Result<()>;
+    fn capturing(&self, stream: StreamHandle) -> Result<bool>;
+    fn capture_end(&self, stream: StreamHandle) -> Result<GraphHandle>;
+    fn graph_launch(&self, graph: GraphHandle, stream: StreamHandle) -> Result<()>;
+    fn graph_destroy(&self, graph: GraphHandle) -> Result<()>;
 }
 
 /// Options for opening a driver.
@@ -399,14 +456,16 @@ impl Drop for DeviceBuffer {
 /// An ordered queue of device work: created here, or borrowed with [`Gpu::borrow_stream`].
 pub struct Stream {
     gpu: Gpu,
-    handle: Handle,
+    handle: StreamHandle,
     /// Destroyed on drop when created here; a borrowed one is only forgotten.
     owned: bool,
 }
 
 impl Stream {
-    pub fn handle(&self) -> Handle {
-        self.handle
+    /// The driver's raw stream (a `CUstream`, `hipStream_t` or the host driver's id): what the communicator's calls
+    /// take.
+    pub fn handle(&self) -> u64 {
+        self.handle.raw()
     }
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
@@ -488,7 +547,7 @@ pub(crate) const REIMPORTED_MEMORY: &str =
     "memory mapped from another process cannot be shared again; share the owner's handle instead";
 
 /// Drops one adoption of `stream` (the `stream_forget` of every driver).
-pub(crate) fn forget(adopted: &mut std::collections::HashMap<Handle, usize>, stream: Handle) -> Result<()> {
+pub(crate) fn forget(adopted: &mut std::collections::HashMap<StreamHandle, usize>, stream: StreamHandle) -> Result<()> {
     match adopted.get_mut(&stream) {
         Some(n) if *n > 1 => *n -= 1,
         Some(_) => {
@@ -537,7 +596,7 @@ impl Drop for Stream {
 /// A timestamp recorded on a stream.
 pub struct Event {
     gpu: Gpu,
-    handle: Handle,
+    handle: EventHandle,
 }
 
 impl Event {
@@ -564,7 +623,7 @@ pub struct Module(Arc<Loaded>);
 /// A loaded module, unloaded when its [`Module`] and the last of its [`Kernel`]s are gone.
 struct Loaded {
     gpu: Gpu,
-    handle: Handle,
+    handle: ModuleHandle,
 }
 
 impl Module {
@@ -585,7 +644,7 @@ impl Drop for Loaded {
 /// A kernel entry point; it keeps the module it was loaded from alive.
 pub struct Kernel {
     module: Arc<Loaded>,
-    handle: Handle,
+    handle: KernelHandle,
 }
 
 impl Kernel {
@@ -597,7 +656,7 @@ impl Kernel {
 /// Captured work, replayable on a stream.
 pub struct Graph {
     gpu: Gpu,
-    handle: Handle,
+    handle: GraphHandle,
 }
 
 impl Drop for Graph {
@@ -624,11 +683,12 @@ mod tests {
 
     #[test]
     fn each_adoption_needs_its_own_forget() {
-        let mut adopted = std::collections::HashMap::from([(7, 2)]);
-        forget(&mut adopted, 7).unwrap();
-        forget(&mut adopted, 7).unwrap();
+        let seven = StreamHandle::from_raw(7);
+        let mut adopted = std::collections::HashMap::from([(seven, 2)]);
+        forget(&mut adopted, seven).unwrap();
+        forget(&mut adopted, seven).unwrap();
         assert!(adopted.is_empty());
-        assert!(matches!(forget(&mut adopted, 7), Err(GpuError::BadArgs(_))));
+        assert!(matches!(forget(&mut adopted, seven), Err(GpuError::BadArgs(_))));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Every handle the core made or adopted, so a stale or foreign handle is refused before it reaches the driver.
 
-use crate::{GpuError, Handle, Result};
+use crate::{EventHandle, GpuError, GraphHandle, Handle, KernelHandle, ModuleHandle, Result, StreamHandle};
 use std::collections::{HashMap, HashSet};
 
 /// What a token's memory is, so release undoes the right thing.
@@ -23,24 +23,24 @@ pub(crate) struct MemEntry {
 #[derive(Default)]
 pub(crate) struct Live {
     pub mems: HashMap<u64, MemEntry>,
-    pub streams: HashSet<Handle>,
+    pub streams: HashSet<StreamHandle>,
     /// Adopted streams (the caller's, or ours borrowed again) -> adoptions not yet forgotten; never destroyed here.
-    pub adopted: HashMap<Handle, usize>,
-    pub events: HashSet<Handle>,
-    pub modules: HashSet<Handle>,
+    pub adopted: HashMap<StreamHandle, usize>,
+    pub events: HashSet<EventHandle>,
+    pub modules: HashSet<ModuleHandle>,
     /// Function -> its module.
-    pub kernels: HashMap<Handle, Handle>,
-    /// Executable graph -> the graph it was instantiated from.
-    pub graphs: HashMap<Handle, Handle>,
+    pub kernels: HashMap<KernelHandle, ModuleHandle>,
+    /// Executable graph -> the graph it was instantiated from (the driver's).
+    pub graphs: HashMap<GraphHandle, u64>,
 }
 
-fn unknown(what: &str, h: Handle) -> GpuError {
-    GpuError::BadArgs(format!("unknown {what} {h:#x}"))
+fn unknown<K>(what: &str, h: Handle<K>) -> GpuError {
+    GpuError::BadArgs(format!("unknown {what} {h:?}"))
 }
 
 impl Live {
     /// `h` if it is a stream created or adopted here.
-    pub fn stream(&self, h: Handle) -> Result<Handle> {
+    pub fn stream(&self, h: StreamHandle) -> Result<StreamHandle> {
         if self.streams.contains(&h) || self.adopted.contains_key(&h) {
             Ok(h)
         } else {
@@ -48,19 +48,19 @@ impl Live {
         }
     }
 
-    pub fn event(&self, h: Handle) -> Result<Handle> {
+    pub fn event(&self, h: EventHandle) -> Result<EventHandle> {
         self.events.contains(&h).then_some(h).ok_or_else(|| unknown("event", h))
     }
 
-    pub fn function(&self, h: Handle) -> Result<Handle> {
+    pub fn function(&self, h: KernelHandle) -> Result<KernelHandle> {
         self.kernels.contains_key(&h).then_some(h).ok_or_else(|| unknown("kernel", h))
     }
 
-    pub fn module(&self, h: Handle) -> Result<Handle> {
+    pub fn module(&self, h: ModuleHandle) -> Result<ModuleHandle> {
         self.modules.contains(&h).then_some(h).ok_or_else(|| unknown("module", h))
     }
 
-    pub fn graph(&self, h: Handle) -> Result<Handle> {
+    pub fn graph(&self, h: GraphHandle) -> Result<GraphHandle> {
         self.graphs.contains_key(&h).then_some(h).ok_or_else(|| unknown("graph", h))
     }
 }

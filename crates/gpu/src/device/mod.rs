@@ -8,8 +8,9 @@ pub(crate) mod raw;
 mod rtc;
 
 use crate::{
-    forget, kernel_cache, offset_in, DeviceInfo, DevicePtr, Driver, GpuError, Handle, KernelLibrary, LaunchDims,
-    MemKind, PeerLink, RawMem, Result, ShareHandle, SharedRange, PRIVATE_MEMORY, REIMPORTED_MEMORY,
+    forget, kernel_cache, offset_in, DeviceInfo, DevicePtr, Driver, EventHandle, GpuError, GraphHandle, KernelHandle,
+    KernelLibrary, LaunchDims, MemKind, ModuleHandle, PeerLink, RawMem, Result, ShareHandle, SharedRange, StreamHandle,
+    PRIVATE_MEMORY, REIMPORTED_MEMORY,
 };
 use live::{Live, Mem, MemEntry};
 use raw::{Direction, Raw};
@@ -85,9 +86,9 @@ impl<R: Raw> Device<R> {
     }
 
     /// A live stream, with this device current.
-    fn stream(&self, h: Handle) -> Result<u64> {
+    fn stream(&self, h: StreamHandle) -> Result<u64> {
         self.raw.make_current()?;
-        lock(&self.live).stream(h)
+        lock(&self.live).stream(h).map(StreamHandle::raw)
     }
 
     /// Reserves an address range for `size` bytes of `handle`, maps it and opens it read-write to this device;
@@ -140,10 +141,10 @@ impl<R: Raw> Device<R> {
         }
     }
 
-    fn load_image(&self, image: &[u8]) -> Result<Handle> {
+    fn load_image(&self, image: &[u8]) -> Result<ModuleHandle> {
         let words = rtc::aligned(image);
         // SAFETY: an aligned, terminated copy of the image that outlives the call.
-        let module = unsafe { self.raw.module_load(words.as_ptr() as *const c_void)? };
+        let module = ModuleHandle::from_raw(unsafe { self.raw.module_load(words.as_ptr() as *const c_void)? });
         lock(&self.live).modules.insert(module);
         Ok(module)
     }
@@ -259,26 +260,27 @@ impl<R: Raw> Driver for Device<R> {
         Ok(SharedRange { handle, base: DevicePtr(base), alloc_bytes: size, offset })
     }
 
-    fn stream_create(&self) -> Result<Handle> {
+    fn stream_create(&self) -> Result<StreamHandle> {
         self.raw.make_current()?;
-        let s = self.raw.stream_create()?;
+        let s = StreamHandle::from_raw(self.raw.stream_create()?);
         lock(&self.live).streams.insert(s);
         Ok(s)
     }
-    fn stream_destroy(&self, stream: Handle) -> Result<()> {
+    fn stream_destroy(&self, stream: StreamHandle) -> Result<()> {
         self.raw.make_current()?;
         if !lock(&self.live).streams.remove(&stream) {
             return Err(bad(format!("unknown stream {stream:#x}")));
         }
         // SAFETY: a live stream of ours, destroyed once.
-        unsafe { self.raw.stream_destroy(stream) }
+        unsafe { self.raw.stream_destroy(stream.raw()) }
     }
-    fn stream_adopt(&self, raw: Handle) -> Result<Handle> {
+    fn stream_adopt(&self, raw: u64) -> Result<StreamHandle> {
         self.raw.make_current()?;
         // SAFETY: the caller vouches (Gpu::borrow_stream) that `raw` is a live stream.
         unsafe { self.raw.stream_check_owner(raw)? };
-        *lock(&self.live).adopted.entry(raw).or_default() += 1;
-        Ok(raw)
+        let h = StreamHandle::from_raw(raw);
+        *lock(&self.live).adopted.entry(h).or_default() += 1;
+        Ok(h)
     }
     fn peer_link(&self, bus_id: &str) -> Result<Option<PeerLink>> {
         if bus_id.eq_ignore_ascii_case(&self.info().bus_id) {
@@ -292,61 +294,61 @@ impl<R: Raw> Driver for Device<R> {
         }
     }
 
-    fn stream_forget(&self, stream: Handle) -> Result<()> {
+    fn stream_forget(&self, stream: StreamHandle) -> Result<()> {
         forget(&mut lock(&self.live).adopted, stream)
     }
-    fn stream_sync(&self, stream: Handle) -> Result<()> {
+    fn stream_sync(&self, stream: StreamHandle) -> Result<()> {
         let s = self.stream(stream)?;
         // SAFETY: a live stream.
         unsafe { self.raw.stream_sync(s) }
     }
-    fn event_create(&self) -> Result<Handle> {
+    fn event_create(&self) -> Result<EventHandle> {
         self.raw.make_current()?;
-        let e = self.raw.event_create()?;
+        let e = EventHandle::from_raw(self.raw.event_create()?);
         lock(&self.live).events.insert(e);
         Ok(e)
     }
-    fn event_destroy(&self, event: Handle) -> Result<()> {
+    fn event_destroy(&self, event: EventHandle) -> Result<()> {
         self.raw.make_current()?;
         if !lock(&self.live).events.remove(&event) {
             return Err(bad(format!("unknown event {event:#x}")));
         }
         // SAFETY: a live event of ours, destroyed once.
-        unsafe { self.raw.event_destroy(event) }
+        unsafe { self.raw.event_destroy(event.raw()) }
     }
-    fn event_record(&self, event: Handle, stream: Handle) -> Result<()> {
+    fn event_record(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
         let s = self.stream(stream)?;
-        let e = lock(&self.live).event(event)?;
+        let e = lock(&self.live).event(event)?.raw();
         // SAFETY: a live event and stream.
         unsafe { self.raw.event_record(e, s) }
     }
-    fn event_sync(&self, event: Handle) -> Result<()> {
+    fn event_sync(&self, event: EventHandle) -> Result<()> {
         self.raw.make_current()?;
-        let e = lock(&self.live).event(event)?;
+        let e = lock(&self.live).event(event)?.raw();
         // SAFETY: a live event.
         unsafe { self.raw.event_sync(e) }
     }
-    fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32> {
+    fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {
         self.raw.make_current()?;
         let (a, b) = {
             let live = lock(&self.live);
-            (live.event(start)?, live.event(end)?)
+            (live.event(start)?.raw(), live.event(end)?.raw())
         };
         // SAFETY: two live events.
         unsafe { self.raw.event_elapsed_ms(a, b) }
     }
 
-    fn memcpy_dtod(&self, stream: Handle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+    fn memcpy_dtod(&self, stream: StreamHandle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         let s = self.stream(stream)?;
         // SAFETY: device addresses; the driver checks them, and the callers size ranges from their buffers.
         unsafe { self.raw.copy(s, Direction::DeviceToDevice, dst.0, src.0, bytes) }
     }
-    fn memset_d8(&self, stream: Handle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+    fn memset_d8(&self, stream: StreamHandle, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         let s = self.stream(stream)?;
         // SAFETY: as above.
         unsafe { self.raw.memset_d8(s, dst.0, value, bytes) }
     }
-    fn memcpy_htod(&self, stream: Handle, dst: DevicePtr, src: &[u8]) -> Result<()> {
+    fn memcpy_htod(&self, stream: StreamHandle, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let s = self.stream(stream)?;
         // SAFETY: `src` is borrowed until the stream is synchronised below; `dst` was range-checked by the caller.
         unsafe {
@@ -354,7 +356,7 @@ impl<R: Raw> Driver for Device<R> {
             self.raw.stream_sync(s)
         }
     }
-    fn memcpy_dtoh(&self, stream: Handle, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+    fn memcpy_dtoh(&self, stream: StreamHandle, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let s = self.stream(stream)?;
         // SAFETY: `dst` is borrowed mutably until the stream is synchronised below; `src` was range-checked.
         unsafe {
@@ -363,7 +365,7 @@ impl<R: Raw> Driver for Device<R> {
         }
     }
 
-    fn module_load(&self, lib: &KernelLibrary) -> Result<Handle> {
+    fn module_load(&self, lib: &KernelLibrary) -> Result<ModuleHandle> {
         self.raw.make_current()?;
         let compiler = self.raw.compiler().map_err(|why| {
             Self::not_available(format!("{} is needed to compile kernel library {}: {why}", R::COMPILER, lib.name))
@@ -382,7 +384,7 @@ impl<R: Raw> Driver for Device<R> {
         }
         self.load_image(&image)
     }
-    fn module_unload(&self, module: Handle) -> Result<()> {
+    fn module_unload(&self, module: ModuleHandle) -> Result<()> {
         self.raw.make_current()?;
         {
             let mut live = lock(&self.live);
@@ -392,44 +394,44 @@ impl<R: Raw> Driver for Device<R> {
             live.kernels.retain(|_, m| *m != module);
         }
         // SAFETY: a live module of ours, unloaded once; its functions were dropped from the live set above.
-        unsafe { self.raw.module_unload(module) }
+        unsafe { self.raw.module_unload(module.raw()) }
     }
-    fn kernel(&self, module: Handle, name: &str) -> Result<Handle> {
+    fn kernel(&self, module: ModuleHandle, name: &str) -> Result<KernelHandle> {
         self.raw.make_current()?;
-        let m = lock(&self.live).module(module)?;
+        let m = lock(&self.live).module(module)?.raw();
         let cname = CString::new(name).map_err(|_| bad(format!("kernel name {name:?} contains a NUL byte")))?;
         // SAFETY: a live module.
-        let f = unsafe { self.raw.function(m, &cname)? };
+        let f = KernelHandle::from_raw(unsafe { self.raw.function(m, &cname)? });
         lock(&self.live).kernels.insert(f, module);
         Ok(f)
     }
-    fn max_resident_blocks(&self, kernel: Handle, block: u32, shared_bytes: u32) -> Result<usize> {
+    fn max_resident_blocks(&self, kernel: KernelHandle, block: u32, shared_bytes: u32) -> Result<usize> {
         self.raw.make_current()?;
-        let f = lock(&self.live).function(kernel)?;
+        let f = lock(&self.live).function(kernel)?.raw();
         // SAFETY: a live function.
         let per_unit = unsafe { self.raw.occupancy(f, block, shared_bytes)? };
         Ok(per_unit * self.info().multiprocessors)
     }
-    fn launch(&self, stream: Handle, kernel: Handle, dims: LaunchDims, params: &[u8]) -> Result<()> {
+    fn launch(&self, stream: StreamHandle, kernel: KernelHandle, dims: LaunchDims, params: &[u8]) -> Result<()> {
         let mut args = kernel_args(params)?;
         let s = self.stream(stream)?;
-        let f = lock(&self.live).function(kernel)?;
+        let f = lock(&self.live).function(kernel)?.raw();
         let args = if params.is_empty() { null_mut() } else { args.as_mut_ptr() };
         // SAFETY: a live function and stream; `args` and the bytes it points at outlive the call.
         unsafe { self.raw.launch(f, dims, s, args) }
     }
 
-    fn capture_begin(&self, stream: Handle) -> Result<()> {
+    fn capture_begin(&self, stream: StreamHandle) -> Result<()> {
         let s = self.stream(stream)?;
         // SAFETY: a live stream.
         unsafe { self.raw.capture_begin(s) }
     }
-    fn capturing(&self, stream: Handle) -> Result<bool> {
+    fn capturing(&self, stream: StreamHandle) -> Result<bool> {
         let s = self.stream(stream)?;
         // SAFETY: a live stream.
         unsafe { self.raw.capturing(s) }
     }
-    fn capture_end(&self, stream: Handle) -> Result<Handle> {
+    fn capture_end(&self, stream: StreamHandle) -> Result<GraphHandle> {
         let s = self.stream(stream)?;
         // SAFETY: a live stream; then the graph just captured, ours and used nowhere else.
         let exec = unsafe {
@@ -442,20 +444,21 @@ impl<R: Raw> Driver for Device<R> {
                 }
             }
         };
-        lock(&self.live).graphs.insert(exec.0, exec.1);
-        Ok(exec.0)
+        let exec_handle = GraphHandle::from_raw(exec.0);
+        lock(&self.live).graphs.insert(exec_handle, exec.1);
+        Ok(exec_handle)
     }
-    fn graph_launch(&self, graph: Handle, stream: Handle) -> Result<()> {
+    fn graph_launch(&self, graph: GraphHandle, stream: StreamHandle) -> Result<()> {
         let s = self.stream(stream)?;
-        let g = lock(&self.live).graph(graph)?;
+        let g = lock(&self.live).graph(graph)?.raw();
         // SAFETY: a live executable graph and stream.
         unsafe { self.raw.graph_launch(g, s) }
     }
-    fn graph_destroy(&self, graph: Handle) -> Result<()> {
+    fn graph_destroy(&self, graph: GraphHandle) -> Result<()> {
         self.raw.make_current()?;
         let g = lock(&self.live).graphs.remove(&graph).ok_or_else(|| bad(format!("unknown graph {graph:#x}")))?;
         // SAFETY: the executable graph and its graph are ours, destroyed once.
-        unsafe { first_error([self.raw.graph_exec_destroy(graph), self.raw.graph_destroy(g)]) }
+        unsafe { first_error([self.raw.graph_exec_destroy(graph.raw()), self.raw.graph_destroy(g)]) }
     }
 }
 
@@ -469,18 +472,18 @@ impl<R: Raw> Drop for Device<R> {
         // SAFETY: every handle below is live and ours; each is taken out of the live set, so it is undone once.
         unsafe {
             for (exec, graph) in live.graphs {
-                let _ = self.raw.graph_exec_destroy(exec);
+                let _ = self.raw.graph_exec_destroy(exec.raw());
                 let _ = self.raw.graph_destroy(graph);
             }
             for e in live.events {
-                let _ = self.raw.event_destroy(e);
+                let _ = self.raw.event_destroy(e.raw());
             }
             // Streams that were only adopted (`live.adopted`) belong to the caller and are left alone.
             for s in live.streams {
-                let _ = self.raw.stream_destroy(s);
+                let _ = self.raw.stream_destroy(s.raw());
             }
             for m in live.modules {
-                let _ = self.raw.module_unload(m);
+                let _ = self.raw.module_unload(m.raw());
             }
         }
         for entry in live.mems.values() {
