@@ -14,7 +14,7 @@ pub use call::{Call, CallError, Residency};
 pub use elem::{sum_sources, Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
 pub use plan::{LaunchPlan, LaunchRule};
-pub use team::{OwnStatus, PeerMaps, Sharing, Team, STATUS_BYTES};
+pub use team::{status_words, OwnStatus, PeerMaps, Sharing, Team, STATUS_BYTES};
 
 use gpu::Stream;
 use std::fmt;

@@ -27,6 +27,20 @@ pub struct Team<'a> {
 /// Bytes of a communicator's status words: u64 [abort, failed, the rank waited for, what was waited for].
 pub const STATUS_BYTES: usize = 32;
 
+/// Zeroed status words for `gpu`'s kernels to watch. On HIP they are uncached memory, as the polled flags are: the
+/// host's store of the abort word into coarse-grained memory need not reach a kernel that is already polling.
+pub fn status_words(gpu: &Gpu) -> Result<DeviceBuffer, CollectiveError> {
+    let kind = match gpu.kind() {
+        DriverKind::Hip => MemKind::Ipc { uncached: true },
+        DriverKind::Cuda | DriverKind::Host => MemKind::Device,
+    };
+    let buf = gpu.alloc(STATUS_BYTES, kind)?;
+    let stream = gpu.stream()?;
+    stream.fill(&buf, 0)?;
+    stream.sync()?;
+    Ok(buf)
+}
+
 /// Status words a method allocated for itself because its team had none; the kernels' address is `ptr`.
 pub struct OwnStatus {
     pub ptr: u64,
@@ -81,10 +95,7 @@ impl<'a> Team<'a> {
         if let Some(p) = self.status {
             return Ok(OwnStatus { ptr: p.0, _buf: None });
         }
-        let buf = self.gpu.alloc(STATUS_BYTES, MemKind::Device)?;
-        let stream = self.gpu.stream()?;
-        stream.fill(&buf, 0)?;
-        stream.sync()?;
+        let buf = status_words(self.gpu)?;
         Ok(OwnStatus { ptr: buf.ptr().0, _buf: Some(buf) })
     }
 

@@ -4,7 +4,7 @@
 //! `ncclCommAbort`. No wait traps, so the process's GPU context outlives a failed call.
 
 use collective_core::STATUS_BYTES;
-use gpu::{DeviceBuffer, DriverKind, Gpu, MemKind};
+use gpu::{DeviceBuffer, DriverKind, Gpu};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -132,10 +132,8 @@ impl Watch {
     /// Zeroed status words, and a watchdog over them and over `peers` ((rank, pid) of the peers whose processes
     /// this rank can see).
     pub(super) fn start(gpu: &Gpu, peers: Vec<(usize, i32)>) -> Result<Watch, crate::Error> {
-        let status = gpu.alloc(STATUS_BYTES, MemKind::Device)?;
+        let status = collective_core::status_words(gpu)?;
         let stream = gpu.stream()?;
-        stream.fill(&status, 0)?;
-        stream.sync()?;
         let shared =
             Arc::new(Shared { gpu: gpu.clone(), status, failure: Mutex::new(None), stop: AtomicBool::new(false) });
         let s = shared.clone();
