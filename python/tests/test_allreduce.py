@@ -55,6 +55,25 @@ def test_bad_construction_arguments_are_refused():
     assert p.returncode == 0 and "wrong_construction ok" in p.stdout, p.stdout + p.stderr
 
 
+def test_half_of_a_two_node_job_is_refused_at_once():
+    """torchrun's variables for half of a 2-node job: UnsupportedError saying the job spans nodes, with no wait for
+    the ranks of the other node."""
+    code = textwrap.dedent("""
+        import time, allreduce_rs as ar
+        start = time.monotonic()
+        try:
+            ar.Communicator.from_env(backend="host")
+        except ar.UnsupportedError as e:
+            assert "spans nodes" in str(e) and time.monotonic() - start < 5, (str(e), time.monotonic() - start)
+            print("refused")
+        """)
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0",
+           "TORCHELASTIC_RUN_ID": "two-nodes", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    env.pop("ALLREDUCE_JOB_ID", None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0 and "refused" in p.stdout, p.stdout + p.stderr
+
+
 def test_registered_buffers_through_dlpack():
     run_job(2, "registered")
 

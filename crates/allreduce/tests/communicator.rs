@@ -340,6 +340,33 @@ fn explicit_coordinates_and_a_missing_launcher() {
     let _ = DevicePtr(0);
 }
 
+/// Half of a 2-node torchrun job (and a 16-rank one, over the one-node limit) is told at once that it spans nodes,
+/// instead of waiting the set-up deadline for ranks that could never come through this node's shared memory.
+#[test]
+fn a_job_that_spans_nodes_is_refused_at_once() {
+    for (world, local) in [("8", "4"), ("16", "8")] {
+        let env: std::collections::HashMap<String, String> = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", world),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", local),
+            ("GROUP_RANK", "0"),
+            ("TORCHELASTIC_RUN_ID", "spans-nodes"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into_iter()
+        .collect();
+        let info = launch::detect_from(&env).unwrap().expect("torchrun's variables");
+        assert_eq!(info.spans_nodes(), Some(local.parse().unwrap()));
+        let start = std::time::Instant::now();
+        let e = Communicator::new(info, Options { backend: gpu::Backend::Host, ..Options::default() }).err();
+        assert!(matches!(&e, Some(Error::Unsupported(m)) if m.contains("spans nodes") && m.contains(world)), "{e:?}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(1), "refused after {:?}", start.elapsed());
+    }
+}
+
 /// The packet designs across the packet flags' wrap: the epoch counters start just below it, and calls of every
 /// tuned design (packets of every size up to the area, the epoch and zero-copy designs between them) cross it, each
 /// result exact, three times (near 2^32, 2^33 and 3 * 2^32). The last rank starts each call late, so the others

@@ -104,6 +104,12 @@ pub struct RankInfo {
 }
 
 impl RankInfo {
+    /// The ranks of the job on this host when the launcher says the job spans several hosts (fewer here than in
+    /// the job); `None` for a job on one node, or where the launcher does not say.
+    pub fn spans_nodes(&self) -> Option<usize> {
+        self.local_world.filter(|&l| l < self.world)
+    }
+
     /// The place of a program that knows it without a launcher; every rank must pass the same `world` and `job`.
     pub fn explicit(rank: usize, world: usize, local_rank: usize, job: JobId) -> Result<RankInfo, LaunchError> {
         if let Some((what, msg)) = misplaced([rank, world, local_rank], None, ["rank", "world", "local_rank", ""]) {

@@ -168,6 +168,32 @@ fn detects_external_launchers_with_agreeing_job_ids() {
 }
 
 #[test]
+fn a_job_over_several_nodes_is_known_from_every_launcher() {
+    let torchrun = [("RANK", "5"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "4")];
+    let torchrun =
+        [&torchrun[..], &[("TORCHELASTIC_RUN_ID", "r"), ("MASTER_ADDR", "a"), ("MASTER_PORT", "1")]].concat();
+    let mpirun = [
+        ("OMPI_COMM_WORLD_RANK", "5"),
+        ("OMPI_COMM_WORLD_SIZE", "8"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+        ("OMPI_MCA_ess_base_jobid", "7"),
+    ];
+    let hydra = [("PMI_RANK", "5"), ("PMI_SIZE", "8"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "4")];
+    let hydra = [&hydra[..], &[("ALLREDUCE_JOB_ID", "0123456789abcdef")]].concat();
+    let srun =
+        [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1"), ("SLURM_STEP_TASKS_PER_NODE", "4(x2)")];
+    let srun = [&srun[..], &[("SLURM_JOB_ID", "9"), ("SLURM_STEP_ID", "0")]].concat();
+    for pairs in [&torchrun[..], &mpirun, &hydra, &srun] {
+        let info = detect_from(&env(pairs)).unwrap().unwrap();
+        assert_eq!(info.spans_nodes(), Some(4), "{pairs:?}");
+    }
+    let one_node = [("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "4")];
+    let one_node = [&one_node[..], &[("ALLREDUCE_JOB_ID", "0123456789abcdef")]].concat();
+    assert_eq!(detect_from(&env(&one_node)).unwrap().unwrap().spans_nodes(), None);
+}
+
+#[test]
 fn explicit_job_id_overrides_the_derived_one() {
     let job = JobId::random();
     let ompi = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")];

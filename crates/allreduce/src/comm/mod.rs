@@ -133,6 +133,15 @@ impl Communicator {
         if opts.capacity_bytes == 0 {
             return Err(Error::BadArgs("capacity_bytes must be at least 1".into()));
         }
+        // Said at once: the ranks on other nodes could never arrive through this node's shared memory.
+        if let Some(here) = info.spans_nodes() {
+            return Err(Error::Unsupported(format!(
+                "this job spans nodes ({} ranks, {here} on this host, as {} says): the communicator runs within one \
+                 node, and across nodes it would need NCCL/RCCL, which it does not use yet; build a communicator per \
+                 node (its ranks, a job id of their own) and go across nodes with torch.distributed",
+                info.world, info.launcher
+            )));
+        }
         if info.world > MAX_RANKS {
             return Err(Error::Unsupported(format!(
                 "{} ranks: the communicator's algorithms run 1 to {MAX_RANKS} ranks (one node)",
