@@ -26,6 +26,8 @@ struct Shared {
     gpu: Gpu,
     status: DeviceBuffer,
     failure: Mutex<Option<Failure>>,
+    /// Whether `failure` is set: what every call reads first, without the lock.
+    failed: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -53,6 +55,7 @@ impl Shared {
         if f.is_none() {
             *f = Some(failure);
         }
+        self.failed.store(true, Ordering::Release);
         drop(f);
         if let Err(e) = self.set_abort() {
             eprintln!("warning: allreduce communicator: setting the abort word: {e}");
@@ -113,6 +116,9 @@ impl Shared {
     }
 
     fn failure(&self) -> Option<Failure> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
@@ -134,8 +140,13 @@ impl Watch {
     pub(super) fn start(gpu: &Gpu, peers: Vec<(usize, i32)>) -> Result<Watch, crate::Error> {
         let status = collective_core::status_words(gpu)?;
         let stream = gpu.stream()?;
-        let shared =
-            Arc::new(Shared { gpu: gpu.clone(), status, failure: Mutex::new(None), stop: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            gpu: gpu.clone(),
+            status,
+            failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("allreduce-watchdog".into())
