@@ -7,6 +7,7 @@
 // by the knob bits K, so the base kernels (K = 0) are exactly car's.
 
 #include "arx/instantiate.h"
+#include "arx/norm.h"
 #include "arx/reduce.h"
 #include "arx/sync.h"
 
@@ -27,6 +28,10 @@ struct CarParams {
     u32 reserved;
     u64 status;  // the communicator's status words (arx/sync.h), which every wait watches
     u64 bias;    // allreduce: added to every sum after the ranks' inputs (car's `z`), or 0
+    u64 residual;  // the *_norm kernels (arx/norm.h): residual, written back as r
+    u64 weight;    // ... the norm's weight, `hidden` elements
+    u32 hidden;    // ... elements of a row
+    float eps;
 };
 
 #define CAR_ROUND 1     // the sum rounded to the element type after every add, not accumulated in f32
@@ -172,6 +177,58 @@ template <int DT> ARX_DEV void car_ag(CarParams p) {
         copy_range<DT>((const void*)views[s], (void*)(p.output + s * p.count * E::SIZE), r);
 }
 
+// Allreduce + residual add + RMSNorm, one-shot (arx/norm.h): block b copies in its rows, one barrier, then sums,
+// adds and normalises them. Launched with ARX_NORM_LANES threads.
+template <int DT> ARX_DEV void car_1shot_norm(CarParams p) {
+    u64 epoch = car_next_epoch(p);
+    u64 views[ARX_MAX_RANKS];
+    car_views<0>(p, epoch, views);
+    Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
+    copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], Range{mine.lo * p.hidden, mine.hi * p.hidden});
+    if (!car_barrier<0>(p, 0, epoch)) return;
+    for (u64 row = mine.lo; row < mine.hi; ++row) {
+        add_residual_row<DT>(views, p.world, (const void*)p.residual, (void*)p.residual, row * p.hidden, p.hidden);
+        rms_norm_row<DT>((const void*)p.residual, 0, (const void*)p.weight, (void*)p.output, row * p.hidden, p.hidden,
+                         p.eps);
+    }
+}
+
+// Two-shot: shards of whole rows; each rank adds the residual to its own rows' sums (r, in place in its buffer),
+// then every rank gathers r into its residual and normalises every row (the norm is cheap next to a second gather).
+template <int DT> ARX_DEV void car_2shot_norm(CarParams p) {
+    u64 epoch = car_next_epoch(p);
+    u64 views[ARX_MAX_RANKS];
+    car_views<0>(p, epoch, views);
+    u64 rows = p.count / p.hidden;
+    u64 shard = div_ceil(rows, p.world);
+    for (u32 s = 0; s < p.world; ++s) {
+        Range r = row_range(shard_range(rows, shard, s), blockIdx.x, gridDim.x);
+        copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], Range{r.lo * p.hidden, r.hi * p.hidden});
+    }
+    if (!car_barrier<0>(p, 0, epoch)) return;
+    Range mine = row_range(shard_range(rows, shard, p.rank), blockIdx.x, gridDim.x);
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        add_residual_row<DT>(views, p.world, (const void*)p.residual, (void*)views[p.rank], row * p.hidden, p.hidden);
+    if (!car_barrier<0>(p, 1, epoch)) return;
+    for (u32 s = 0; s < p.world; ++s) {
+        Range r = row_range(shard_range(rows, shard, s), blockIdx.x, gridDim.x);
+        for (u64 row = r.lo; row < r.hi; ++row)
+            rms_norm_row<DT>((const void*)views[s], (void*)p.residual, (const void*)p.weight, (void*)p.output,
+                             row * p.hidden, p.hidden, p.eps);
+    }
+}
+
+// The unfused sequence's second kernel: the residual add and RMSNorm of an allreduce's result at `input`.
+template <int DT> ARX_DEV void car_add_rms_norm(CarParams p) {
+    u64 srcs[ARX_MAX_RANKS] = {p.input};
+    Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
+    for (u64 row = mine.lo; row < mine.hi; ++row) {
+        add_residual_row<DT>(srcs, 1, (const void*)p.residual, (void*)p.residual, row * p.hidden, p.hidden);
+        rms_norm_row<DT>((const void*)p.residual, 0, (const void*)p.weight, (void*)p.output, row * p.hidden, p.hidden,
+                         p.eps);
+    }
+}
+
 // The floor every method pays: the epoch and one barrier, nothing moved.
 ARX_KERNEL void car_barrier_only(CarParams p) { car_barrier<0>(p, 0, car_next_epoch(p)); }
 
@@ -179,6 +236,9 @@ ARX_INSTANTIATE_K(car_1shot, car_1shot_k, 0, CarParams)
 ARX_INSTANTIATE_K(car_2shot, car_2shot_k, 0, CarParams)
 ARX_INSTANTIATE(car_rs, CarParams)
 ARX_INSTANTIATE(car_ag, CarParams)
+ARX_INSTANTIATE(car_1shot_norm, CarParams)
+ARX_INSTANTIATE(car_2shot_norm, CarParams)
+ARX_INSTANTIATE(car_add_rms_norm, CarParams)
 ARX_INSTANTIATE_K(car_1shot_round, car_1shot_k, CAR_ROUND, CarParams)
 ARX_INSTANTIATE_K(car_1shot_ptrtable, car_1shot_k, CAR_TABLE, CarParams)
 ARX_INSTANTIATE_K(car_1shot_push, car_1shot_k, CAR_PUSH, CarParams)

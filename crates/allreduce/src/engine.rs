@@ -12,6 +12,8 @@ pub struct Engine {
     car_1shot: car::Car,
     car_2shot: car::Car,
     symm: SymmTuned,
+    /// The unfused sequence's norm, after a design that does not carry it.
+    norm: car::AddRmsNormKernel,
 }
 
 impl Engine {
@@ -26,6 +28,7 @@ impl Engine {
             car_1shot: car(car::Algo::OneShot)?,
             car_2shot: car(car::Algo::TwoShot)?,
             symm: SymmTuned::new(team, Design::TwoShotTuned, TunedOptions::new(capacity_bytes))?,
+            norm: car::AddRmsNormKernel::new(team.gpu)?,
         })
     }
 
@@ -48,6 +51,16 @@ impl Engine {
         let pick = |mode| self.tables.get(mode, residency).pick(bytes);
         let (eager, graph) = (pick(Mode::Eager), pick(Mode::Graph));
         Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
+    }
+
+    /// The algorithm a call with the residual add and RMSNorm runs where the allreduce's table picks `algo`: car's
+    /// design of the same shape, which carries the norm in its kernel. (Norm calls have no tables of their own yet;
+    /// fused against unfused is measured by `comm-bench --op add_rms_norm`.)
+    pub fn fused(algo: Algorithm) -> Algorithm {
+        match algo {
+            Algorithm::Car2Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotLl => Algorithm::Car2Shot,
+            _ => Algorithm::Car1Shot,
+        }
     }
 
     /// The registered input: a caller that writes its input here saves the zero-copy designs their copy-in.
@@ -99,6 +112,13 @@ impl Engine {
         peers: &PeerBuffers,
         stream: &Stream,
     ) -> Result<Option<DeferredUse>, CollectiveError> {
+        if call.norm().is_some() && !matches!(algo, Algorithm::Car1Shot | Algorithm::Car2Shot) {
+            // The unfused sequence: the design's allreduce, then the norm over its result, in stream order.
+            // SAFETY: the caller's contract, for both.
+            let used = unsafe { self.run_algorithm(algo, &call.without_norm(), peers, stream)? };
+            unsafe { self.norm.enqueue(call, stream)? };
+            return Ok(used);
+        }
         let design = match self.runs_as(algo, call.bytes()) {
             // SAFETY (both car arms): the caller's contract.
             Algorithm::Car1Shot => return unsafe { self.car_1shot.enqueue(call, stream) }.map(|_| None),

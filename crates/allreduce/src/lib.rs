@@ -27,7 +27,7 @@ mod engine;
 pub mod placement;
 pub mod tune;
 
-pub use collective_core::{Call, CallError, DType, Op};
+pub use collective_core::{AddRmsNorm, Call, CallError, DType, Op, MAX_HIDDEN};
 pub use comm::{AbortHandle, Communicator, Failure, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS};
 pub use gpu::{Backend, DevicePtr, DriverKind};
 pub use launch::RankInfo;

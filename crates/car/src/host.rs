@@ -5,9 +5,10 @@
 
 use crate::CarParams;
 use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
-use collective_core::{block_range, shard_elems, shard_range, sum_sources, DType, HostElem, MAX_RANKS};
+use collective_core::norm::{add_residual, rms_norm, row_range};
+use collective_core::{block_range, shard_elems, shard_range, sum_sources, AddRmsNorm, DType, HostElem, MAX_RANKS};
 use deadline::Deadline;
-use gpu::{HostKernel, HostLaunch, KernelFault};
+use gpu::{DevicePtr, HostKernel, HostLaunch, KernelFault};
 use std::time::Duration;
 
 macro_rules! kernels {
@@ -15,6 +16,9 @@ macro_rules! kernels {
         pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
             $((concat!($stem, "_bf16"), $f), (concat!($stem, "_fp16"), $f), (concat!($stem, "_fp32"), $f),)*
             ("car_barrier_only", barrier_only),
+            ("car_add_rms_norm_bf16", add_rms_norm),
+            ("car_add_rms_norm_fp16", add_rms_norm),
+            ("car_add_rms_norm_fp32", add_rms_norm),
         ];
     };
 }
@@ -24,6 +28,8 @@ kernels! {
     "car_2shot" => two_shot,
     "car_rs" => reduce_scatter,
     "car_ag" => all_gather,
+    "car_1shot_norm" => one_shot_norm,
+    "car_2shot_norm" => two_shot_norm,
     "car_1shot_round" => one_shot_round,
     "car_1shot_ptrtable" => one_shot_table,
     "car_1shot_push" => one_shot_push,
@@ -41,6 +47,8 @@ enum CarKernel {
     TwoShot,
     ReduceScatter,
     AllGather,
+    OneShotNorm,
+    TwoShotNorm,
 }
 
 /// The kernels' `K` bits.
@@ -73,6 +81,31 @@ fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 fn all_gather(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_ag", CarKernel::AllGather, Knobs::default())
 }
+fn one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_1shot_norm", CarKernel::OneShotNorm, Knobs::default())
+}
+fn two_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_2shot_norm", CarKernel::TwoShotNorm, Knobs::default())
+}
+/// The unfused sequence's norm over an allreduce's result (no peers, so no blocks to tell apart).
+fn add_rms_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    let p: CarParams = l.params()?;
+    let (dtype, norm) = (DType::from_code(p.dtype)?, norm_of(&p));
+    let rows = (0, p.count as usize / norm.hidden);
+    // SAFETY: the launch's contract: the call's output holds `count` elements, the residual too, the weight `hidden`.
+    unsafe {
+        add_residual(dtype, &[p.input as *const u8], p.residual as *const u8, p.residual as *mut u8, norm.hidden, rows);
+        rms_norm(dtype, p.residual as *const u8, None, p.output as *mut u8, &norm, rows);
+    }
+    Ok(())
+}
+
+/// The norm a `*_norm` launch carries.
+fn norm_of(p: &CarParams) -> AddRmsNorm {
+    let (residual, weight) = (DevicePtr(p.residual), DevicePtr(p.weight));
+    AddRmsNorm { residual, weight, hidden: p.hidden as usize, eps: p.eps }
+}
+
 fn one_shot_round(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_round", CarKernel::OneShot, Knobs { round: true, ..Knobs::default() })
 }
@@ -218,6 +251,40 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 for s in 0..call.world {
                     let src = if knobs.ring_order { (call.rank + s) % call.world } else { s };
                     call.copy(views[src], at(p.output, s * count) as u64, r);
+                }
+            }
+            CarKernel::OneShotNorm => {
+                let (norm, residual) = (norm_of(&p), p.residual as *mut u8);
+                let rows = row_range((0, count / norm.hidden), b, grid);
+                call.copy(p.input, mine, (rows.0 * norm.hidden, rows.1 * norm.hidden));
+                call.barrier(b, 0, epoch)?;
+                let srcs: Vec<*const u8> = views.iter().map(|&v| v as *const u8).collect();
+                // SAFETY: every view and the residual hold `count` elements, the output too; the weight `hidden`.
+                unsafe {
+                    add_residual(call.dtype, &srcs, residual, residual, norm.hidden, rows);
+                    rms_norm(call.dtype, residual, None, p.output as *mut u8, &norm, rows);
+                }
+            }
+            CarKernel::TwoShotNorm => {
+                let norm = norm_of(&p);
+                let rows = count / norm.hidden;
+                let shard = rows.div_ceil(call.world);
+                let sub = |s: usize| row_range(shard_range(rows, shard, s), b, grid);
+                for s in 0..call.world {
+                    let (lo, hi) = sub(s);
+                    call.copy(p.input, mine, (lo * norm.hidden, hi * norm.hidden));
+                }
+                call.barrier(b, 0, epoch)?;
+                let srcs: Vec<*const u8> = views.iter().map(|&v| v as *const u8).collect();
+                let residual = p.residual as *mut u8;
+                // SAFETY: as the one-shot's; r goes in place into this rank's own rows of its own buffer.
+                unsafe { add_residual(call.dtype, &srcs, residual, mine as *mut u8, norm.hidden, sub(call.rank)) };
+                call.barrier(b, 1, epoch)?;
+                for (s, &view) in views.iter().enumerate() {
+                    // SAFETY: as above; every peer's rows of r are complete after the barrier.
+                    unsafe {
+                        rms_norm(call.dtype, view as *const u8, Some(residual), p.output as *mut u8, &norm, sub(s))
+                    };
                 }
             }
             CarKernel::TwoShot | CarKernel::ReduceScatter => {

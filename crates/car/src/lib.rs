@@ -10,9 +10,11 @@
 mod host;
 
 use collective_core::host_sync::FLAG_SLOTS;
+use collective_core::norm::NORM_LANES;
 pub use collective_core::Algo;
 use collective_core::{
-    Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, OwnStatus, Sharing, Team, MAX_BLOCKS, MAX_RANKS,
+    AddRmsNorm, Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, OwnStatus, Sharing, Team, MAX_BLOCKS,
+    MAX_RANKS,
 };
 use gpu::{DeviceBuffer, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
 use std::collections::HashMap;
@@ -47,6 +49,11 @@ pub struct CarParams {
     pub status: u64,
     /// Allreduce: added to every sum after the ranks' inputs (car's `z`), or 0.
     pub bias: u64,
+    /// The `*_norm` kernels ([`collective_core::AddRmsNorm`]): the residual, written back as `r`.
+    pub residual: u64,
+    pub weight: u64,
+    pub hidden: u32,
+    pub eps: f32,
 }
 
 /// Options for [`Car::new`].
@@ -152,6 +159,9 @@ pub struct Car {
     cap: usize,
     base: CarParams,
     kernels: HashMap<DType, Kernel>,
+    /// Car's own one-shot and two-shot carry the residual add and RMSNorm: their fused kernels, and how many blocks
+    /// of [`NORM_LANES`] threads fit beside the peers.
+    norm: Option<(HashMap<DType, Kernel>, usize)>,
     barrier: Kernel,
     _peers: Vec<DeviceBuffer>,
     _data: DeviceBuffer,
@@ -222,13 +232,18 @@ impl Car {
 
         let module = gpu.load(&LIBRARY)?;
         let stem = variant.kernel(algo).expect("the method exists, so does its kernel");
-        let mut kernels = HashMap::new();
-        for dtype in DType::ALL {
-            kernels.insert(dtype, module.kernel(&format!("{stem}_{dtype}"))?);
-        }
+        let kernels = per_dtype(&module, stem)?;
         let barrier = module.kernel("car_barrier_only")?;
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
         let cap = team.resident_cap(name, &kernels[&DType::Bf16], rule.threads)?;
+        let norm = match (variant, algo) {
+            (Variant::Base, Algo::OneShot | Algo::TwoShot) => {
+                let fused = per_dtype(&module, &format!("{stem}_norm"))?;
+                let cap = team.resident_cap(name, &fused[&DType::Bf16], NORM_LANES as u32)?;
+                Some((fused, cap))
+            }
+            _ => None,
+        };
         if let Some(asked) = opts.rule {
             asked.check_requested(name, cap, world)?;
         }
@@ -242,6 +257,7 @@ impl Car {
             cap,
             base,
             kernels,
+            norm,
             barrier,
             _peers: peers.mapped,
             _data: data,
@@ -251,6 +267,15 @@ impl Car {
             _status: status,
         })
     }
+}
+
+/// The kernels `{stem}_{dtype}` of every element type.
+fn per_dtype(module: &gpu::Module, stem: &str) -> Result<HashMap<DType, Kernel>, CollectiveError> {
+    let mut kernels = HashMap::new();
+    for dtype in DType::ALL {
+        kernels.insert(dtype, module.kernel(&format!("{stem}_{dtype}"))?);
+    }
+    Ok(kernels)
 }
 
 impl Car {
@@ -286,14 +311,70 @@ impl Car {
     pub unsafe fn enqueue(&self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
         debug_assert!(call.capacity() <= self.capacity && call.op() == self.algo.op(), "run's contract");
         let dtype = call.dtype();
-        let plan = self.rule.plan(call.bytes(), self.cap);
         let (input, output, count) = (call.input().0, call.output().0, call.count() as u64);
         let bias = call.bias().map_or(0, |b| b.0);
         let params = CarParams { input, output, count, dtype: dtype.code(), bias, ..self.base };
-        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
-        // SAFETY: the caller vouches for the call's input and output (this function's contract); the rest of
-        // `params` is this communicator's own memory, of at least the capacity the call was checked for.
-        unsafe { stream.launch(&self.kernels[&dtype], dims, &params)? };
+        let (kernel, params, dims) = match call.norm() {
+            None => {
+                let plan = self.rule.plan(call.bytes(), self.cap);
+                (&self.kernels[&dtype], params, LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 })
+            }
+            Some(norm) => {
+                let (kernels, cap) = self.norm.as_ref().ok_or_else(|| {
+                    CollectiveError::Unsupported(format!("{} does not carry the residual add and RMSNorm", self.name))
+                })?;
+                // A block per row (per row of a rank's shard, two-shot), as many as fit.
+                let rows = norm.rows(call.count());
+                let per_block = if self.algo == Algo::TwoShot { rows.div_ceil(call.world()) } else { rows };
+                let grid = per_block.clamp(1, (*cap).min(MAX_BLOCKS)) as u32;
+                (&kernels[&dtype], with_norm(params, &norm), norm_dims(grid))
+            }
+        };
+        // SAFETY: the caller vouches for the call's buffers (this function's contract); the rest of `params` is
+        // this communicator's own memory, of at least the capacity the call was checked for.
+        unsafe { stream.launch(kernel, dims, &params)? };
+        Ok(())
+    }
+}
+
+/// `params` with the norm's buffers and shape.
+fn with_norm(params: CarParams, norm: &AddRmsNorm) -> CarParams {
+    let (residual, weight, hidden, eps) = (norm.residual.0, norm.weight.0, norm.hidden as u32, norm.eps);
+    CarParams { residual, weight, hidden, eps, ..params }
+}
+
+/// `grid` blocks of one thread per lane of the norm's canonical order.
+fn norm_dims(grid: u32) -> LaunchDims {
+    LaunchDims { grid, block: NORM_LANES as u32, shared_bytes: 0 }
+}
+
+/// The unfused sequence's second kernel: the residual add and RMSNorm of an allreduce's result, on its own stream
+/// order after the allreduce (no peers involved).
+pub struct AddRmsNormKernel {
+    kernels: HashMap<DType, Kernel>,
+}
+
+/// Blocks of the unfused norm: a block per row up to here (it waits for no peer, so its blocks need not all be
+/// resident at once).
+const NORM_GRID: usize = 1024;
+
+impl AddRmsNormKernel {
+    pub fn new(gpu: &gpu::Gpu) -> Result<AddRmsNormKernel, CollectiveError> {
+        Ok(AddRmsNormKernel { kernels: per_dtype(&gpu.load(&LIBRARY)?, "car_add_rms_norm")? })
+    }
+
+    /// Enqueues the norm of `call`'s epilogue over the call's output, in place there (the allreduce before it has
+    /// written the sum into the output).
+    ///
+    /// # Safety
+    /// `call` (with its norm) describes live device memory of this device for as long as the stream runs it.
+    pub unsafe fn enqueue(&self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        let norm = call.norm().ok_or_else(|| CollectiveError::BadArgs("a call without a norm".into()))?;
+        let (output, count, dtype) = (call.output().0, call.count() as u64, call.dtype());
+        let base = CarParams { input: output, output, count, dtype: dtype.code(), ..bytemuck::Zeroable::zeroed() };
+        let grid = norm.rows(call.count()).clamp(1, NORM_GRID) as u32;
+        // SAFETY: the caller's contract; the kernel touches the call's output, residual and weight only.
+        unsafe { stream.launch(&self.kernels[&dtype], norm_dims(grid), &with_norm(base, &norm))? };
         Ok(())
     }
 }

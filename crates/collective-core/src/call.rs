@@ -44,7 +44,7 @@ impl fmt::Display for Residency {
 }
 
 /// Why a call was refused before anything was enqueued; every field is data, for callers that map them.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CallError {
     #[error("count must be at least 1")]
     Empty,
@@ -73,13 +73,44 @@ pub enum CallError {
         "bias {bias:#x} (+{bytes} bytes) overlaps the output {output:#x}: the sum is written while the bias is read"
     )]
     BiasOverlap { bias: u64, output: u64, bytes: usize },
+    #[error("the residual add and RMSNorm follow an allreduce without a bias; this call is {op}{}",
+        if *bias { " with a bias" } else { "" })]
+    NormNotPlainAllReduce { op: Op, bias: bool },
+    #[error("rows of {hidden} elements: {count} elements are not a whole number of rows{}",
+        if *hidden > MAX_HIDDEN { format!(", and a row holds at most {MAX_HIDDEN}") } else { String::new() })]
+    NormRows { count: usize, hidden: usize },
+    #[error("eps must be positive and finite, not {eps}")]
+    NormEps { eps: f32 },
+    #[error("{what} {ptr:#x} (+{bytes} bytes) overlaps the {other} {other_ptr:#x}: the norm writes one while it reads the other")]
+    NormOverlap { what: &'static str, ptr: u64, bytes: usize, other: &'static str, other_ptr: u64 },
+}
+
+/// The most elements of one row of the fused residual add and RMSNorm: a row's sum of squares is one block's.
+pub const MAX_HIDDEN: usize = 1 << 16;
+
+/// The epilogue of an allreduce that serving stacks fuse after it (FlashInfer's and AITER's allreduce + RMSNorm):
+/// `r = residual + sum`, written back to `residual`, then `y = r / sqrt(mean(r^2 over the row) + eps) * weight`
+/// into the call's output. Rows are `hidden` elements of the call's dtype; `weight` holds `hidden`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AddRmsNorm {
+    pub residual: DevicePtr,
+    pub weight: DevicePtr,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+impl AddRmsNorm {
+    /// Rows in a call of `count` elements.
+    pub fn rows(&self, count: usize) -> usize {
+        count / self.hidden
+    }
 }
 
 /// A checked call: `count` elements of `dtype` at `input`, the result ([`Op::output_count`] elements) at `output`,
 /// for `world` ranks and input buffers of `capacity` bytes. Only [`Call::new`] makes one, so holding a `Call` means
 /// every rule held: at least one element, an input within the capacity, 16-byte aligned, a reduce-scatter's count
 /// divisible by the world size, input and output identical (an in-place allreduce) or disjoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Call {
     op: Op,
     dtype: DType,
@@ -90,6 +121,7 @@ pub struct Call {
     capacity: usize,
     residency: Residency,
     bias: Option<DevicePtr>,
+    norm: Option<AddRmsNorm>,
 }
 
 impl Call {
@@ -125,7 +157,18 @@ impl Call {
         if overlap && (i != o || op != Op::AllReduce) {
             return Err(CallError::Overlap { input: i, bytes, output: o, out_bytes, op });
         }
-        Ok(Call { op, dtype, count, input, output, world, capacity, residency: Residency::Caller, bias: None })
+        Ok(Call {
+            op,
+            dtype,
+            count,
+            input,
+            output,
+            world,
+            capacity,
+            residency: Residency::Caller,
+            bias: None,
+            norm: None,
+        })
     }
 
     /// The same call on buffers that live in `residency` (the caller's memory unless said otherwise).
@@ -135,6 +178,9 @@ impl Call {
     pub fn with_bias(self, bias: DevicePtr) -> Result<Call, CallError> {
         if self.op != Op::AllReduce {
             return Err(CallError::BiasNotAllReduce { op: self.op });
+        }
+        if self.norm.is_some() {
+            return Err(CallError::NormNotPlainAllReduce { op: self.op, bias: true });
         }
         if !bias.0.is_multiple_of(VEC_BYTES as u64) {
             return Err(CallError::Misaligned { what: "bias", ptr: bias.0, align: VEC_BYTES });
@@ -149,6 +195,52 @@ impl Call {
     /// The bias added to every sum, if any.
     pub fn bias(&self) -> Option<DevicePtr> {
         self.bias
+    }
+
+    /// The same allreduce followed by the residual add and RMSNorm of `norm` ([`AddRmsNorm`]): the call's count is
+    /// a whole number of rows of `norm.hidden` elements, `eps` positive and finite, the residual (as many elements
+    /// as the input) and the weight (`hidden` elements) 16-byte aligned; the residual, which is written, overlaps
+    /// none of input, output and weight, and the weight does not overlap the output. The output may be the input.
+    pub fn with_add_rms_norm(self, norm: AddRmsNorm) -> Result<Call, CallError> {
+        if self.op != Op::AllReduce || self.bias.is_some() {
+            return Err(CallError::NormNotPlainAllReduce { op: self.op, bias: self.bias.is_some() });
+        }
+        let (count, hidden) = (self.count, norm.hidden);
+        if hidden == 0 || hidden > MAX_HIDDEN || !count.is_multiple_of(hidden) {
+            return Err(CallError::NormRows { count, hidden });
+        }
+        if !(norm.eps.is_finite() && norm.eps > 0.0) {
+            return Err(CallError::NormEps { eps: norm.eps });
+        }
+        for (what, p) in [("residual", norm.residual), ("weight", norm.weight)] {
+            if !p.0.is_multiple_of(VEC_BYTES as u64) {
+                return Err(CallError::Misaligned { what, ptr: p.0, align: VEC_BYTES });
+            }
+        }
+        let bytes = self.bytes();
+        let weight_bytes = hidden * self.dtype.size();
+        let pairs = [
+            ("residual", norm.residual, bytes, "input", self.input, bytes),
+            ("residual", norm.residual, bytes, "output", self.output, bytes),
+            ("residual", norm.residual, bytes, "weight", norm.weight, weight_bytes),
+            ("weight", norm.weight, weight_bytes, "output", self.output, bytes),
+        ];
+        for (what, p, n, other, q, m) in pairs {
+            if p.0 < q.0.saturating_add(m as u64) && q.0 < p.0.saturating_add(n as u64) {
+                return Err(CallError::NormOverlap { what, ptr: p.0, bytes: n, other, other_ptr: q.0 });
+            }
+        }
+        Ok(Call { norm: Some(norm), ..self })
+    }
+
+    /// The residual add and RMSNorm that follow the sum, if any.
+    pub fn norm(&self) -> Option<AddRmsNorm> {
+        self.norm
+    }
+
+    /// The plain allreduce of this call (its epilogue left to a kernel of its own: the unfused sequence).
+    pub fn without_norm(self) -> Call {
+        Call { norm: None, ..self }
     }
 
     pub fn in_residency(self, residency: Residency) -> Call {
@@ -249,6 +341,47 @@ mod tests {
         let rs = call(Op::ReduceScatter, DType::F32, P.0, P.0 + 64, 16).unwrap();
         assert!(matches!(rs.with_bias(DevicePtr(P.0 + 4096)), Err(CallError::BiasNotAllReduce { .. })));
         assert_eq!(c.bias(), None);
+    }
+
+    #[test]
+    fn a_norm_is_checked_too() {
+        let norm = |residual: u64, weight: u64, hidden: usize, eps: f32| AddRmsNorm {
+            residual: DevicePtr(residual),
+            weight: DevicePtr(weight),
+            hidden,
+            eps,
+        };
+        // 16 f32 in place at P: 4 rows of 4; the residual right after, then the weight.
+        let c = call(Op::AllReduce, DType::F32, P.0, P.0, 16).unwrap();
+        let ok = norm(P.0 + 64, P.0 + 128, 4, 1e-6);
+        assert_eq!(c.with_add_rms_norm(ok).unwrap().norm(), Some(ok));
+        assert_eq!(c.with_add_rms_norm(ok).unwrap().without_norm(), c);
+        assert_eq!(ok.rows(16), 4);
+        assert!(matches!(c.with_add_rms_norm(norm(P.0 + 64, P.0 + 128, 3, 1e-6)), Err(CallError::NormRows { .. })));
+        assert!(matches!(c.with_add_rms_norm(norm(P.0 + 64, P.0 + 128, 0, 1e-6)), Err(CallError::NormRows { .. })));
+        let e = Call::new(Op::AllReduce, DType::Bf16, P, P, 2 * (MAX_HIDDEN + 1), 4, 1 << 20).unwrap();
+        let e = e.with_add_rms_norm(norm(1 << 24, 1 << 25, MAX_HIDDEN + 1, 1e-6)).unwrap_err();
+        assert!(e.to_string().contains("at most 65536"), "{e}");
+        for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(c.with_add_rms_norm(norm(P.0 + 64, P.0 + 128, 4, eps)), Err(CallError::NormEps { .. })));
+        }
+        let bad = c.with_add_rms_norm(norm(P.0 + 72, P.0 + 128, 4, 1e-6));
+        assert!(matches!(bad, Err(CallError::Misaligned { what: "residual", .. })));
+        let bad = c.with_add_rms_norm(norm(P.0 + 64, P.0 + 136, 4, 1e-6));
+        assert!(matches!(bad, Err(CallError::Misaligned { what: "weight", .. })));
+        let bad = c.with_add_rms_norm(norm(P.0 + 48, P.0 + 128, 4, 1e-6));
+        assert!(matches!(bad, Err(CallError::NormOverlap { what: "residual", other: "input", .. })));
+        let bad = c.with_add_rms_norm(norm(P.0 + 64, P.0 + 112, 4, 1e-6));
+        assert!(matches!(bad, Err(CallError::NormOverlap { what: "residual", other: "weight", .. })));
+        let bad = c.with_add_rms_norm(norm(P.0 + 64, P.0 + 48, 4, 1e-6));
+        assert!(matches!(bad, Err(CallError::NormOverlap { what: "weight", other: "output", .. })));
+        let out_of_place = call(Op::AllReduce, DType::F32, P.0, P.0 + 256, 16).unwrap();
+        let bad = out_of_place.with_add_rms_norm(norm(P.0 + 256, P.0 + 128, 4, 1e-6));
+        assert!(matches!(bad, Err(CallError::NormOverlap { what: "residual", other: "output", .. })));
+        let with_bias = c.with_bias(DevicePtr(P.0 + 512)).unwrap();
+        assert!(matches!(with_bias.with_add_rms_norm(ok), Err(CallError::NormNotPlainAllReduce { bias: true, .. })));
+        let rs = call(Op::ReduceScatter, DType::F32, P.0, P.0 + 64, 16).unwrap();
+        assert!(matches!(rs.with_add_rms_norm(ok), Err(CallError::NormNotPlainAllReduce { bias: false, .. })));
     }
 
     #[test]

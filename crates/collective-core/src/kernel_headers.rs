@@ -7,6 +7,7 @@ pub const KERNEL_HEADERS: &[(&str, &str)] = &[
     ("arx/elements.h", include_str!("../../../kernels/include/arx/elements.h")),
     ("arx/partition.h", include_str!("../../../kernels/include/arx/partition.h")),
     ("arx/reduce.h", include_str!("../../../kernels/include/arx/reduce.h")),
+    ("arx/norm.h", include_str!("../../../kernels/include/arx/norm.h")),
     ("arx/sync.h", include_str!("../../../kernels/include/arx/sync.h")),
     ("arx/packets.h", include_str!("../../../kernels/include/arx/packets.h")),
     ("arx/instantiate.h", include_str!("../../../kernels/include/arx/instantiate.h")),

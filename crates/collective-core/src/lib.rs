@@ -7,10 +7,11 @@ mod call;
 mod elem;
 pub mod host_sync;
 mod kernel_headers;
+pub mod norm;
 mod plan;
 mod team;
 
-pub use call::{Call, CallError, Residency};
+pub use call::{AddRmsNorm, Call, CallError, Residency, MAX_HIDDEN};
 pub use elem::{sum_sources, Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
 pub use plan::{LaunchPlan, LaunchRule};

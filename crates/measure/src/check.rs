@@ -40,6 +40,26 @@ pub fn tolerance(dtype: DType, world: usize, rounds_every_add: bool) -> f64 {
     roundings as f64 * half_ulp + world as f64 * 2f64.powi(-23)
 }
 
+/// The float64 reference of an allreduce followed by the residual add and RMSNorm (`collective_core::AddRmsNorm`):
+/// `r = sum + residual`, `y = r / sqrt(mean(r^2 over the row) + eps) * weight`, rows of `weight.len()` elements.
+pub fn add_rms_norm_reference(sum: &[f64], residual: &[f32], weight: &[f32], eps: f32) -> (Vec<f64>, Vec<f64>) {
+    let r: Vec<f64> = sum.iter().zip(residual).map(|(&s, &x)| s + x as f64).collect();
+    let mut y = Vec::with_capacity(r.len());
+    for row in r.chunks(weight.len()) {
+        let mean = row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64;
+        let inv = 1.0 / (mean + eps as f64).sqrt();
+        y.extend(row.iter().zip(weight).map(|(&v, &w)| v * inv * w as f64));
+    }
+    (r, y)
+}
+
+/// The bound of [`add_rms_norm_reference`]'s results relative to |reference| for non-negative inputs (no
+/// cancellation): `r` is rounded twice (the sum, then with the residual), `y` carries r's error through the mean
+/// and the product, then its own rounding.
+pub fn add_rms_norm_tolerance(dtype: DType, world: usize) -> f64 {
+    6.0 * tolerance(dtype, world + 1, false)
+}
+
 /// One rank's verdict on one run.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Verdict {

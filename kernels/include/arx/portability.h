@@ -51,6 +51,11 @@ ARX_DEV float u32_as_f32(u32 x) { return __builtin_bit_cast(float, x); }
 ARX_DEV u32 f32_as_u32(float x) { return __builtin_bit_cast(u32, x); }
 ARX_DEV float f16_to_f32(u16 x) { return (float)__builtin_bit_cast(_Float16, x); }
 ARX_DEV u16 f32_to_f16(float x) { return __builtin_bit_cast(u16, (_Float16)x); }
+// Round-to-nearest fused multiply-add, square root and division whatever the compiler's flags (the norm's bits must
+// equal its host twin's).
+ARX_DEV float fma_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+ARX_DEV float sqrt_rn(float x) { return __builtin_sqrtf(x); }
+ARX_DEV float div_rn(float a, float b) { return a / b; }
 #else
 // ---------------------------------------------------------------- NVIDIA (NVRTC / nvcc)
 ARX_DEV void st_release_sys(u64* p, u64 v) {
@@ -93,6 +98,23 @@ ARX_DEV u16 f32_to_f16(float x) {
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
+}
+// Round-to-nearest fused multiply-add, square root and division whatever the compiler's flags (the norm's bits must
+// equal its host twin's).
+ARX_DEV float fma_rn(float a, float b, float c) {
+    float d;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+    return d;
+}
+ARX_DEV float sqrt_rn(float x) {
+    float d;
+    asm("sqrt.rn.f32 %0, %1;" : "=f"(d) : "f"(x));
+    return d;
+}
+ARX_DEV float div_rn(float a, float b) {
+    float d;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
 }
 #endif
 

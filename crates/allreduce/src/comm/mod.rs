@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::placement::{decode_links, encode_links, Placement, RankDevice};
 use crate::tune::{self, Algorithm, LoadedTable, Mode, Residency, TableKey, TableSource, Tables, TuneTable};
 use crate::{Error, Scalar};
-use collective_core::{Call, DType, Op, Team, MAX_RANKS, VEC_BYTES};
+use collective_core::{AddRmsNorm, Call, DType, Op, Team, MAX_RANKS, VEC_BYTES};
 use gpu::{Backend, DeviceBuffer, DevicePtr, DriverKind, Gpu, MemKind, Stream};
 use ipc::{Rendezvous, RendezvousOptions};
 use launch::RankInfo;
@@ -443,6 +443,27 @@ impl Communicator {
         unsafe { self.issue(call, None, stream) }
     }
 
+    /// Enqueues an allreduce followed by the residual add and RMSNorm of `norm` ([`AddRmsNorm`], serving stacks'
+    /// fused epilogue): `r = residual + sum` written back to the residual, `y = r / sqrt(mean(r^2) + eps) * weight`
+    /// per row of `norm.hidden` elements into `output` (which may be `input`). Every rank and every algorithm gives
+    /// the same bits, fused or not; `count` is a whole number of rows.
+    ///
+    /// # Safety
+    /// As [`Communicator::issue`], for the residual (`count` elements, written) and the weight (`hidden`) too.
+    pub unsafe fn all_reduce_add_rms_norm(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DType,
+        norm: AddRmsNorm,
+        stream: u64,
+    ) -> Result<Algorithm, Error> {
+        let call = self.call(Op::AllReduce, dtype, input, output, count)?.with_add_rms_norm(norm)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.issue(call, None, stream) }
+    }
+
     /// Enqueues a reduce-scatter: rank r receives elements `[r * count / W, (r + 1) * count / W)` of the sum in
     /// `output` (`count / W` elements). `count` must divide by the world size; input and output may not overlap.
     ///
@@ -497,6 +518,34 @@ impl Communicator {
         self.host_call(Op::AllReduce, data.as_mut_ptr(), data.len(), None)
     }
 
+    /// [`Communicator::all_reduce_add_rms_norm`] on host slices on the host driver: rows of `weight.len()`
+    /// elements; `residual` (as long as `input`) becomes `r`, `output` gets `y`. Every slice 16-byte aligned.
+    pub fn all_reduce_add_rms_norm_host<T: Scalar>(
+        &self,
+        input: &[T],
+        residual: &mut [T],
+        weight: &[T],
+        eps: f32,
+        output: &mut [T],
+    ) -> Result<Algorithm, Error> {
+        self.host_only()?;
+        let (n, hidden) = (input.len(), weight.len());
+        if residual.len() != n || output.len() != n {
+            return Err(Error::BadArgs(format!(
+                "input, residual and output must be as long: {n}, {} and {}",
+                residual.len(),
+                output.len()
+            )));
+        }
+        let ptr = |p: *const T| DevicePtr(p as u64);
+        let norm = AddRmsNorm { residual: ptr(residual.as_ptr()), weight: ptr(weight.as_ptr()), hidden, eps };
+        let call = self.call(Op::AllReduce, T::DTYPE, ptr(input.as_ptr()), ptr(output.as_ptr()), n)?;
+        let call = call.with_add_rms_norm(norm)?;
+        // SAFETY: on the host driver these addresses are the borrowed slices, live for this function, which returns
+        // only after the host stream has run the call on this thread.
+        unsafe { self.issue(call, None, self.own.handle()) }
+    }
+
     /// Reduce-scatter of host slices on the host driver: `output` holds `input.len() / W` elements.
     pub fn reduce_scatter_host<T: Scalar>(&self, input: &[T], output: &mut [T]) -> Result<Algorithm, Error> {
         let out = (output.as_mut_ptr(), output.len());
@@ -518,12 +567,7 @@ impl Communicator {
         count: usize,
         output: Option<(*mut T, usize)>,
     ) -> Result<Algorithm, Error> {
-        if self.gpu.kind() != DriverKind::Host {
-            return Err(Error::Unsupported(format!(
-                "host slices are device memory only on the host driver; this communicator runs on {}",
-                self.gpu.kind()
-            )));
-        }
+        self.host_only()?;
         let dtype = T::DTYPE;
         let out_count = op.output_count(count, self.world());
         let (out_ptr, out_len) = output.unwrap_or((input as *mut T, count));
@@ -565,6 +609,17 @@ impl Communicator {
         let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr as *mut u8, out_count * dtype.size()) };
         self.own.download(scratch, (s_out.0 - s_in.0) as usize, dst)?;
         Ok(algo)
+    }
+
+    /// Refuses host slices on a device driver.
+    fn host_only(&self) -> Result<(), Error> {
+        if self.gpu.kind() != DriverKind::Host {
+            return Err(Error::Unsupported(format!(
+                "host slices are device memory only on the host driver; this communicator runs on {}",
+                self.gpu.kind()
+            )));
+        }
+        Ok(())
     }
 
     /// The peers' addresses of `ptr` when it lies in a registered buffer.
@@ -630,6 +685,9 @@ impl Communicator {
         let call = call.in_residency(residency);
         let algo = match algo {
             Some(a) => a,
+            None if call.norm().is_some() => {
+                Engine::fused(self.engine.choose(bytes, residency, &state.streams[k].1)?)
+            }
             None => self.engine.choose(bytes, residency, &state.streams[k].1)?,
         };
         // Only a design that reads its peers' buffers in place needs their addresses deferred.

@@ -1,0 +1,61 @@
+// The residual add and RMSNorm that follow an allreduce (serving stacks' fused epilogue), one piece for the fused
+// designs and the unfused sequence's kernel. Row by row, in one fixed order whatever the launch: the sum rounded to
+// the element type, the residual added in f32 and rounded (r); a row's sum of squares as ARX_NORM_LANES fused
+// multiply-add chains (lane l over elements l, l + LANES, ...), then halved pairwise; y = r * (1 / sqrt(mean + eps))
+// * weight. collective_core::norm is the host twin, so ranks, designs and drivers give the same bits.
+#ifndef ARX_NORM_H
+#define ARX_NORM_H
+
+#include "arx/reduce.h"
+
+// Threads of every block that runs a norm: one per lane of the canonical order.
+#define ARX_NORM_LANES 256
+
+// Rows [lo, hi) of r split among the blocks (== collective_core::norm::row_range).
+ARX_DEV Range row_range(Range r, u64 b, u64 grid) {
+    u64 per = div_ceil(r.hi - r.lo, grid);
+    u64 lo = r.lo + b * per < r.hi ? r.lo + b * per : r.hi;
+    u64 hi = lo + per < r.hi ? lo + per : r.hi;
+    return Range{lo, hi};
+}
+
+// r = round(round(sum of srcs) + residual) for the row at element `base`, into r_dst (which may be a source or the
+// residual: each element is read, then written, by one thread).
+template <int DT>
+ARX_DEV void add_residual_row(const u64* srcs, u32 world, const void* residual, void* r_dst, u64 base, u32 hidden) {
+    typedef Elem<DT> E;
+    for (u64 j = threadIdx.x; j < hidden; j += ARX_NORM_LANES) {
+        u64 i = base + j;
+        E::store(r_dst, i, E::round(sum_at<DT, false>(srcs, world, i, 0)) + E::load(residual, i));
+    }
+}
+
+// y = r / sqrt(mean(r^2) + eps) * weight for the row of r_src at `base`, into out; with r_copy, the row is copied
+// there too (the two-shot gathers its peers' rows into the residual this way). Every thread of the block calls it.
+template <int DT>
+ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, void* out, u64 base, u32 hidden,
+                          float eps) {
+    typedef Elem<DT> E;
+    __shared__ float s_lanes[ARX_NORM_LANES];
+    u32 t = threadIdx.x;
+    float acc = 0.0f;
+    for (u64 j = t; j < hidden; j += ARX_NORM_LANES) {
+        float v = E::load(r_src, base + j);
+        if (r_copy) E::store(r_copy, base + j, v);
+        acc = fma_rn(v, v, acc);
+    }
+    s_lanes[t] = acc;
+    __syncthreads();
+    for (u32 s = ARX_NORM_LANES / 2; s > 0; s >>= 1) {
+        if (t < s) s_lanes[t] = s_lanes[t] + s_lanes[t + s];
+        __syncthreads();
+    }
+    float inv = div_rn(1.0f, sqrt_rn(div_rn(s_lanes[0], (float)hidden) + eps));
+    __syncthreads();  // every thread has read the total before the next row overwrites the lanes
+    // The row this thread wrote to r_copy is its own to read back; otherwise r_src, unchanged.
+    const void* r = r_copy ? (const void*)r_copy : r_src;
+    for (u64 j = t; j < hidden; j += ARX_NORM_LANES)
+        E::store(out, base + j, (E::load(r, base + j) * inv) * E::load(weight, j));
+}
+
+#endif  // ARX_NORM_H
