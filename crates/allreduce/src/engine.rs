@@ -63,6 +63,15 @@ impl Engine {
         }
     }
 
+    /// Enqueues the unfused norm of `call` over its output, where an allreduce before it on `stream` wrote the sum.
+    ///
+    /// # Safety
+    /// As [`car::AddRmsNormKernel::enqueue`].
+    pub unsafe fn enqueue_norm(&self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.norm.enqueue(call, stream) }
+    }
+
     /// The registered input: a caller that writes its input here saves the zero-copy designs their copy-in.
     pub fn registered_input(&self) -> &DeviceBuffer {
         self.symm.registered_input().expect("the tuned designs have registered buffers")
@@ -116,7 +125,7 @@ impl Engine {
             // The unfused sequence: the design's allreduce, then the norm over its result, in stream order.
             // SAFETY: the caller's contract, for both.
             let used = unsafe { self.run_algorithm(algo, &call.without_norm(), peers, stream)? };
-            unsafe { self.norm.enqueue(call, stream)? };
+            unsafe { self.enqueue_norm(call, stream)? };
             return Ok(used);
         }
         let design = match self.runs_as(algo, call.bytes()) {

@@ -61,6 +61,8 @@ pub enum Command {
     },
     /// Many back-to-back calls with random methods, sizes and dtypes, every result checked exactly.
     Soak(crate::soak::SoakArgs),
+    /// Allreduce + residual add + RMSNorm: fused designs against the unfused sequence, per token count.
+    Norm(crate::norm::NormArgs),
     /// Run any command as W ranks (RANK, WORLD_SIZE, LOCAL_RANK and the job id set), like torchrun.
     Launch {
         #[arg(short = 'n', long = "num_ranks", alias = "num-ranks", value_parser = clap::value_parser!(u64).range(1..=1024))]

@@ -10,6 +10,7 @@ pub mod compare;
 pub mod config;
 pub mod header;
 pub mod memory;
+pub mod norm;
 pub mod paths;
 pub mod plot;
 pub mod progress;

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Launch { num_ranks, command }) => launch_command(num_ranks as usize, command),
         Some(Command::Soak(args)) => soak(&args),
+        Some(Command::Norm(args)) => norm(&args),
         Some(Command::Plot { files, methods, relative_to, output, read }) => {
             let opts = comm_bench::plot::PlotOptions { methods, relative_to };
             if output.is_some() && files.len() > 1 {
@@ -96,6 +97,14 @@ fn compare(
 fn soak(args: &comm_bench::soak::SoakArgs) -> Result<(), BenchError> {
     match launch::detect()? {
         Some(info) => comm_bench::soak::run_rank(args, &info),
+        None => relaunch(world(args.num_ranks, driver_kind(args.backend)?)),
+    }
+}
+
+fn norm(args: &comm_bench::norm::NormArgs) -> Result<(), BenchError> {
+    args.validate()?;
+    match launch::detect()? {
+        Some(info) => comm_bench::norm::run_rank(args, &info),
         None => relaunch(world(args.num_ranks, driver_kind(args.backend)?)),
     }
 }

@@ -464,6 +464,24 @@ impl Communicator {
         unsafe { self.issue(call, None, stream) }
     }
 
+    /// Issues a call with the residual add and RMSNorm as the unfused sequence: its allreduce (`algo`, else the
+    /// table's), then the norm kernel over the result on the same stream. For comparison with the fused designs,
+    /// which [`Communicator::issue`] runs; the bits are the same.
+    ///
+    /// # Safety
+    /// As [`Communicator::issue`].
+    pub unsafe fn issue_unfused(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
+        if call.norm().is_none() {
+            return Err(Error::BadArgs("issue_unfused runs a call with a residual add and RMSNorm".into()));
+        }
+        // SAFETY: the caller's contract, for the allreduce and then the norm on the same stream.
+        let algo = unsafe { self.issue(call.without_norm(), algo, stream)? };
+        let mut state = self.state.borrow_mut();
+        let k = state.caller_stream(&self.gpu, stream)?;
+        unsafe { self.engine.enqueue_norm(&call, &state.streams[k].1) }.map_err(|e| self.poisoned_by(e.into()))?;
+        Ok(algo)
+    }
+
     /// Enqueues a reduce-scatter: rank r receives elements `[r * count / W, (r + 1) * count / W)` of the sum in
     /// `output` (`count / W` elements). `count` must divide by the world size; input and output may not overlap.
     ///

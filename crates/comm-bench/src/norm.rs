@@ -1,0 +1,181 @@
+//! `comm-bench norm`: the allreduce followed by the residual add and RMSNorm (`Communicator::all_reduce_add_rms_norm`),
+//! fused designs against the unfused sequence (our allreduce, then the norm kernel) in one run, per token count at
+//! one hidden size. Every method is checked first, like every op of the sweep: fresh inputs, a poisoned output, r
+//! and y against the float64 reference, the same bits on every rank and from every method; then timed on the
+//! one timing path (`measure::timing`).
+
+use crate::BenchError;
+use allreduce::{AddRmsNorm, Algorithm, Communicator, DType, Op, Options};
+use clap::Args;
+use gpu::MemKind;
+use launch::RankInfo;
+use measure::check::{add_rms_norm_reference, add_rms_norm_tolerance, agree_verdict, fingerprint, input_values};
+use measure::timing::{median, Timer, TimingOptions};
+use std::time::Duration;
+
+#[derive(Args, Debug, Clone)]
+pub struct NormArgs {
+    /// Elements of a row (the model's hidden size).
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=allreduce::MAX_HIDDEN as u64))]
+    pub hidden: u64,
+    /// Token counts (rows), comma-separated: the size sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128,512", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub tokens: Vec<u64>,
+    #[arg(short = 'd', long, default_value = "bf16", value_parser = |s: &str| s.parse::<DType>())]
+    pub dtype: DType,
+    /// Comma-separated: fused_1shot, fused_2shot (car's designs with the norm in their kernel), unfused (auto's
+    /// allreduce, then the norm kernel), auto (the communicator's choice).
+    #[arg(long, value_delimiter = ',', default_value = "fused_1shot,fused_2shot,unfused,auto")]
+    pub methods: Vec<String>,
+    #[arg(long, default_value_t = 1e-5)]
+    pub eps: f32,
+    /// Capture the timed calls into a graph once and time its replays.
+    #[arg(long)]
+    pub graph: bool,
+    #[arg(short = 'n', long = "num_iters", alias = "num-iters", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub num_iters: u64,
+    #[arg(short = 'w', long = "num_warmup_iters", alias = "num-warmup-iters", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub num_warmup_iters: u64,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub repeats: u64,
+    #[arg(long = "num_ranks", alias = "num-ranks", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub num_ranks: Option<u64>,
+    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<gpu::Backend>().map_err(|e| e.to_string()))]
+    pub backend: gpu::Backend,
+    #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
+    pub timeout_s: Option<f64>,
+}
+
+/// How a method issues the call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Way {
+    Fused(Algorithm),
+    Unfused,
+    Auto,
+}
+
+fn way(name: &str) -> Result<Way, BenchError> {
+    Ok(match name {
+        "fused_1shot" => Way::Fused(Algorithm::Car1Shot),
+        "fused_2shot" => Way::Fused(Algorithm::Car2Shot),
+        "unfused" => Way::Unfused,
+        "auto" => Way::Auto,
+        _ => {
+            return Err(BenchError::Config(format!(
+                "unknown norm method {name:?}; known: fused_1shot, fused_2shot, unfused, auto"
+            )))
+        }
+    })
+}
+
+impl NormArgs {
+    pub fn validate(&self) -> Result<(), BenchError> {
+        self.methods.iter().try_for_each(|m| way(m).map(|_| ()))
+    }
+}
+
+/// One rank's sweep; rank 0 prints the table.
+pub fn run_rank(args: &NormArgs, info: &RankInfo) -> Result<(), BenchError> {
+    let timeout = match args.timeout_s {
+        Some(s) => Duration::from_secs_f64(s),
+        None => deadline::timeout_from_env().map_err(BenchError::Config)?,
+    };
+    let hidden = args.hidden as usize;
+    let most = args.tokens.iter().max().copied().unwrap_or(1) as usize;
+    let capacity = (most * hidden * args.dtype.size()).next_multiple_of(4096);
+    let opts =
+        Options { backend: args.backend, capacity_bytes: capacity, timeout: Some(timeout), ..Options::default() };
+    let comm = Communicator::new(info.clone(), opts)?;
+    let result = sweep(args, &comm, capacity);
+    if let Err(e) = &result {
+        comm.rendezvous().abort(&e.to_string());
+    }
+    result
+}
+
+fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), BenchError> {
+    let (gpu, rdv) = (comm.gpu(), comm.rendezvous());
+    let (rank, world, dtype, hidden) = (comm.rank(), comm.world(), args.dtype, args.hidden as usize);
+    let ways: Vec<Way> = args.methods.iter().map(|m| way(m)).collect::<Result<_, _>>()?;
+    let [input, output, residual, weight] = [0; 4].map(|_| gpu.alloc(capacity, MemKind::Device));
+    let (input, output, residual, weight) = (input?, output?, residual?, weight?);
+    let timer = Timer::new(gpu)?;
+    let stream = &timer.stream;
+    let timing = TimingOptions {
+        iters: args.num_iters,
+        warmup: args.num_warmup_iters,
+        repeats: args.repeats,
+        graph: args.graph,
+    };
+    if rank == 0 {
+        let mode = if args.graph { "graph replays" } else { "eager" };
+        println!("# allreduce + residual add + RMSNorm: {world} ranks, {} driver, {dtype}, hidden {hidden}, {mode}; us per call (slowest rank, median of {}), each method checked first", gpu.kind(), args.repeats);
+        println!("{:>8} {:>10} {:<30} {:>10} {:>12}", "tokens", "bytes", "method", "us", "vs unfused");
+    }
+    for &tokens in &args.tokens {
+        let count = tokens as usize * hidden;
+        let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: args.eps };
+        let call = comm.call(Op::AllReduce, dtype, input.ptr(), output.ptr(), count)?.with_add_rms_norm(norm)?;
+        let issue = |w: Way, s: &gpu::Stream| -> Result<Algorithm, BenchError> {
+            // SAFETY: our own buffers of `capacity` bytes, live for the sweep; every rank issues the same calls.
+            Ok(unsafe {
+                match w {
+                    Way::Fused(a) => comm.issue(call, Some(a), s.handle())?,
+                    Way::Unfused => comm.issue_unfused(call, None, s.handle())?,
+                    Way::Auto => comm.issue(call, None, s.handle())?,
+                }
+            })
+        };
+        // Checks: fresh inputs for every method, the same for all of them, so the bits must agree.
+        let seed = measure::check::agree_seed(rdv)?;
+        let x = dtype.encode(&input_values(seed, rank, count, dtype));
+        let res = input_values(seed, world, count, dtype);
+        let w = input_values(seed, world + 1, hidden, dtype);
+        stream.upload(&weight, 0, &dtype.encode(&w))?;
+        let sum = measure::check::reference(seed, world, count, dtype, 0, count);
+        let (want_r, want_y) = add_rms_norm_reference(&sum, &res, &w, args.eps);
+        let tol = add_rms_norm_tolerance(dtype, world);
+        let mut prints = Vec::new();
+        let mut ran = Vec::new();
+        for (name, &wy) in args.methods.iter().zip(&ways) {
+            stream.upload(&input, 0, &x)?;
+            stream.upload(&residual, 0, &dtype.encode(&res))?;
+            stream.fill(&output, measure::check::POISON)?;
+            ran.push(issue(wy, stream)?);
+            stream.sync()?;
+            let (mut y, mut r) = (vec![0u8; count * dtype.size()], vec![0u8; count * dtype.size()]);
+            stream.download(&output, 0, &mut y)?;
+            stream.download(&residual, 0, &mut r)?;
+            for (part, got, want) in [("r", &r, &want_r), ("y", &y, &want_y)] {
+                let when = format!("{name} {tokens}x{hidden}: {part}");
+                if let Some(failed) = agree_verdict(rdv, got, dtype, want, tol, true, &when)? {
+                    return Err(BenchError::Config(failed));
+                }
+            }
+            prints.push((name, fingerprint(&r), fingerprint(&y)));
+        }
+        if let Some(p) = prints.iter().find(|p| (p.1, p.2) != (prints[0].1, prints[0].2)) {
+            return Err(BenchError::Config(format!("{tokens}x{hidden}: {} and {} differ bitwise", p.0, prints[0].0)));
+        }
+        let mut times = Vec::new();
+        for &wy in &ways {
+            let t = timer.time_calls(&timing, rdv, |s| issue(wy, s).map(|_| ()))?;
+            times.push(median(&t.repeats_ms) * 1e3);
+        }
+        let unfused = ways.iter().position(|&w| w == Way::Unfused).map(|k| times[k]);
+        if rank == 0 {
+            for ((name, us), algo) in args.methods.iter().zip(&times).zip(&ran) {
+                let vs = unfused.map_or(String::new(), |u| format!("{:.2}x", u / us));
+                let label = if matches!(way(name)?, Way::Auto | Way::Unfused) {
+                    format!("{name} ({algo})")
+                } else {
+                    name.clone()
+                };
+                println!("{tokens:>8} {:>10} {label:<30} {us:>10.2} {vs:>12}", count * dtype.size());
+            }
+        }
+    }
+    stream.sync()?;
+    rdv.barrier("norm sweep teardown")?;
+    Ok(())
+}
