@@ -7,6 +7,9 @@ use collective_core::{Call, Collective, CollectiveError, Team};
 use gpu::{DeviceBuffer, DevicePtr, Stream};
 use symm::tuned::{DeferredUse, Design, PeerBuffers, SymmTuned, TunedOptions};
 
+/// Where the fused norm's two-shot takes over from its one-shot (see [`Engine::fused`]).
+pub const NORM_TWO_SHOT_BYTES: usize = 1 << 20;
+
 pub struct Engine {
     tables: Tables,
     car_1shot: car::Car,
@@ -53,13 +56,15 @@ impl Engine {
         Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
     }
 
-    /// The algorithm a call with the residual add and RMSNorm runs where the allreduce's table picks `algo`: car's
-    /// design of the same shape, which carries the norm in its kernel. (Norm calls have no tables of their own yet;
-    /// fused against unfused is measured by `comm-bench --op add_rms_norm`.)
-    pub fn fused(algo: Algorithm) -> Algorithm {
-        match algo {
-            Algorithm::Car2Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotLl => Algorithm::Car2Shot,
-            _ => Algorithm::Car1Shot,
+    /// The fused design for a call with the residual add and RMSNorm: the two-shot from [`NORM_TWO_SHOT_BYTES`]
+    /// when every rank has at least two rows of its own, else the one-shot. Norm calls have no tune tables yet; this
+    /// hand-over was measured on one H200 with 8 ranks under MPS (`results/h200-mps/norm/`), where both fused
+    /// designs beat the unfused sequence at every size measured.
+    pub fn fused(bytes: usize, rows: usize, world: usize) -> Algorithm {
+        if bytes >= NORM_TWO_SHOT_BYTES && rows >= 2 * world {
+            Algorithm::Car2Shot
+        } else {
+            Algorithm::Car1Shot
         }
     }
 

@@ -1,13 +1,14 @@
 //! The host twin of `kernels/include/arx/norm.h`: the residual add and RMSNorm that follow an allreduce, row by row,
 //! in the kernels' one fixed order (the sum rounded to the element type, the residual added in f32 and rounded; a
-//! row's sum of squares as [`NORM_LANES`] fused multiply-add chains, lane `l` over elements `l, l + LANES, ...`,
+//! row's sum of squares as [`NORM_LANES`] fused multiply-add chains, lane `l` over the elements of 16-byte vectors
+//! `l, l + LANES, ...` in order,
 //! then halved pairwise), so every rank, design and driver gets the same bits, fused or not.
 
 use crate::elem::{Bf16, Element, F16, F32};
 use crate::{AddRmsNorm, DType};
 
 /// Partial sums of a row's squares (the threads of a norm block on the device).
-pub const NORM_LANES: usize = 256;
+pub const NORM_LANES: usize = 512;
 
 /// Rows `[lo, hi)` of `rows` that block `b` of `grid` takes (`row_range` in `kernels/include/arx/norm.h`).
 pub fn row_range((lo, hi): (usize, usize), b: usize, grid: usize) -> (usize, usize) {
@@ -60,9 +61,9 @@ pub unsafe fn rms_norm(
         // SAFETY: forwarded contract.
         unsafe {
             match dtype {
-                DType::Bf16 => rms_norm_row::<Bf16>(r_src, r_copy, weight, out, base, norm.hidden, norm.eps),
-                DType::F16 => rms_norm_row::<F16>(r_src, r_copy, weight, out, base, norm.hidden, norm.eps),
-                DType::F32 => rms_norm_row::<F32>(r_src, r_copy, weight, out, base, norm.hidden, norm.eps),
+                DType::Bf16 => rms_norm_row::<Bf16>(r_src, r_copy, weight, out, base, norm, dtype.vec()),
+                DType::F16 => rms_norm_row::<F16>(r_src, r_copy, weight, out, base, norm, dtype.vec()),
+                DType::F32 => rms_norm_row::<F32>(r_src, r_copy, weight, out, base, norm, dtype.vec()),
             }
         }
     }
@@ -94,8 +95,8 @@ unsafe fn rms_norm_row<E: Element>(
     weight: *const u8,
     out: *mut u8,
     base: usize,
-    hidden: usize,
-    eps: f32,
+    &AddRmsNorm { hidden, eps, .. }: &AddRmsNorm,
+    vec: usize,
 ) {
     let mut lanes = [0f32; NORM_LANES];
     for j in 0..hidden {
@@ -105,7 +106,8 @@ unsafe fn rms_norm_row<E: Element>(
             // SAFETY: forwarded contract.
             unsafe { E::store(dst, base + j, v) };
         }
-        lanes[j % NORM_LANES] = v.mul_add(v, lanes[j % NORM_LANES]);
+        let lane = (j / vec) % NORM_LANES;
+        lanes[lane] = v.mul_add(v, lanes[lane]);
     }
     let mut s = NORM_LANES / 2;
     while s > 0 {

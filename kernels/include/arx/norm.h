@@ -1,7 +1,7 @@
 // The residual add and RMSNorm that follow an allreduce (serving stacks' fused epilogue), one piece for the fused
 // designs and the unfused sequence's kernel. Row by row, in one fixed order whatever the launch: the sum rounded to
 // the element type, the residual added in f32 and rounded (r); a row's sum of squares as ARX_NORM_LANES fused
-// multiply-add chains (lane l over elements l, l + LANES, ...), then halved pairwise; y = r * (1 / sqrt(mean + eps))
+// multiply-add chains (lane l over the elements of vectors l, l + LANES, ... in order), then halved pairwise; y = r * (1 / sqrt(mean + eps))
 // * weight. collective_core::norm is the host twin, so ranks, designs and drivers give the same bits.
 #ifndef ARX_NORM_H
 #define ARX_NORM_H
@@ -9,7 +9,7 @@
 #include "arx/reduce.h"
 
 // Threads of every block that runs a norm: one per lane of the canonical order.
-#define ARX_NORM_LANES 256
+#define ARX_NORM_LANES 512
 
 // Rows [lo, hi) of r split among the blocks (== collective_core::norm::row_range).
 ARX_DEV Range row_range(Range r, u64 b, u64 grid) {
@@ -19,12 +19,34 @@ ARX_DEV Range row_range(Range r, u64 b, u64 grid) {
     return Range{lo, hi};
 }
 
+// Whether rows of `hidden` elements start on 16-byte boundaries (every buffer does), so they move in vectors;
+// either way element j belongs to lane (j / VEC) % ARX_NORM_LANES, so both paths sum the squares alike.
+template <int DT> ARX_DEV bool rows_in_vectors(u32 hidden) { return ((u64)hidden * Elem<DT>::SIZE) % 16 == 0; }
+
+// The scalar path's elements of this thread, j ascending: those of its lane's vectors, the same the vector path
+// gives it, so every pass over a row (r, its squares, y) has each element in one thread and needs no block sync.
+#define ARX_NORM_FOR_OWN_ELEMENTS(j, hidden)                                           \
+    for (u64 v_ = threadIdx.x; v_ * Elem<DT>::VEC < (hidden); v_ += ARX_NORM_LANES) \
+        for (u64 j = v_ * Elem<DT>::VEC; j < (v_ + 1) * Elem<DT>::VEC && j < (hidden); ++j)
+
 // r = round(round(sum of srcs) + residual) for the row at element `base`, into r_dst (which may be a source or the
 // residual: each element is read, then written, by one thread).
 template <int DT>
 ARX_DEV void add_residual_row(const u64* srcs, u32 world, const void* residual, void* r_dst, u64 base, u32 hidden) {
     typedef Elem<DT> E;
-    for (u64 j = threadIdx.x; j < hidden; j += ARX_NORM_LANES) {
+    if (rows_in_vectors<DT>(hidden)) {
+        u64 off = base * E::SIZE;
+        for (u64 v = threadIdx.x; v < hidden / E::VEC; v += ARX_NORM_LANES) {
+            vec16 sum = sum_vec<DT, false>(srcs, world, off, v, 0);
+            vec16 res = ((const vec16*)((const char*)residual + off))[v];
+            float r[E::VEC];
+#pragma unroll
+            for (int k = 0; k < E::VEC; ++k) r[k] = E::lane(sum, k) + E::lane(res, k);
+            ((vec16*)((char*)r_dst + off))[v] = E::pack(r);
+        }
+        return;
+    }
+    ARX_NORM_FOR_OWN_ELEMENTS(j, hidden) {
         u64 i = base + j;
         E::store(r_dst, i, E::round(sum_at<DT, false>(srcs, world, i, 0)) + E::load(residual, i));
     }
@@ -38,11 +60,22 @@ ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, v
     typedef Elem<DT> E;
     __shared__ float s_lanes[ARX_NORM_LANES];
     u32 t = threadIdx.x;
+    const bool vectors = rows_in_vectors<DT>(hidden);
+    const u64 off = base * E::SIZE;
     float acc = 0.0f;
-    for (u64 j = t; j < hidden; j += ARX_NORM_LANES) {
-        float v = E::load(r_src, base + j);
-        if (r_copy) E::store(r_copy, base + j, v);
-        acc = fma_rn(v, v, acc);
+    if (vectors) {
+        for (u64 v = t; v < hidden / E::VEC; v += ARX_NORM_LANES) {
+            vec16 x = ((const vec16*)((const char*)r_src + off))[v];
+            if (r_copy) ((vec16*)((char*)r_copy + off))[v] = x;
+#pragma unroll
+            for (int k = 0; k < E::VEC; ++k) acc = fma_rn(E::lane(x, k), E::lane(x, k), acc);
+        }
+    } else {
+        ARX_NORM_FOR_OWN_ELEMENTS(j, hidden) {
+            float x = E::load(r_src, base + j);
+            if (r_copy) E::store(r_copy, base + j, x);
+            acc = fma_rn(x, x, acc);
+        }
     }
     s_lanes[t] = acc;
     __syncthreads();
@@ -54,8 +87,18 @@ ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, v
     __syncthreads();  // every thread has read the total before the next row overwrites the lanes
     // The row this thread wrote to r_copy is its own to read back; otherwise r_src, unchanged.
     const void* r = r_copy ? (const void*)r_copy : r_src;
-    for (u64 j = t; j < hidden; j += ARX_NORM_LANES)
-        E::store(out, base + j, (E::load(r, base + j) * inv) * E::load(weight, j));
+    if (vectors) {
+        for (u64 v = t; v < hidden / E::VEC; v += ARX_NORM_LANES) {
+            vec16 x = ((const vec16*)((const char*)r + off))[v];
+            vec16 w = ((const vec16*)weight)[v];
+            float y[E::VEC];
+#pragma unroll
+            for (int k = 0; k < E::VEC; ++k) y[k] = (E::lane(x, k) * inv) * E::lane(w, k);
+            ((vec16*)((char*)out + off))[v] = E::pack(y);
+        }
+        return;
+    }
+    ARX_NORM_FOR_OWN_ELEMENTS(j, hidden) E::store(out, base + j, (E::load(r, base + j) * inv) * E::load(weight, j));
 }
 
 #endif  // ARX_NORM_H

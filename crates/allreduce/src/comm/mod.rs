@@ -703,10 +703,10 @@ impl Communicator {
         let call = call.in_residency(residency);
         let algo = match algo {
             Some(a) => a,
-            None if call.norm().is_some() => {
-                Engine::fused(self.engine.choose(bytes, residency, &state.streams[k].1)?)
-            }
-            None => self.engine.choose(bytes, residency, &state.streams[k].1)?,
+            None => match call.norm() {
+                Some(norm) => Engine::fused(bytes, norm.rows(call.count()), self.world()),
+                None => self.engine.choose(bytes, residency, &state.streams[k].1)?,
+            },
         };
         // Only a design that reads its peers' buffers in place needs their addresses deferred.
         let slot = if deferring && self.engine.reads_peer_buffers(algo, bytes) {
