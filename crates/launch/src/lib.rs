@@ -24,10 +24,21 @@ use ipc::{JobId, JOB_ENV};
 use nix::sys::signal::{killpg, sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::{getuid, Pid};
 
+mod topology;
+pub use topology::{Topology, TopologyError};
+
 pub const RANK_ENV: &str = "RANK";
 pub const WORLD_ENV: &str = "WORLD_SIZE";
 pub const LOCAL_RANK_ENV: &str = "LOCAL_RANK";
 pub const LOCAL_WORLD_ENV: &str = "LOCAL_WORLD_SIZE";
+/// Torchrun's index of this rank's node (its agent's group rank).
+pub const GROUP_RANK_ENV: &str = "GROUP_RANK";
+/// For tests only: the node a rank of our launcher plays, of [`NODES_ENV`] emulated nodes on one machine, so that a
+/// design across nodes can be run on one host (two nodes of 4 ranks on one GPU, say). Each emulated node holds
+/// consecutive ranks (node-major, as [`Topology`] requires); set both or neither.
+pub const NODE_ID_ENV: &str = "ALLREDUCE_NODE_ID";
+/// For tests only: how many nodes our launcher's ranks emulate (see [`NODE_ID_ENV`]).
+pub const NODES_ENV: &str = "ALLREDUCE_NODES";
 /// Where torch.distributed's rendezvous store listens; our launcher sets both, as torchrun does, unless set.
 pub const MASTER_ADDR_ENV: &str = "MASTER_ADDR";
 pub const MASTER_PORT_ENV: &str = "MASTER_PORT";
@@ -99,6 +110,11 @@ pub struct RankInfo {
     pub local_rank: usize,
     /// Ranks of the job on this host, where the launcher says (not every launcher does, or does reliably).
     pub local_world: Option<usize>,
+    /// This rank's node, numbered from 0, where the launcher says or its placement shows it ([`detect_from`] says
+    /// how for each launcher); what a design across nodes groups ranks by ([`Topology::of`]).
+    pub node: Option<usize>,
+    /// The job's number of nodes, where the launcher says or every node's local world is known to be the same.
+    pub nodes: Option<usize>,
     pub job: JobId,
     pub launcher: Launcher,
 }
@@ -115,7 +131,8 @@ impl RankInfo {
         if let Some((what, msg)) = misplaced([rank, world, local_rank], None, ["rank", "world", "local_rank", ""]) {
             return Err(LaunchError::BadArgs(format!("{what}: {msg}")));
         }
-        Ok(RankInfo { rank, world, local_rank, local_world: None, job, launcher: Launcher::Explicit })
+        let (local_world, node, nodes) = (None, None, None);
+        Ok(RankInfo { rank, world, local_rank, local_world, node, nodes, job, launcher: Launcher::Explicit })
     }
 }
 
@@ -154,6 +171,12 @@ pub fn detect() -> Result<Option<RankInfo>, LaunchError> {
 /// Our launcher's ranks are recognised by [`JOB_ENV`] together with `RANK` and come first, so that an outer
 /// launcher's variables they inherit (ours run under `srun -n1`, say) do not count. Torchrun's ranks given an
 /// explicit `ALLREDUCE_JOB_ID` therefore read as ours, which they equal in every variable we use.
+///
+/// The node and the number of nodes: ours run on one host, node 0 of 1 (unless a test emulates nodes with
+/// [`NODE_ID_ENV`] and [`NODES_ENV`]); torchrun's node is GROUP_RANK, and its nodes WORLD_SIZE / LOCAL_WORLD_SIZE
+/// where that divides; srun's are SLURM_NODEID and SLURM_STEP_TASKS_PER_NODE (checked against the step's node count);
+/// OpenMPI and Hydra export no node index, so theirs is derived where the placement shows it (`consecutive_node`).
+/// A value out of range or at odds with the others is [`LaunchError::BadEnv`] naming its variable.
 pub fn detect_from(env: &HashMap<String, String>) -> Result<Option<RankInfo>, LaunchError> {
     let has = |v: &str| env.contains_key(v);
     let bad = |var: &str, msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
@@ -196,32 +219,184 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Option<RankInfo>, La
     let (rank, world) = (num(rank_var)?, num(world_var)?);
     // Our launcher always sets LOCAL_RANK, but a hand-written environment may leave it out.
     let local_rank = if launcher == Launcher::Ours && !has(local_var) { rank } else { num(local_var)? };
-    let local_world = match env.get(local_world_var) {
-        None => None,
-        Some(v) if launcher == Launcher::Srun => uniform_tasks_per_node(v).map_err(|msg| bad(local_world_var, msg))?,
-        Some(_) => Some(num(local_world_var)?),
+    let slurm = match launcher {
+        Launcher::Srun => Some(SlurmNodes::read(env.get(local_world_var).map(String::as_str), world, env)?),
+        _ => None,
+    };
+    let local_world = match (&slurm, env.get(local_world_var)) {
+        (Some(slurm), _) => slurm.local_world,
+        (None, None) => None,
+        (None, Some(_)) => Some(num(local_world_var)?),
     };
     if let Some((var, msg)) = misplaced([rank, world, local_rank], local_world, vars) {
         return Err(bad(var, msg));
+    }
+    let emulated = has(NODE_ID_ENV) || has(NODES_ENV);
+    if emulated && launcher != Launcher::Ours {
+        let var = if has(NODE_ID_ENV) { NODE_ID_ENV } else { NODES_ENV };
+        return Err(bad(
+            var,
+            format!("set, but only our launcher's ranks emulate nodes; {launcher} says where ranks run"),
+        ));
+    }
+    let mut place = Place { local_rank, local_world, node: None, nodes: None };
+    let node_var = match launcher {
+        Launcher::Ours if emulated => {
+            place = emulated_node(rank, world, num(NODE_ID_ENV)?, num(NODES_ENV)?)?;
+            NODE_ID_ENV
+        }
+        // Our launcher runs its ranks on one host; a torchrun job given ALLREDUCE_JOB_ID reads as ours (see
+        // above), and where its local world says it spans nodes, it is read as torchrun's.
+        Launcher::Ours if local_world.is_none_or(|l| l == world) => {
+            place.nodes = Some(1);
+            GROUP_RANK_ENV
+        }
+        Launcher::Ours | Launcher::Torchrun => {
+            place.node = env.get(GROUP_RANK_ENV).map(|_| num(GROUP_RANK_ENV)).transpose()?;
+            place.nodes = local_world.filter(|&l| world.is_multiple_of(l)).map(|l| world / l);
+            GROUP_RANK_ENV
+        }
+        Launcher::Srun => {
+            (place.node, place.nodes) = slurm.map_or((None, None), |s| (s.node, s.nodes));
+            SLURM_NODE_ENV
+        }
+        // Neither exports a node index (OpenMPI's OMPI_COMM_WORLD_NODE_RANK is this process's rank on its node
+        // across all jobs, not the node's): see `consecutive_node`.
+        Launcher::Mpirun | Launcher::Mpich => {
+            (place.node, place.nodes) = consecutive_node(rank, world, local_rank, local_world);
+            local_world_var
+        }
+        Launcher::Explicit => unreachable!("no environment names explicit placement"),
+    };
+    // One node is node 0, whoever says so.
+    if place.nodes == Some(1) {
+        place.node = place.node.or(Some(0));
+    }
+    if let (Some(node), Some(nodes)) = (place.node, place.nodes) {
+        if node >= nodes {
+            return Err(bad(node_var, format!("node {node} >= {nodes} nodes of the job")));
+        }
     }
     let job = match env.get(JOB_ENV) {
         Some(id) => JobId::parse(id).map_err(|e| bad(JOB_ENV, e.to_string()))?,
         None => derived_job(launcher, job_vars, env)?,
     };
-    Ok(Some(RankInfo { rank, world, local_rank, local_world, job, launcher }))
+    let Place { local_rank, local_world, node, nodes } = place;
+    Ok(Some(RankInfo { rank, world, local_rank, local_world, node, nodes, job, launcher }))
 }
 
-/// Slurm's tasks per node of the step (`4`, `4(x2)`, `4(x2),3`): the count when every node runs the same, `None`
-/// when they differ (which node is ours would take more variables than it is worth).
-fn uniform_tasks_per_node(v: &str) -> Result<Option<usize>, String> {
-    let count = |item: &str| -> Option<usize> {
-        let (n, repeat) = item.split_once("(x").unwrap_or((item, "1)"));
-        repeat.strip_suffix(')')?.parse::<usize>().ok()?;
-        n.parse().ok()
+/// Where a rank runs among the job's nodes, as [`detect_from`] reads it.
+struct Place {
+    local_rank: usize,
+    local_world: Option<usize>,
+    node: Option<usize>,
+    nodes: Option<usize>,
+}
+
+/// The place of a rank of our launcher that plays node `node` of `nodes` ([`NODE_ID_ENV`]): each emulated node
+/// holds `world / nodes` consecutive ranks, which replace our launcher's one-host LOCAL_RANK and LOCAL_WORLD_SIZE.
+fn emulated_node(rank: usize, world: usize, node: usize, nodes: usize) -> Result<Place, LaunchError> {
+    let bad = |var: &str, msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
+    if nodes == 0 || !world.is_multiple_of(nodes) {
+        return Err(bad(NODES_ENV, format!("{nodes} nodes cannot each hold the same share of {world} ranks")));
+    }
+    let local_world = world / nodes;
+    if node != rank / local_world {
+        let msg = format!(
+            "node {node}, but emulated nodes hold consecutive ranks, {local_world} each, so rank {rank} is on node {}",
+            rank / local_world
+        );
+        return Err(bad(NODE_ID_ENV, msg));
+    }
+    Ok(Place { local_rank: rank % local_world, local_world: Some(local_world), node: Some(node), nodes: Some(nodes) })
+}
+
+/// The node of a launcher that exports none (OpenMPI, Hydra): `rank / local_world`, which is right exactly when
+/// every node holds `local_world` consecutive ranks (mpirun's default `--map-by slot` fills one node before the next;
+/// its `--map-by node` deals ranks round-robin instead). Each rank checks its own part of that, its local rank being
+/// `rank % local_world` (local ranks count a node's ranks in rank order, so if every rank's holds, every node's ranks
+/// are consecutive); a rank whose does not gets no node, and [`Topology::of`] refuses it rather than guess.
+/// Returns (node, nodes).
+fn consecutive_node(
+    rank: usize,
+    world: usize,
+    local_rank: usize,
+    local_world: Option<usize>,
+) -> (Option<usize>, Option<usize>) {
+    let Some(l) = local_world.filter(|&l| world.is_multiple_of(l)) else {
+        return (None, None);
     };
-    let counts: Option<Vec<usize>> = v.trim().split(',').map(count).collect();
-    let counts = counts.ok_or_else(|| format!("{v:?} is not a list of task counts such as 4(x2),3"))?;
-    Ok(counts.iter().all(|&n| n == counts[0]).then_some(counts[0]))
+    ((local_rank == rank % l).then_some(rank / l), Some(world / l))
+}
+
+/// Slurm's index of this task's node in the step (the same as SLURM_STEP_NODEID).
+const SLURM_NODE_ENV: &str = "SLURM_NODEID";
+/// Slurm's tasks per node of the step.
+const SLURM_TASKS_PER_NODE_ENV: &str = "SLURM_STEP_TASKS_PER_NODE";
+
+/// What srun says of the step's nodes.
+struct SlurmNodes {
+    /// The tasks on this task's node: its entry of the step's tasks per node where SLURM_NODEID says which is ours,
+    /// else the count every node runs, if they all run the same.
+    local_world: Option<usize>,
+    nodes: Option<usize>,
+    node: Option<usize>,
+}
+
+impl SlurmNodes {
+    /// From the step's tasks per node (`tasks_per_node`, such as `4(x2),3`), checked against the step's task count
+    /// (`world`) and node count, and SLURM_NODEID.
+    fn read(tasks_per_node: Option<&str>, world: usize, env: &HashMap<String, String>) -> Result<Self, LaunchError> {
+        let bad = |var: &str, msg: String| LaunchError::BadEnv { var: var.to_string(), msg };
+        let num = |var: &str| -> Result<Option<usize>, LaunchError> {
+            let Some(v) = env.get(var) else { return Ok(None) };
+            v.trim().parse().map(Some).map_err(|_| bad(var, format!("{v:?} is not a number")))
+        };
+        // SLURM_NNODES is the allocation's under `srun --preserve-env`; SLURM_STEP_NUM_NODES is always the step's.
+        let nodes_var = ["SLURM_STEP_NUM_NODES", "SLURM_NNODES"].into_iter().find(|v| env.contains_key(*v));
+        let said = nodes_var.map(num).transpose()?.flatten();
+        let node = num(SLURM_NODE_ENV)?;
+        let Some(list) = tasks_per_node else {
+            return Ok(SlurmNodes { local_world: None, nodes: said, node });
+        };
+        let counts = tasks_per_node_counts(list).map_err(|msg| bad(SLURM_TASKS_PER_NODE_ENV, msg))?;
+        let total = |f: fn(&(usize, usize)) -> usize| counts.iter().try_fold(0usize, |sum, c| sum.checked_add(f(c)));
+        let (Some(nodes), Some(tasks)) = (total(|&(_, repeat)| repeat), total(|&(n, repeat)| n.saturating_mul(repeat)))
+        else {
+            return Err(bad(SLURM_TASKS_PER_NODE_ENV, format!("{list:?} counts too many tasks")));
+        };
+        if tasks != world {
+            return Err(bad(
+                SLURM_TASKS_PER_NODE_ENV,
+                format!("{list:?} counts {tasks} tasks, but the step has {world}"),
+            ));
+        }
+        if let (Some(var), Some(said)) = (nodes_var, said) {
+            if said != nodes {
+                return Err(bad(var, format!("{said} nodes, but {SLURM_TASKS_PER_NODE_ENV} {list:?} lists {nodes}")));
+            }
+        }
+        let local_world = match node {
+            Some(node) => {
+                let mut entries = counts.iter().flat_map(|&(n, repeat)| std::iter::repeat_n(n, repeat));
+                let here = entries.nth(node);
+                Some(here.ok_or_else(|| bad(SLURM_NODE_ENV, format!("node {node} >= {nodes} nodes of the step")))?)
+            }
+            None => counts.iter().all(|&(n, _)| n == counts[0].0).then_some(counts[0].0),
+        };
+        Ok(SlurmNodes { local_world, nodes: Some(nodes), node })
+    }
+}
+
+/// Slurm's tasks per node (`4`, `4(x2)`, `4(x2),3`) as (tasks, nodes that run them) in node order.
+fn tasks_per_node_counts(v: &str) -> Result<Vec<(usize, usize)>, String> {
+    let count = |item: &str| -> Option<(usize, usize)> {
+        let (n, repeat) = item.split_once("(x").unwrap_or((item, "1)"));
+        let repeat = repeat.strip_suffix(')')?.parse::<usize>().ok().filter(|&r| r > 0)?;
+        Some((n.parse().ok()?, repeat))
+    };
+    let counts: Option<Vec<(usize, usize)>> = v.trim().split(',').map(count).collect();
+    counts.ok_or_else(|| format!("{v:?} is not a list of task counts such as 4(x2),3"))
 }
 
 /// A job id every rank of an external launcher computes alike: a hash of the launcher, its job variables and
