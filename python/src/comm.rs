@@ -3,11 +3,11 @@
 
 use crate::args::{self, Memory};
 use crate::calls::{algorithm_named, GraphCapture, PreparedCall};
-use crate::comm_core::{PyCommunicator, State};
+use crate::comm_core::{PyCommunicator, Request, State};
 use crate::errors::{from_error, AllreduceError, ArgumentError};
 use crate::placement::PyPlacement;
 use crate::registered::{registered, RegisteredBuffer, Which};
-use allreduce::{Algorithm, DType, DevicePtr, Mode, Options, Residency, TuneRequest};
+use allreduce::{AddRmsNorm, Algorithm, DType, DevicePtr, Mode, Options, Residency, TuneRequest};
 use collective_core::Op;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -115,6 +115,52 @@ impl PyCommunicator {
         let req = self.request(Op::AllReduce, algo, input, output, bias)?;
         self.issue(py, &req, handle)?;
         Ok(req.output.map_or(req.input.obj, |o| o.obj).into_bound(py))
+    }
+
+    /// Allreduce followed by the residual add and RMSNorm, as serving stacks fuse them after a row-parallel layer:
+    /// `r = residual + sum over ranks of tensor` (written back into `residual`), then per row of `weight.numel()`
+    /// elements `y = r / sqrt(mean(r^2) + eps) * weight` into `out` (default: `tensor`). Every rank and every
+    /// algorithm gives the same bits, fused or not. Returns `(y, residual)`.
+    #[pyo3(signature = (tensor, residual, weight, eps = 1e-6, *, out = None, stream = None, algorithm = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_add_rms_norm<'py>(
+        &self,
+        py: Python<'py>,
+        tensor: &Bound<'py, PyAny>,
+        residual: &Bound<'py, PyAny>,
+        weight: &Bound<'py, PyAny>,
+        eps: f32,
+        out: Option<&Bound<'py, PyAny>>,
+        stream: Option<&Bound<'py, PyAny>>,
+        algorithm: Option<&str>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let algo = algorithm_named(algorithm)?;
+        let (input, output) = self.all_reduce_args(tensor, out)?;
+        let (res, w) = (args::describe(residual, "residual")?, args::describe(weight, "weight")?);
+        for (arg, what) in [(&res, "residual"), (&w, "weight")] {
+            self.check_place(arg, what)?;
+            if arg.dtype != input.dtype {
+                return Err(ArgumentError::new_err(format!("{what}: {}, not the tensor's {}", arg.dtype, input.dtype)));
+            }
+        }
+        if res.count != input.count || !res.writable {
+            return Err(ArgumentError::new_err(format!(
+                "residual: a writable tensor of the tensor's {} elements, not {}{}",
+                input.count,
+                res.count,
+                if res.writable { "" } else { " read-only ones" }
+            )));
+        }
+        let norm = AddRmsNorm { residual: DevicePtr(res.ptr), weight: DevicePtr(w.ptr), hidden: w.count, eps };
+        let handle = self.stream_handle(py, stream)?;
+        let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.as_ref().map_or(input.ptr, |o| o.ptr)));
+        let call = self.with(|state| {
+            let call = state.comm.call(Op::AllReduce, input.dtype, i, o, input.count).map_err(from_error)?;
+            call.with_add_rms_norm(norm).map_err(|e| from_error(e.into()))
+        })?;
+        let req = Request { op: Op::AllReduce, algo, input, output, bias: None, call: Some(call) };
+        self.issue(py, &req, handle)?;
+        Ok((req.output.map_or(req.input.obj, |o| o.obj).into_bound(py), res.obj.into_bound(py)))
     }
 
     /// Reduce-scatter: rank r receives elements [r * n / W, (r + 1) * n / W) of the sum of every rank's `input`

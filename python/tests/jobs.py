@@ -123,6 +123,51 @@ def sums():
     return rank
 
 
+def norms():
+    """all_reduce_add_rms_norm: rows that do not divide among the ranks, odd row lengths, every dtype, in place and
+    out of place, every algorithm forced and auto; r and y against float64, the same bits on every rank and from every
+    algorithm; then the refusals."""
+    comm = host_comm()
+    rank, world = comm.rank, comm.world_size
+    calls = Calls()
+    for dtype in DTYPES:
+        tol = 6 * (HALF_ULP[dtype.name] + (world + 1) * 2.0**-23)
+        for rows, hidden in [(1, 8), (5, 300), (7, 257), (13, 64)]:
+            seed = calls.seed()
+            x = inputs(seed, rank, rows * hidden, dtype).reshape(rows, hidden)
+            res0 = inputs(seed, world, rows * hidden, dtype).reshape(rows, hidden)
+            w = inputs(seed, world + 1, hidden, dtype)
+            r64 = reference(seed, world, rows * hidden, dtype).reshape(rows, hidden) + res0.astype(np.float64)
+            inv = 1.0 / np.sqrt((r64**2).mean(axis=1, keepdims=True) + 1e-5)
+            y64 = r64 * inv * w.astype(np.float64)
+            bits = None
+            for algo in ALGORITHMS + [None]:
+                res = res0.copy()
+                out = np.full_like(x, np.nan)
+                y, r = comm.all_reduce_add_rms_norm(x, res, w, 1e-5, out=out, algorithm=algo)
+                assert y is out and r is res
+                what = f"{dtype.name} {rows}x{hidden} {algo or 'auto'}"
+                for part, got, want in [("r", r, r64), ("y", y, y64)]:
+                    got = got.astype(np.float64)
+                    bad = ~(np.abs(got - want) <= tol * np.abs(want) + 1e-30)
+                    assert not bad.any(), f"{what}: {part}: {bad.sum()} wrong, first at {np.argmax(bad)}"
+                    same_on_every_rank(comm, got, f"{what}: {part}")
+                bits = bits or (r.tobytes(), y.tobytes())
+                assert (r.tobytes(), y.tobytes()) == bits, f"{what} differs bitwise from {ALGORITHMS[0]}"
+            inplace, res = x.copy(), res0.copy()
+            y, _ = comm.all_reduce_add_rms_norm(inplace, res, w, 1e-5)
+            assert y is inplace and (res.tobytes(), y.tobytes()) == bits, "in place differs"
+    x, res, w = (np.ones(64, np.float32) for _ in range(3))
+    A = ar.ArgumentError
+    expect(A, lambda: comm.all_reduce_add_rms_norm(x, res, w[:7], 1e-5), "rows of 7 elements")
+    expect(A, lambda: comm.all_reduce_add_rms_norm(x, res, w[:8], 0.0), "eps")
+    expect(A, lambda: comm.all_reduce_add_rms_norm(x, res[:32], w[:8], 1e-5), "residual")
+    expect(A, lambda: comm.all_reduce_add_rms_norm(x, res.astype(np.float16), w[:8], 1e-5), "residual: fp16")
+    expect(A, lambda: comm.all_reduce_add_rms_norm(x, x, w[:8], 1e-5), "residual", "overlaps")
+    comm.close()
+    return rank
+
+
 def gathers():
     """All-gather of fresh random inputs, every dtype and count (odd ones, unaligned views, the whole capacity):
     every rank's input in rank order, exact, the same bits on every rank; the refusals of its arguments."""

@@ -34,6 +34,10 @@ def test_sums_against_float64_same_bits_on_every_rank_and_path():
     run_job(3, "sums")
 
 
+def test_allreduce_add_rms_norm_against_float64_same_bits_on_every_rank_and_algorithm():
+    run_job(3, "norms")
+
+
 def test_all_gather_is_every_input_in_rank_order_on_every_rank():
     run_job(3, "gathers")
 
