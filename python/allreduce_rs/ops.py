@@ -16,6 +16,11 @@ The operators (namespace ``allreduce_rs``), each with a fake (meta) implementati
 A ``bias`` (x's shape and dtype, the same values on every rank) is added to every sum after the ranks' inputs,
 inside the kernel (car's ``z``): what a row-parallel Linear's bias needs, with no second kernel.
     reduce_scatter(Tensor x, str group, bool split_last_dim=False) -> Tensor
+    all_reduce_add_rms_norm(Tensor x, str group, Tensor(a2!) residual, Tensor weight, float eps) -> Tensor
+
+``all_reduce_add_rms_norm`` is the epilogue serving stacks fuse after a row-parallel layer: ``residual += sum of x``
+(in place), then RMSNorm of every row of ``weight.numel()`` elements into a new tensor, with the same bits whichever
+design runs it (fused in car's kernels, or the allreduce and then a norm kernel).
 
 They run the communicator's calls (bfloat16, float16 or float32 tensors of its device; on a GPU, on torch's current
 stream), and are collective like them: every rank runs the same operators in the same order. A graph that torch
@@ -162,6 +167,39 @@ def _reduce_scatter_fake(x: torch.Tensor, group: str, split_last_dim: bool = Fal
     return x.new_empty(_shard_shape(x, communicator(group).world_size, split_last_dim))
 
 
+def _norm_shapes(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ArgumentError(
+            f"all_reduce_add_rms_norm: residual {list(residual.shape)} {residual.dtype} is not x's "
+            f"{list(x.shape)} {x.dtype}"
+        )
+    if x.dim() == 0 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ArgumentError(
+            f"all_reduce_add_rms_norm: weight {list(weight.shape)} is not one row of x {list(x.shape)}"
+        )
+
+
+def _all_reduce_add_rms_norm(
+    x: torch.Tensor, group: str, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    comm = communicator(group)
+    _norm_shapes(x, residual, weight)
+    out = x.new_empty(x.shape)
+    dense = residual if residual.is_contiguous() else residual.contiguous()
+    comm.all_reduce_add_rms_norm(x.contiguous(), dense, weight.contiguous(), eps, out=out)
+    if dense is not residual:
+        residual.copy_(dense)
+    return out
+
+
+def _all_reduce_add_rms_norm_fake(
+    x: torch.Tensor, group: str, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    communicator(group)
+    _norm_shapes(x, residual, weight)
+    return x.new_empty(x.shape)
+
+
 # Defined through torch.library.Library rather than the custom_op decorator: the decorator's Python dispatch adds
 # about 30 us to every eager call (measured on the H200: results/h200-mps/call-path), the direct kernels next to
 # nothing. One kernel for every device (CompositeExplicitAutograd): the communicator's driver decides which it takes.
@@ -175,6 +213,11 @@ for _schema, _impl, _fake in [
         _all_reduce_out_fake,
     ),
     ("reduce_scatter(Tensor x, str group, bool split_last_dim=False) -> Tensor", _reduce_scatter, _reduce_scatter_fake),
+    (
+        "all_reduce_add_rms_norm(Tensor x, str group, Tensor(a2!) residual, Tensor weight, float eps) -> Tensor",
+        _all_reduce_add_rms_norm,
+        _all_reduce_add_rms_norm_fake,
+    ),
 ]:
     _name = _schema.split("(")[0]
     _LIB.define(_schema)
@@ -216,6 +259,19 @@ def reduce_scatter(x: torch.Tensor, group: str, split_last_dim: bool = False) ->
     return torch.ops.allreduce_rs.reduce_scatter(x, group, split_last_dim)
 
 
+def all_reduce_add_rms_norm(
+    x: torch.Tensor, group: str, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """``residual += sum of x over every rank`` (in place), then returns the RMSNorm of every row of ``residual``
+    (``residual / sqrt(mean(residual**2, -1) + eps) * weight``) in a new tensor
+    (``torch.ops.allreduce_rs.all_reduce_add_rms_norm``).
+
+    Raises:
+        ArgumentError: ``residual`` is not ``x``'s shape and dtype, or ``weight`` not one row of ``x``.
+    """
+    return torch.ops.allreduce_rs.all_reduce_add_rms_norm(x, group, residual, weight, eps)
+
+
 __all__ = [
     "register",
     "unregister",
@@ -224,4 +280,5 @@ __all__ = [
     "all_reduce_",
     "all_reduce_out",
     "reduce_scatter",
+    "all_reduce_add_rms_norm",
 ]

@@ -27,7 +27,7 @@ def test_ops_register_with_their_schemas_and_only_when_imported():
         import sys, allreduce_rs
         assert "torch" not in sys.modules, "import allreduce_rs imported torch"
         import allreduce_rs.ops, torch
-        for name in ["all_reduce", "all_reduce_", "all_reduce_out", "reduce_scatter"]:
+        for name in ["all_reduce", "all_reduce_", "all_reduce_out", "reduce_scatter", "all_reduce_add_rms_norm"]:
             print(getattr(torch.ops.allreduce_rs, name).default._schema)
         """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -37,6 +37,8 @@ def test_ops_register_with_their_schemas_and_only_when_imported():
         "allreduce_rs::all_reduce_(Tensor(a0!) x, str group, Tensor? bias=None) -> ()",
         "allreduce_rs::all_reduce_out(Tensor x, str group, Tensor(a2!) out, Tensor? bias=None) -> ()",
         "allreduce_rs::reduce_scatter(Tensor x, str group, bool split_last_dim=False) -> Tensor",
+        "allreduce_rs::all_reduce_add_rms_norm(Tensor x, str group, Tensor(a2!) residual, Tensor weight, float eps)"
+        " -> Tensor",
     ], p.stdout
 
 
@@ -50,6 +52,10 @@ def test_opcheck_passes_on_every_op():
 
 def test_a_compiled_block_gives_the_eager_bits(inductor):
     run_job(2, "compiled", script=TORCH_JOBS, env=inductor)
+
+
+def test_a_compiled_norm_block_gives_the_eager_bits(inductor):
+    run_job(3, "norm_block", script=TORCH_JOBS, env=inductor)
 
 
 def test_two_communicators_alternate_eagerly_and_compiled(inductor):

@@ -150,6 +150,8 @@ def opcheck():
             (lib.reduce_scatter, (x, group, False)),
             (lib.reduce_scatter, (x.t(), group, True)),
             (lib.reduce_scatter, (x.reshape(3, 5, world), group, True)),
+            (lib.all_reduce_add_rms_norm, (x, group, x.clone(), x[0].clone(), 1e-5)),
+            (lib.all_reduce_add_rms_norm, (x.t(), group, x.clone().t(), x[:, 0].clone(), 1e-5)),
         ]
         for op, args in samples:
             result = torch.library.opcheck(op, args)
@@ -211,6 +213,49 @@ def blocks(comm, group, device, modes, steps):
                 bound = (2.0**-6 if dtype == torch.bfloat16 else 2.0**-16) * scale
                 err = (eager.cpu().double() - want).abs()
                 assert (err <= bound).all(), f"{what}: {int((err > bound).sum())} elements off the dense block"
+
+
+def norm_block():
+    """A row-parallel layer then the fused residual add and RMSNorm, compiled with fullgraph on CPU Inductor: the
+    compiled block gives the eager bits and the plain call's, on fresh inputs each step, and every rank the same;
+    r and y near the float64 block."""
+    comm = jobs.host_comm()
+    group = ops.register(comm)
+    rank, world = comm.rank, comm.world_size
+    tokens, d_in, hidden = 7, world * 16, 40
+    k = d_in // world
+
+    def block(x, w, residual, g):
+        return ops.all_reduce_add_rms_norm(F.linear(x, w), group, residual, g, 1e-5)
+
+    compiled = torch.compile(block, fullgraph=True)
+    calls = Calls()
+    for dtype in [torch.float32, torch.bfloat16]:
+        for step in range(3):
+            seed = calls.seed()
+            x = (inputs(seed, world, (tokens, d_in), torch.float64) * 2 - 1).to(dtype)
+            w = ((inputs(seed, world + 1, (hidden, d_in), torch.float64) * 2 - 1) / d_in).to(dtype)
+            res = inputs(seed, world + 2, (tokens, hidden), dtype)
+            g = inputs(seed, world + 3, (hidden,), dtype) + 0.5
+            xs, ws = (t[:, rank * k : (rank + 1) * k].contiguous() for t in (x, w))
+            what = f"norm block {dtype} step {step}"
+            r_eager, r_comp, r_plain = res.clone(), res.clone(), res.clone()
+            y_eager = block(xs, ws, r_eager, g)
+            y_comp = compiled(xs, ws, r_comp, g)
+            y_plain, _ = comm.all_reduce_add_rms_norm(F.linear(xs, ws), r_plain, g, 1e-5)
+            for got, want, part in [(y_comp, y_eager, "y compiled"), (r_comp, r_eager, "r compiled"),
+                                    (y_plain, y_eager, "y plain"), (r_plain, r_eager, "r plain")]:
+                same_bits(got, want, f"{what}: {part}")
+            jobs.same_on_every_rank(comm, raw(y_eager), what)
+            r64 = res.double() + x.double() @ w.double().t()
+            y64 = r64 / torch.sqrt((r64**2).mean(-1, keepdim=True) + 1e-5) * g.double()
+            # The partial products are rounded to the dtype before the sum: a few roundings of the row's scale.
+            tol = 2.0**-5 if dtype == torch.bfloat16 else 2.0**-14
+            for got, want, part in [(r_eager, r64, "r"), (y_eager, y64, "y")]:
+                err = (got.double() - want).abs().max().item()
+                assert err <= tol * (want.abs().max().item() + 1), f"{what}: {part} off float64 by {err}"
+    comm.close()
+    return rank
 
 
 def compiled():
@@ -324,6 +369,14 @@ def refusals():
     expect(A, lambda: ops.all_reduce(x.double(), group), "dtype torch.float64")
     expect(A, lambda: ops.all_reduce_out(x, group, torch.empty_like(x, dtype=torch.float16)), "dtype fp16 differs")
     expect(ar.CapacityError, lambda: ops.all_reduce(torch.ones(CAPACITY // 4 + 1), group), "capacity_bytes")
+    res, g = torch.ones(world * 4, 3), torch.ones(3)
+    expect(A, lambda: ops.all_reduce_add_rms_norm(x, group, res[:, :2], g), "residual [", "is not x's")
+    expect(A, lambda: ops.all_reduce_add_rms_norm(x, group, res, torch.ones(4)), "weight [4] is not one row")
+    expect(A, lambda: ops.all_reduce_add_rms_norm(x, group, res, g, 0.0), "eps")
+    expect_compile_error(
+        lambda: torch.compile(lambda t: ops.all_reduce_add_rms_norm(t, group, res, g[:2]), fullgraph=True)(x),
+        "weight [2] is not one row",
+    )
     # Refused while tracing, by the fake implementations: before any rank runs anything.
     expect_compile_error(lambda: torch.compile(lambda t: ops.all_reduce(t, "nope"), fullgraph=True)(x), *unknown)
     bad = torch.ones(world * 4 + 1, 3)
