@@ -110,6 +110,33 @@ fn open(flavor: Flavor, method: &str, symmetric: bool) -> Result<(NcclLib, Optio
     }
 }
 
+/// A fresh unique id of the library, as bytes to send to the other ranks.
+fn new_id(lib: &NcclLib) -> Result<Vec<u8>, CollectiveError> {
+    let mut id = ncclUniqueId::zeroed();
+    // SAFETY: ncclGetUniqueId writes one id.
+    lib.check(unsafe { (lib.ncclGetUniqueId)(&mut id) }, "ncclGetUniqueId").map_err(nccl_err)?;
+    Ok(id.as_bytes().to_vec())
+}
+
+/// `ncclCommInitRank` of `rank` in a communicator of `world` ranks named by the unique id `id` (bytes).
+fn init(lib: &NcclLib, name: &str, id: &[u8], rank: usize, world: usize) -> Result<ncclComm_t, CollectiveError> {
+    let id = ncclUniqueId::from_bytes(id).ok_or_else(|| {
+        CollectiveError::Unsupported(format!("{name}: the communicator's first rank could not create its unique id"))
+    })?;
+    let mut comm: ncclComm_t = ptr::null_mut();
+    // SAFETY: `comm` receives the new communicator; every rank passes the same id and world and its own rank.
+    let status = unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
+    lib.check(status, "ncclCommInitRank").map_err(nccl_err)?;
+    Ok(comm)
+}
+
+/// A unique id for a communicator built with [`Nccl::from_id`] (made by one of its ranks, sent to the others by
+/// the caller: across nodes, over TCP).
+pub fn unique_id(kind: DriverKind) -> Result<Vec<u8>, CollectiveError> {
+    let lib = NcclLib::load(flavor_for(kind)?).map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
+    new_id(&lib)
+}
+
 /// A communicator over all ranks of the rendezvous, running one op.
 pub struct Nccl {
     lib: NcclLib,
@@ -159,29 +186,33 @@ impl Nccl {
         }
 
         // Rank 0 sends an empty blob when it cannot create the id, so the others fail instead of waiting.
-        let created = if rank == 0 {
-            let mut id = ncclUniqueId::zeroed();
-            // SAFETY: ncclGetUniqueId writes one id.
-            lib.check(unsafe { (lib.ncclGetUniqueId)(&mut id) }, "ncclGetUniqueId").map(|()| id.as_bytes().to_vec())
-        } else {
-            Ok(Vec::new())
-        };
+        let created = if rank == 0 { new_id(&lib) } else { Ok(Vec::new()) };
         let sent = created.as_deref().unwrap_or_default();
         let got = rdv.broadcast("nccl unique id", 0, sent)?;
-        created.map_err(nccl_err)?;
-        let id = ncclUniqueId::from_bytes(&got).ok_or_else(|| {
-            CollectiveError::Unsupported(format!("{name}: rank 0 could not create the NCCL unique id"))
-        })?;
-
-        let mut comm: ncclComm_t = ptr::null_mut();
-        // SAFETY: `comm` receives the new communicator; world and rank come from the rendezvous, so they agree.
-        let status = unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
-        lib.check(status, "ncclCommInitRank").map_err(nccl_err)?;
+        created?;
+        let comm = init(&lib, name, &got, rank, world)?;
         let mut nccl = Nccl { lib, comm, name, op: opts.op, capacity: opts.capacity_bytes, symm, staging: Vec::new() };
         if let Some(fns) = symm {
             nccl.register_staging(rdv, fns)?;
         }
         Ok(nccl)
+    }
+
+    /// `rank` of a communicator of `world` ranks named by `id` (from [`unique_id`] on one of them), for ranks that
+    /// share no rendezvous (several nodes). Collective over those ranks. Runs any op through [`Nccl::enqueue`];
+    /// not symmetric. NCCL itself decides whether its ranks may share a device.
+    pub fn from_id(
+        kind: DriverKind,
+        name: &'static str,
+        capacity_bytes: usize,
+        id: &[u8],
+        rank: usize,
+        world: usize,
+    ) -> Result<Nccl, CollectiveError> {
+        let lib = NcclLib::load(flavor_for(kind)?).map_err(|e| CollectiveError::Unsupported(format!("{name}: {e}")))?;
+        let comm = init(&lib, name, id, rank, world)?;
+        let op = Op::AllReduce;
+        Ok(Nccl { lib, comm, name, op, capacity: capacity_bytes, symm: None, staging: Vec::new() })
     }
 
     /// Allocates and registers the input and output windows; on error, drop releases what was made.
@@ -242,7 +273,20 @@ impl Collective for Nccl {
     }
 
     unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
-        debug_assert!(call.capacity() <= self.capacity && call.op() == self.op, "run's contract");
+        debug_assert!(call.op() == self.op, "run's contract");
+        // SAFETY: the caller's contract.
+        unsafe { self.enqueue(call, stream) }
+    }
+}
+
+impl Nccl {
+    /// Enqueues `call` (any op; through the staging windows when symmetric, which hold this instance's op's sizes)
+    /// on `stream`.
+    ///
+    /// # Safety
+    /// As [`Collective::run`], with `call` checked for no more than this instance's capacity.
+    pub unsafe fn enqueue(&self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        debug_assert!(call.capacity() <= self.capacity && (self.staging.is_empty() || call.op() == self.op));
         let (op, dtype, count, out_count) = (call.op(), call.dtype(), call.count(), call.output_count());
         let (input, output) = (call.input(), call.output());
         self.async_error().map_err(nccl_err)?;

@@ -137,8 +137,7 @@ impl Communicator {
         if let Some(here) = info.spans_nodes() {
             return Err(Error::Unsupported(format!(
                 "this job spans nodes ({} ranks, {here} on this host, as {} says): the communicator runs within one \
-                 node, and across nodes it would need NCCL/RCCL, which it does not use yet; build a communicator per \
-                 node (its ranks, a job id of their own) and go across nodes with torch.distributed",
+                 node; across nodes, build `across::Across` (our designs within each node, NCCL/RCCL across them)",
                 info.world, info.launcher
             )));
         }

@@ -1,0 +1,330 @@
+//! Collectives over several nodes, as serving stacks run tensor parallelism past one node: within each node the
+//! ranks run our designs (an `allreduce::Communicator` of the node's ranks, with a job id of its own), and across
+//! nodes NCCL/RCCL (loaded at run time), whose unique ids reach every rank over TCP (`bootstrap`). No data crosses
+//! nodes by any other path.
+//!
+//! An allreduce runs one of two paths ([`Path`]): NCCL over the whole job, or hierarchically (reduce-scatter within
+//! the node, an allreduce of each rank's shard across nodes over its rail, the ranks with its local rank, then an
+//! all-gather within the node). Reduce-scatter and all-gather run NCCL over the whole job.
+
+use allreduce::{Communicator, DType, Op, Options};
+use collective_core::{Call, CollectiveError};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, MemKind, Stream};
+use launch::{RankInfo, Topology};
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::hash::Hasher;
+
+/// How an allreduce goes across nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// NCCL/RCCL over every rank of the job: the default until the paths are measured on the machine.
+    Nccl,
+    /// Reduce-scatter within the node (car), allreduce of the shard across nodes over the rail (NCCL/RCCL),
+    /// all-gather within the node (car). Needs a count that divides by the node's ranks.
+    Hierarchical,
+}
+
+impl fmt::Display for Path {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Path::Nccl => "nccl",
+            Path::Hierarchical => "hierarchical",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Allreduce(#[from] allreduce::Error),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error(transparent)]
+    Call(#[from] collective_core::CallError),
+    #[error(transparent)]
+    Gpu(#[from] gpu::GpuError),
+    #[error(transparent)]
+    Bootstrap(#[from] bootstrap::BootstrapError),
+    #[error("the job's nodes: {0}")]
+    Topology(#[from] launch::TopologyError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("invalid argument: {0}")]
+    BadArgs(String),
+    #[error("set-up across nodes: {0}")]
+    Setup(String),
+}
+
+/// What every rank sends every other at set-up (JSON over the bootstrap): the NCCL unique ids it made (its rail's,
+/// if it is on node 0; the whole job's, if it is rank 0), or why it cannot go on, so that no rank waits for one that
+/// failed.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct SetupBlob {
+    rail_id: Option<Vec<u8>>,
+    job_id: Option<Vec<u8>>,
+    error: Option<String>,
+}
+
+/// One rank's endpoint of a job over several nodes. Drop it only once the streams it ran on are idle.
+pub struct Across {
+    // Field order is drop order: the NCCL communicators and the scratch before the node's communicator.
+    rail: nccl::Nccl,
+    job: nccl::Nccl,
+    /// A rank's shard of the largest allreduce, between the hierarchical path's steps.
+    scratch: DeviceBuffer,
+    /// Caller streams seen so far, by raw handle (borrowed, never destroyed here).
+    streams: RefCell<Vec<(u64, Stream)>>,
+    last: Cell<Option<Path>>,
+    topology: Topology,
+    capacity: usize,
+    local: Communicator,
+}
+
+/// The job id of node `node`'s communicator: derived from the job's, so the ranks of one node agree on it and no two
+/// nodes (emulated on one host, say) share a rendezvous.
+fn node_job(job: &ipc::JobId, node: usize) -> ipc::JobId {
+    let hex: String = (0u8..2)
+        .map(|round| {
+            let mut h = fnv::FnvHasher::default();
+            h.write_u8(round);
+            h.write(job.as_str().as_bytes());
+            h.write_u64(node as u64);
+            format!("{:016x}", h.finish())
+        })
+        .collect();
+    ipc::JobId::parse(&hex).expect("32 hex digits")
+}
+
+impl Across {
+    /// This rank's endpoint, its place read from the launcher's environment. Collective: every rank of the job.
+    pub fn from_env(opts: Options) -> Result<Across, Error> {
+        let info = launch::detect().map_err(allreduce::Error::from)?.ok_or(allreduce::Error::NoLauncher)?;
+        Across::new(info, opts)
+    }
+
+    /// This rank's endpoint at `info`'s place, which must say the job's nodes (every launcher but a bare
+    /// [`RankInfo::explicit`] does). Collective: every rank of the job calls it. The NCCL/RCCL ids travel over TCP to
+    /// `MASTER_ADDR:MASTER_PORT` (or `ALLREDUCE_BOOTSTRAP_PORT`), within the set-up deadline.
+    pub fn new(info: RankInfo, opts: Options) -> Result<Across, Error> {
+        if opts.backend == gpu::Backend::Host {
+            return Err(Error::Unsupported(
+                "across nodes the collectives run on NCCL/RCCL, and the host driver has neither: run on a GPU \
+                 driver (cuda or hip)"
+                    .into(),
+            ));
+        }
+        let topology = Topology::of(&info)?;
+        let setup = match opts.setup_timeout {
+            Some(t) => t,
+            None => deadline::seconds_from_env(deadline::SETUP_TIMEOUT_ENV)
+                .map_err(Error::BadArgs)?
+                .unwrap_or(std::time::Duration::from_secs(60)),
+        };
+        let bootstrap = bootstrap::BootstrapOptions::from_env(setup)?;
+        let (l, node) = (topology.local_world(), topology.node());
+        let local_info = RankInfo {
+            rank: topology.local_rank(),
+            world: l,
+            local_rank: topology.local_rank(),
+            local_world: Some(l),
+            job: node_job(&info.job, node),
+            launcher: info.launcher,
+            node: Some(0),
+            nodes: Some(1),
+        };
+        let capacity = opts.capacity_bytes;
+        let local = Communicator::new(local_info, opts)?;
+        let kind = local.gpu().kind();
+        // Ids: the first rank of each rail (node 0) makes its rail's, rank 0 the job's; a rank that cannot says why.
+        let mut mine = SetupBlob::default();
+        let made = (|| -> Result<(), CollectiveError> {
+            if kind == DriverKind::Host {
+                return Err(CollectiveError::Unsupported("the host driver has no NCCL/RCCL".into()));
+            }
+            if node == 0 {
+                mine.rail_id = Some(nccl::unique_id(kind)?);
+            }
+            if info.rank == 0 {
+                mine.job_id = Some(nccl::unique_id(kind)?);
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            mine.error = Some(e.to_string());
+        }
+        let sent = serde_json::to_vec(&mine).expect("a blob serialises");
+        let all = bootstrap::all_gather(&bootstrap, info.rank, info.world, info.job.as_str(), &sent)?;
+        let blobs: Vec<SetupBlob> = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| serde_json::from_slice(b).map_err(|e| Error::Setup(format!("rank {r}'s set-up blob: {e}"))))
+            .collect::<Result<_, _>>()?;
+        if let Some((r, why)) = blobs.iter().enumerate().find_map(|(r, b)| b.error.as_ref().map(|e| (r, e))) {
+            return Err(Error::Unsupported(format!("rank {r} cannot run NCCL/RCCL across nodes: {why}")));
+        }
+        let id = |b: &SetupBlob, rail: bool, r: usize| {
+            let id = if rail { &b.rail_id } else { &b.job_id };
+            id.clone().ok_or_else(|| Error::Setup(format!("rank {r} sent no {} id", if rail { "rail" } else { "job" })))
+        };
+        // Every rank makes its communicators in the same order (rail, then job): ncclCommInitRank blocks until the
+        // communicator's ranks all call it.
+        let rail_root = topology.rail()[0];
+        let shard_capacity = capacity.div_ceil(l).next_multiple_of(collective_core::VEC_BYTES);
+        let rail_id = id(&blobs[rail_root], true, rail_root)?;
+        let rail = nccl::Nccl::from_id(kind, "nccl_rail", shard_capacity, &rail_id, node, topology.nodes())?;
+        let job = nccl::Nccl::from_id(kind, "nccl_job", capacity, &id(&blobs[0], false, 0)?, info.rank, info.world)?;
+        let scratch = local.gpu().alloc(shard_capacity, MemKind::Device)?;
+        Ok(Across { rail, job, scratch, streams: RefCell::default(), last: Cell::new(None), topology, capacity, local })
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The communicator of this rank's node.
+    pub fn local(&self) -> &Communicator {
+        &self.local
+    }
+
+    /// The path the last allreduce took.
+    pub fn last_path(&self) -> Option<Path> {
+        self.last.get()
+    }
+
+    /// Enqueues an allreduce of `count` elements of `dtype` from `input` into `output` (they may be the same
+    /// buffer) on the caller's stream `stream`, over every rank of the job, by `path` (default [`Path::Nccl`]).
+    ///
+    /// # Safety
+    /// As `allreduce::Communicator::issue`: `input` and `output` are device memory of this rank's device holding
+    /// `count` elements until the stream has run the call, `stream` is a live stream of its context, and every rank
+    /// makes the same calls in the same order.
+    pub unsafe fn all_reduce(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DType,
+        stream: u64,
+        path: Option<Path>,
+    ) -> Result<Path, Error> {
+        let path = path.unwrap_or(Path::Nccl);
+        let world = self.topology.world();
+        // Checked as a whole first, so a bad call fails before any step is enqueued.
+        let call = Call::new(Op::AllReduce, dtype, input, output, count, world, self.capacity)?;
+        let l = self.topology.local_world();
+        match path {
+            Path::Nccl => {
+                // SAFETY: the caller's contract, for the whole call.
+                unsafe { self.on_stream(stream, |s| self.job.enqueue(&call, s))? };
+            }
+            Path::Hierarchical => {
+                if !count.is_multiple_of(l) {
+                    return Err(Error::BadArgs(format!(
+                        "the hierarchical path splits {count} elements among a node's {l} ranks: they must divide"
+                    )));
+                }
+                let (shard, scratch) = (count / l, self.scratch.ptr());
+                let rail_call = Call::new(
+                    Op::AllReduce,
+                    dtype,
+                    scratch,
+                    scratch,
+                    shard,
+                    self.topology.nodes(),
+                    self.scratch.bytes(),
+                )?;
+                // SAFETY (all three): the caller's contract for input and output; the scratch holds a shard of the
+                // capacity; every step is on the caller's stream, in order.
+                unsafe {
+                    self.local.reduce_scatter(input, scratch, count, dtype, stream)?;
+                    self.on_stream(stream, |s| self.rail.enqueue(&rail_call, s))?;
+                    self.local.all_gather(scratch, output, shard, dtype, stream)?;
+                }
+            }
+        }
+        self.last.set(Some(path));
+        Ok(path)
+    }
+
+    /// Enqueues a reduce-scatter over every rank (NCCL/RCCL): rank r gets elements `[r * count / W, (r + 1) * count
+    /// / W)` of the sum in `output`.
+    ///
+    /// # Safety
+    /// As [`Across::all_reduce`], `output` holding `count / W` elements.
+    pub unsafe fn reduce_scatter(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DType,
+        stream: u64,
+    ) -> Result<(), Error> {
+        let call = Call::new(Op::ReduceScatter, dtype, input, output, count, self.topology.world(), self.capacity)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.on_stream(stream, |s| self.job.enqueue(&call, s)) }
+    }
+
+    /// Enqueues an all-gather over every rank (NCCL/RCCL): every rank gets every rank's `count` elements in rank
+    /// order in `output` (`count * W` elements).
+    ///
+    /// # Safety
+    /// As [`Across::all_reduce`], `output` holding `count * W` elements.
+    pub unsafe fn all_gather(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DType,
+        stream: u64,
+    ) -> Result<(), Error> {
+        let call = Call::new(Op::AllGather, dtype, input, output, count, self.topology.world(), self.capacity)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.on_stream(stream, |s| self.job.enqueue(&call, s)) }
+    }
+
+    /// Runs `f` on the caller's stream `raw`, borrowed once and remembered.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this rank's device context.
+    unsafe fn on_stream(&self, raw: u64, f: impl FnOnce(&Stream) -> Result<(), CollectiveError>) -> Result<(), Error> {
+        let mut streams = self.streams.borrow_mut();
+        let k = match streams.iter().position(|s| s.0 == raw) {
+            Some(k) => k,
+            None => {
+                // SAFETY: the caller's contract.
+                streams.push((raw, unsafe { self.local.gpu().borrow_stream(raw)? }));
+                streams.len() - 1
+            }
+        };
+        Ok(f(&streams[k].1)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_gets_its_own_job_id() {
+        let job = ipc::JobId::parse("0123456789abcdef0123456789abcdef").unwrap();
+        let ids: Vec<ipc::JobId> = (0..4).map(|n| node_job(&job, n)).collect();
+        for (i, a) in ids.iter().enumerate() {
+            assert_ne!(a, &job);
+            assert_eq!(a, &node_job(&job, i), "every rank of a node derives the same");
+            assert!(ids[..i].iter().all(|b| b != a), "nodes {i} and another share an id");
+        }
+    }
+
+    #[test]
+    fn the_host_driver_is_refused_at_once() {
+        let job = ipc::JobId::random();
+        let mut info = RankInfo::explicit(0, 8, 0, job).unwrap();
+        (info.local_world, info.node, info.nodes) = (Some(4), Some(0), Some(2));
+        let opts = Options { backend: gpu::Backend::Host, ..Options::default() };
+        let started = std::time::Instant::now();
+        let e = Across::new(info, opts).err().expect("refused");
+        assert!(e.to_string().contains("NCCL/RCCL") && e.to_string().contains("host driver"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,145 @@
+//! A job over several nodes, emulated on one machine: the launcher's ranks split into nodes of consecutive ranks,
+//! each node with its own rendezvous, and NCCL told that every rank is a host of its own (`NCCL_HOSTID`), so it
+//! accepts ranks that share a GPU and talks over its socket transport. On a GPU driver (`ARX_TEST_BACKEND=cuda`,
+//! `ARX_TEST_RANKS=8`, `ARX_TEST_NODES=2`): allreduce by both paths, reduce-scatter and all-gather at comm_bench.py's
+//! sizes, against float64 and bitwise equal on every rank. On the host driver (CI): every rank is told at set-up,
+//! over the bootstrap, that the job cannot run, and why.
+
+use across::{Across, Path};
+use allreduce::{DType, Options};
+use gpu::MemKind;
+use measure::check::{compare, fingerprint, input_values, reference, tolerance};
+
+/// `ARX_TEST_BACKEND`, else auto: on a machine without a GPU that is the host driver, whose refusal then travels
+/// through the bootstrap's set-up exchange.
+fn backend() -> gpu::Backend {
+    std::env::var("ARX_TEST_BACKEND").map_or(gpu::Backend::Auto, |b| b.parse().expect("ARX_TEST_BACKEND"))
+}
+
+fn env_or(var: &str, default: usize) -> usize {
+    std::env::var(var).map_or(default, |v| v.parse().expect(var))
+}
+
+/// Runs `body` as every rank of a job, this test binary started again by the project's launcher.
+fn as_job(test: &str, world: usize, body: impl FnOnce(launch::RankInfo)) {
+    if let Some(info) = launch::detect().unwrap() {
+        body(info);
+        return;
+    }
+    let mut opts = launch::LaunchOptions::new(world, launch::self_exe().unwrap());
+    opts.args = ["--exact", test, "--nocapture", "--test-threads", "1"].map(Into::into).to_vec();
+    launch::run(&opts).unwrap();
+}
+
+/// `info` as rank `info.rank` of `nodes` emulated nodes of consecutive ranks.
+fn emulated(mut info: launch::RankInfo, nodes: usize) -> launch::RankInfo {
+    let local_world = info.world / nodes;
+    (info.local_rank, info.local_world) = (info.rank % local_world, Some(local_world));
+    (info.node, info.nodes) = (Some(info.rank / local_world), Some(nodes));
+    // Each rank a host of its own for NCCL (set before any thread of this process reads the environment).
+    std::env::set_var("NCCL_HOSTID", format!("arx-emulated-rank-{}", info.rank));
+    info
+}
+
+#[test]
+fn emulated_nodes_run_every_collective_exactly() {
+    let (world, nodes) = (env_or("ARX_TEST_RANKS", 4), env_or("ARX_TEST_NODES", 2));
+    as_job("emulated_nodes_run_every_collective_exactly", world, |info| {
+        let info = emulated(info, nodes);
+        let (rank, job) = (info.rank, info.job.clone());
+        let capacity = 8 << 20;
+        let opts = Options { backend: backend(), capacity_bytes: capacity, ..Options::default() };
+        let across = match Across::new(info, opts) {
+            Err(e) if e.to_string().contains("host driver") => {
+                // The host driver: refused at set-up on every rank, saying why (rank 0's reason, through the
+                // bootstrap, where auto resolved to it).
+                let msg = e.to_string();
+                assert!(msg.contains("NCCL/RCCL"), "{msg}");
+                if backend() == gpu::Backend::Auto {
+                    assert!(msg.starts_with("rank 0 cannot run NCCL/RCCL across nodes"), "{msg}");
+                }
+                return;
+            }
+            built => built.unwrap(),
+        };
+        let l = across.topology().local_world();
+        let gpu = across.local().gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let [input, output] = [0; 2].map(|_| gpu.alloc(capacity * world, MemKind::Device).unwrap());
+        let (print_buf, gathered) =
+            (gpu.alloc(8, MemKind::Device).unwrap(), gpu.alloc(8 * world, MemKind::Device).unwrap());
+        let mut checked = 0;
+        for dtype in [DType::Bf16, DType::F32] {
+            let mut counts = measure::sizes::comm_bench_sizes(10, 22, 8, 256);
+            counts.extend([world * 3 + 1, 1000 * l]);
+            counts.retain(|&n| n * dtype.size() <= capacity);
+            for (k, &count) in counts.iter().enumerate() {
+                let seed = {
+                    let mut h = std::hash::DefaultHasher::new();
+                    std::hash::Hash::hash(&(job.as_str(), dtype.name(), k), &mut h);
+                    std::hash::Hasher::finish(&h)
+                };
+                let x = dtype.encode(&input_values(seed, rank, count, dtype));
+                let want = reference(seed, world, count, dtype, 0, count);
+                let tol = tolerance(dtype, world, true);
+                let paths: &[Path] =
+                    if count.is_multiple_of(l) { &[Path::Nccl, Path::Hierarchical] } else { &[Path::Nccl] };
+                let mut bits = Vec::new();
+                for &path in paths {
+                    stream.upload(&input, 0, &x).unwrap();
+                    stream.fill(&output, 0xFF).unwrap();
+                    // SAFETY: our own buffers of capacity * world bytes; every rank makes the same calls.
+                    unsafe { across.all_reduce(input.ptr(), output.ptr(), count, dtype, stream.handle(), Some(path)) }
+                        .unwrap();
+                    let mut got = vec![0u8; count * dtype.size()];
+                    stream.download(&output, 0, &mut got).unwrap();
+                    let v = compare(&dtype.decode(&got), &want, tol);
+                    assert_eq!(v.wrong, 0, "{dtype} x {count} {path}: {v:?}");
+                    bits.push((path, fingerprint(&got)));
+                    checked += 1;
+                }
+                // Each path's result is the same on every rank: all-gathered fingerprints.
+                for (path, print) in bits {
+                    stream.upload(&print_buf, 0, &print.to_le_bytes()).unwrap();
+                    // SAFETY: 8 bytes in, 8 per rank out; every rank makes the same calls.
+                    unsafe { across.all_gather(print_buf.ptr(), gathered.ptr(), 2, DType::F32, stream.handle()) }
+                        .unwrap();
+                    let mut all = vec![0u8; 8 * world];
+                    stream.download(&gathered, 0, &mut all).unwrap();
+                    for r in 0..world {
+                        assert_eq!(all[8 * r..8 * r + 8], print.to_le_bytes(), "{dtype} x {count} {path}: rank {r}");
+                    }
+                }
+                if count.is_multiple_of(world) {
+                    stream.upload(&input, 0, &x).unwrap();
+                    stream.fill(&output, 0xFF).unwrap();
+                    // SAFETY: as above; the output holds count / world elements.
+                    unsafe { across.reduce_scatter(input.ptr(), output.ptr(), count, dtype, stream.handle()) }.unwrap();
+                    let shard = count / world;
+                    let mut got = vec![0u8; shard * dtype.size()];
+                    stream.download(&output, 0, &mut got).unwrap();
+                    let want = &want[rank * shard..(rank + 1) * shard];
+                    let v = compare(&dtype.decode(&got), want, tol);
+                    assert_eq!(v.wrong, 0, "reduce_scatter {dtype} x {count}: {v:?}");
+                    checked += 1;
+                }
+                stream.upload(&input, 0, &x).unwrap();
+                stream.fill(&output, 0xFF).unwrap();
+                // SAFETY: as above; the output holds count * world elements.
+                unsafe { across.all_gather(input.ptr(), output.ptr(), count, dtype, stream.handle()) }.unwrap();
+                let mut got = vec![0u8; count * world * dtype.size()];
+                stream.download(&output, 0, &mut got).unwrap();
+                for r in 0..world {
+                    let theirs = dtype.encode(&input_values(seed, r, count, dtype));
+                    let slot = &got[r * theirs.len()..(r + 1) * theirs.len()];
+                    assert!(slot == theirs.as_slice(), "all_gather {dtype} x {count}: rank {r}'s slot");
+                }
+                checked += 1;
+            }
+        }
+        stream.sync().unwrap();
+        if rank == 0 {
+            println!("emulated nodes: {nodes} x {l} ranks, {checked} results checked on every rank, the same bits everywhere");
+        }
+    });
+}
