@@ -73,6 +73,11 @@ if [ "$with_nvls" = --with-nvls ] && [ "$gpus" -ge "$ranks" ]; then
     step nccl_node_default env -u NCCL_NVLS_ENABLE "${bench[@]}" --methods nccl,nccl_symm --export_csv \
         --output_dir "$out/nccl_node_default"
 fi
+# Across nodes (crates/across): two emulated nodes on this one (NCCL over its socket transport, a host id per rank).
+# On two real nodes the same binary under the cluster's launcher runs on the launcher's nodes, e.g.
+#   srun -N2 --ntasks-per-node=8 env ARX_TEST_BACKEND=$BACKEND dist/across_tests --test-threads 1
+step across_emulated env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 ARX_TEST_BACKEND="$BACKEND" ARX_TEST_RANKS="$ranks" \
+    ARX_TEST_NODES=2 "$here/across_tests" --test-threads 1
 echo "failed steps: ${failed[*]:-none}" | tee "$out/summary.txt"
 tar -C "$(dirname "$out")" --exclude kernel-cache -czf "$out.tar.gz" "$(basename "$out")"
 echo "send back: $out.tar.gz"

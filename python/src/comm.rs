@@ -36,6 +36,7 @@ fn options(
         setup_timeout: seconds("setup_timeout_s", setup_timeout_s)?,
         tune_dir,
         tune_table,
+        device_shared_by: None,
     })
 }
 

@@ -56,14 +56,19 @@ pub enum Error {
     Setup(String),
 }
 
-/// What every rank sends every other at set-up (JSON over the bootstrap): the NCCL unique ids it made (its rail's,
-/// if it is on node 0; the whole job's, if it is rank 0), or why it cannot go on, so that no rank waits for one that
-/// failed.
+/// What every rank sends every other at set-up (JSON over the bootstrap): its host, the NCCL unique ids it made (its
+/// rail's, if it is on node 0; the whole job's, if it is rank 0), or why it cannot go on, so that no rank waits for
+/// one that failed.
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 struct SetupBlob {
+    host: String,
     rail_id: Option<Vec<u8>>,
     job_id: Option<Vec<u8>>,
     error: Option<String>,
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// One rank's endpoint of a job over several nodes. Drop it only once the streams it ran on are idle.
@@ -123,21 +128,16 @@ impl Across {
         };
         let bootstrap = bootstrap::BootstrapOptions::from_env(setup)?;
         let (l, node) = (topology.local_world(), topology.node());
-        let local_info = RankInfo {
-            rank: topology.local_rank(),
-            world: l,
-            local_rank: topology.local_rank(),
-            local_world: Some(l),
-            job: node_job(&info.job, node),
-            launcher: info.launcher,
-            node: Some(0),
-            nodes: Some(1),
+        let job = node_job(&info.job, node);
+        // The driver first (opened again by the node's communicator), for the ids and the device count.
+        let driver_opts =
+            gpu::DriverOptions { device: None, local_rank: Some(topology.local_rank()), shm_prefix: job.shm_name("p") };
+        let (kind, devices) = {
+            let gpu = gpu::open(opts.backend, &driver_opts)?.gpu;
+            (gpu.kind(), gpu.info().count.max(1))
         };
-        let capacity = opts.capacity_bytes;
-        let local = Communicator::new(local_info, opts)?;
-        let kind = local.gpu().kind();
         // Ids: the first rank of each rail (node 0) makes its rail's, rank 0 the job's; a rank that cannot says why.
-        let mut mine = SetupBlob::default();
+        let mut mine = SetupBlob { host: hostname(), ..SetupBlob::default() };
         let made = (|| -> Result<(), CollectiveError> {
             if kind == DriverKind::Host {
                 return Err(CollectiveError::Unsupported("the host driver has no NCCL/RCCL".into()));
@@ -163,6 +163,22 @@ impl Across {
         if let Some((r, why)) = blobs.iter().enumerate().find_map(|(r, b)| b.error.as_ref().map(|e| (r, e))) {
             return Err(Error::Unsupported(format!("rank {r} cannot run NCCL/RCCL across nodes: {why}")));
         }
+        // Ranks of several nodes on one host (emulated nodes) share its devices: the node's launch caps must leave
+        // room for all of them.
+        let on_host = blobs.iter().filter(|b| b.host == mine.host).count();
+        let local_info = RankInfo {
+            rank: topology.local_rank(),
+            world: l,
+            local_rank: topology.local_rank(),
+            local_world: Some(l),
+            job,
+            launcher: info.launcher,
+            node: Some(0),
+            nodes: Some(1),
+        };
+        let capacity = opts.capacity_bytes;
+        let opts = Options { device_shared_by: Some(on_host.div_ceil(devices)), ..opts };
+        let local = Communicator::new(local_info, opts)?;
         let id = |b: &SetupBlob, rail: bool, r: usize| {
             let id = if rail { &b.rail_id } else { &b.job_id };
             id.clone().ok_or_else(|| Error::Setup(format!("rank {r} sent no {} id", if rail { "rail" } else { "job" })))

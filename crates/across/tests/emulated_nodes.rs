@@ -1,4 +1,4 @@
-//! A job over several nodes, emulated on one machine: the launcher's ranks split into nodes of consecutive ranks,
+//! A job over several nodes (real ones under a launcher whose job spans them, else emulated on one machine): the launcher's ranks split into nodes of consecutive ranks,
 //! each node with its own rendezvous, and NCCL told that every rank is a host of its own (`NCCL_HOSTID`), so it
 //! accepts ranks that share a GPU and talks over its socket transport. On a GPU driver (`ARX_TEST_BACKEND=cuda`,
 //! `ARX_TEST_RANKS=8`, `ARX_TEST_NODES=2`): allreduce by both paths, reduce-scatter and all-gather at comm_bench.py's
@@ -45,7 +45,10 @@ fn emulated(mut info: launch::RankInfo, nodes: usize) -> launch::RankInfo {
 fn emulated_nodes_run_every_collective_exactly() {
     let (world, nodes) = (env_or("ARX_TEST_RANKS", 4), env_or("ARX_TEST_NODES", 2));
     as_job("emulated_nodes_run_every_collective_exactly", world, |info| {
-        let info = emulated(info, nodes);
+        // Under a launcher whose job spans real nodes (srun -N2, torchrun on two hosts) those are the nodes.
+        let real = info.nodes.is_some_and(|n| n > 1) && std::env::var("ARX_TEST_NODES").is_err();
+        let info = if real { info } else { emulated(info, nodes) };
+        let (world, nodes) = (info.world, info.nodes.unwrap_or(nodes));
         let (rank, job) = (info.rank, info.job.clone());
         let capacity = 8 << 20;
         let opts = Options { backend: backend(), capacity_bytes: capacity, ..Options::default() };
@@ -93,6 +96,8 @@ fn emulated_nodes_run_every_collective_exactly() {
                         .unwrap();
                     let mut got = vec![0u8; count * dtype.size()];
                     stream.download(&output, 0, &mut got).unwrap();
+                    // A node's wait that ended at its deadline would leave a wrong result and say why here.
+                    across.local().check().unwrap();
                     let v = compare(&dtype.decode(&got), &want, tol);
                     assert_eq!(v.wrong, 0, "{dtype} x {count} {path}: {v:?}");
                     bits.push((path, fingerprint(&got)));

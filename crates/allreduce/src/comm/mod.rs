@@ -42,6 +42,11 @@ pub struct Options {
     pub tune_dir: Option<PathBuf>,
     /// One table for both modes instead of the cached or built-in ones (comm-bench's `--tune_table`).
     pub tune_table: Option<PathBuf>,
+    /// How many ranks in all run kernels on each of this communicator's devices at once, where ranks of other
+    /// communicators or jobs share them (several emulated nodes on one host, say): the launch caps then leave room
+    /// for all of them, since a barrier whose peer's blocks cannot become resident waits until the deadline
+    /// [default: this communicator's own ranks per device].
+    pub device_shared_by: Option<usize>,
 }
 
 impl Default for Options {
@@ -53,6 +58,7 @@ impl Default for Options {
             setup_timeout: None,
             tune_dir: None,
             tune_table: None,
+            device_shared_by: None,
         }
     }
 }
@@ -216,11 +222,12 @@ impl Communicator {
         let placement = placement.with_links(rows)?;
         // The settings that must agree, so a mismatch is named here rather than found at a kernel's deadline.
         let mine = format!(
-            "driver={}\ncapacity_bytes={}\ntimeout_ns={}\ntune_table={:?}\n",
+            "driver={}\ncapacity_bytes={}\ntimeout_ns={}\ntune_table={:?}\ndevice_shared_by={:?}\n",
             i.kind,
             opts.capacity_bytes,
             timeout.as_nanos(),
-            opts.tune_table
+            opts.tune_table,
+            opts.device_shared_by
         );
         crate::agree(rdv, "communicator options", &mine)?;
         let tables = match &opts.tune_table {
@@ -264,7 +271,8 @@ impl Communicator {
             );
         }
         let watch = Watch::start(&gpu, watched)?;
-        let team = Team::new(&gpu, rdv, placement.ranks_per_device)
+        let sharers = placement.ranks_per_device.max(opts.device_shared_by.unwrap_or(1));
+        let team = Team::new(&gpu, rdv, sharers)
             .with_kernel_timeout(timeout)
             .with_missing_peer_atomics(no_atomics.as_deref())
             .with_status(watch.status());
