@@ -186,6 +186,86 @@ class Check:
                     )
                 del g
 
+    def two_groups(self):
+        """Two communicators (the second with a job id rank 0 drew) used alternately on one stream, eagerly and inside
+        one torch.cuda.graph replayed on fresh inputs: each sum checked, car's comm_idx use."""
+        torch, ar = self.torch, self.ar
+        job = self.comm.all_gather_bytes(ar.new_job_id().encode())[0].decode()
+        local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        other = ar.Communicator(self.rank, self.world, local_rank, job, capacity_bytes=1 << 22, backend="cuda", timeout_s=120)
+        try:
+            for dtype in ["bf16", "fp32"]:
+                for n in [4096, 262144]:
+                    x1 = torch.zeros(n, dtype=self.dtypes[dtype], device=self.device)
+                    x2, y1, y2 = torch.zeros_like(x1), torch.zeros_like(x1), torch.zeros_like(x1)
+                    g = torch.cuda.CUDAGraph()
+                    self.align()
+                    with torch.cuda.graph(g):
+                        self.comm.all_reduce(x1, out=y1)
+                        other.all_reduce(x2, out=y2)
+                        self.comm.all_reduce(y2, out=x1)
+                    for replay in range(2):
+                        s1, s2 = self.next_seed(), self.next_seed()
+                        x1.copy_(self.inputs(s1, self.rank, n, dtype))
+                        x2.copy_(self.inputs(s2, self.rank, n, dtype))
+                        self.align()
+                        g.replay()
+                        torch.cuda.synchronize()
+                        self.verify(y1, self.reference(s1, n, dtype), dtype, f"two groups graph {dtype} x {n} replay {replay}: first")
+                        self.verify(y2, self.reference(s2, n, dtype), dtype, f"two groups graph {dtype} x {n} replay {replay}: second")
+                        # x1 is the first communicator's sum of y2: every rank's y2 is the same, so W times it.
+                        want = y2.double() * self.world
+                        self.verify(x1, want, dtype, f"two groups graph {dtype} x {n} replay {replay}: chained", True)
+                    del g
+        finally:
+            other.close()
+
+    def norm(self):
+        """all_reduce_add_rms_norm on torch tensors, eagerly and in torch.cuda.graph replays with fresh inputs: r and
+        y against float64 and the same bits on every rank and from every algorithm."""
+        torch = self.torch
+        for dtype in ["bf16", "fp16"]:
+            for tokens, hidden in [(1, 4096), (7, 2050), (64, 8192)]:
+                n = tokens * hidden
+                w = self.inputs(self.next_seed(), self.world, hidden, dtype) + 0.5
+                same = self.next_seed()
+
+                def run(algorithm=None, graph=False):
+                    seed = self.next_seed() if graph else same
+                    x = self.inputs(seed, self.rank, n, dtype).view(tokens, hidden)
+                    res0 = self.inputs(seed, self.world + 1, n, dtype).view(tokens, hidden)
+                    r64 = self.reference(seed, n, dtype).view(tokens, hidden) + res0.double()
+                    y64 = r64 / torch.sqrt((r64**2).mean(-1, keepdim=True) + 1e-5) * w.double()
+                    res, out = res0.clone(), torch.full_like(x, float("nan"))
+                    self.align()
+                    if graph:
+                        xs, ress = torch.zeros_like(x), torch.zeros_like(res)
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g):
+                            self.comm.all_reduce_add_rms_norm(xs, ress, w, 1e-5, out=out)
+                        xs.copy_(x)
+                        ress.copy_(res)
+                        self.align()
+                        g.replay()
+                        torch.cuda.synchronize()
+                        res = ress
+                    else:
+                        self.comm.all_reduce_add_rms_norm(x, res, w, 1e-5, out=out, algorithm=algorithm)
+                    what = f"norm {dtype} {tokens}x{hidden} {algorithm or 'auto'}{' graph' if graph else ''}"
+                    # r and y bounds: a few roundings (allreduce::check::add_rms_norm_tolerance).
+                    for got, want, part in [(res, r64, "r"), (out, y64, "y")]:
+                        err = (got.double() - want).abs()
+                        tol = 6 * (HALF_ULP[dtype] + (self.world + 1) * 2.0**-23)
+                        bad = int((~(err <= tol * want.abs() + 1e-30)).sum().item())
+                        if bad:
+                            self.fail(f"{what}: {part}: {bad} wrong")
+                        self.checked += 1
+                    return self.digest(res), self.digest(out)
+                bits = {a: run(a) for a in ["car_1shot", "car_2shot", "symm_ll", "symm_zc_2shot", None]}
+                if len(set(bits.values())) != 1:
+                    self.fail(f"norm {dtype} {tokens}x{hidden}: algorithms differ bitwise: {bits}")
+                run(graph=True)
+
     def graph_capture(self):
         """Graphs captured inside comm.graph_capture(): the tensors are registered with every peer when the capture
         ends, so every replay reads and writes them in place (no copy was captured); fresh inputs per replay, out of
@@ -387,7 +467,7 @@ class Check:
     def run(self, only=None):
         scenarios = ["eager", "reduce_scatter", "refusals"]
         if not self.host:
-            scenarios += ["graph", "graph_capture", "prepared", "registered", "register", "compiled"]
+            scenarios += ["graph", "graph_capture", "prepared", "registered", "register", "compiled", "two_groups", "norm"]
         else:
             scenarios += ["registered"]
         if only:
