@@ -1,7 +1,8 @@
 //! Host twins of `kernels/car.cu`: the same partition, epochs, flag slots and barriers, with std atomics on the
 //! shared mappings. Blocks run one after another; every rank runs them in the same order, so block b's barrier
 //! only ever waits for the peers' block b, as on the device. The ablation variants take the same knobs as the
-//! kernels' `K` bits.
+//! kernels' `K` bits. The two-shot twins read the fixed input buffers as the kernel does: the host driver runs the
+//! memcpy that `Car::enqueue` puts before the launch in order, synchronously or in the captured graph.
 
 use crate::CarParams;
 use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
@@ -287,9 +288,27 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                     };
                 }
             }
-            CarKernel::TwoShot | CarKernel::ReduceScatter => {
-                let shard =
-                    if kind == CarKernel::TwoShot { shard_elems(count, call.world, vec) } else { count / call.world };
+            CarKernel::TwoShot => {
+                let shard = shard_elems(count, call.world, vec);
+                let sub = |s: usize| {
+                    let (lo, hi) = shard_range(count, shard, s);
+                    block_range(lo, hi, b, grid, vec)
+                };
+                // No copy-in: `Car::enqueue` copied the input into this rank's fixed input buffer before the launch.
+                call.barrier(b, 0, epoch)?;
+                let (lo, hi) = sub(call.rank);
+                // From every rank's fixed input buffer into this rank's own shard of its own half.
+                call.reduce(&p.inputs[..call.world], (lo, hi), at(mine, lo));
+                call.barrier(b, 1, epoch)?;
+                for (s, &view) in views.iter().enumerate() {
+                    call.copy(view, p.output, sub(s));
+                }
+                if knobs.exit {
+                    call.barrier(b, 2, epoch)?;
+                }
+            }
+            CarKernel::ReduceScatter => {
+                let shard = count / call.world;
                 let sub = |s: usize| {
                     let (lo, hi) = shard_range(count, shard, s);
                     block_range(lo, hi, b, grid, vec)
@@ -299,20 +318,8 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 }
                 call.barrier(b, 0, epoch)?;
                 let (lo, hi) = sub(call.rank);
-                if kind == CarKernel::ReduceScatter {
-                    // The output holds `shard` elements; [lo, hi) lies in this rank's shard.
-                    call.reduce(&views, (lo, hi), at(p.output, lo - call.rank * shard));
-                    continue;
-                }
-                // In place into this rank's own shard of its own buffer.
-                call.reduce(&views, (lo, hi), at(mine, lo));
-                call.barrier(b, 1, epoch)?;
-                for (s, &view) in views.iter().enumerate() {
-                    call.copy(view, p.output, sub(s));
-                }
-                if knobs.exit {
-                    call.barrier(b, 2, epoch)?;
-                }
+                // The output holds `shard` elements; [lo, hi) lies in this rank's shard.
+                call.reduce(&views, (lo, hi), at(p.output, lo - call.rank * shard));
             }
         }
     }
