@@ -39,6 +39,7 @@ kernels! {
     "car_2shot_3bar" => two_shot_exit,
     "car_1shot_broken_samehalf" => one_shot_same_half,
     "car_ag_broken_ringorder" => all_gather_ring_order,
+    "car_2shot_broken_suminput" => two_shot_sum_in_input,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -65,6 +66,8 @@ struct Knobs {
     same_half: bool,
     /// The broken all-gather: output slot s holds rank (rank + s) mod W's input.
     ring_order: bool,
+    /// The broken two-shot: each shard's sum in its rank's fixed input buffer, gathered from there.
+    sum_in_input: bool,
 }
 
 fn barrier_only(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
@@ -130,6 +133,9 @@ fn all_gather_ring_order(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_2shot_3bar", CarKernel::TwoShot, Knobs { exit: true, ..Knobs::default() })
+}
+fn two_shot_sum_in_input(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_2shot_broken_suminput", CarKernel::TwoShot, Knobs { sum_in_input: true, ..Knobs::default() })
 }
 
 struct Call<'a> {
@@ -297,10 +303,14 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 // No copy-in: `Car::enqueue` copied the input into this rank's fixed input buffer before the launch.
                 call.barrier(b, 0, epoch)?;
                 let (lo, hi) = sub(call.rank);
-                // From every rank's fixed input buffer into this rank's own shard of its own half.
-                call.reduce(&p.inputs[..call.world], (lo, hi), at(mine, lo));
+                // From every rank's fixed input buffer into this rank's own shard of its own half (the broken
+                // variant: in place into its own shard of its own input buffer, which its next memcpy overwrites
+                // while nothing has told it that the peers have gathered it).
+                let inputs = &p.inputs[..call.world];
+                let sums = if knobs.sum_in_input { inputs } else { &views[..] };
+                call.reduce(inputs, (lo, hi), at(sums[call.rank], lo));
                 call.barrier(b, 1, epoch)?;
-                for (s, &view) in views.iter().enumerate() {
+                for (s, &view) in sums.iter().enumerate() {
                     call.copy(view, p.output, sub(s));
                 }
                 if knobs.exit {

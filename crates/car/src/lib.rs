@@ -102,10 +102,15 @@ pub enum Variant {
     /// from itself, not rank order): right on rank 0 only, which the checks of every rank's output must catch. Host
     /// driver only.
     BrokenRingOrder,
+    /// A deliberately broken two-shot that keeps each shard's sum in its own rank's fixed input buffer and gathers
+    /// from there (upstream's layout, without upstream's exit barrier), so a fast rank's next memcpy overwrites its
+    /// sum while a slow peer still gathers it: what the benchmark's checks of consecutive calls must catch, and why
+    /// car's sums go to the parity halves. Host driver only.
+    BrokenSumInInput,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 10] = [
+    pub const ALL: [Variant; 11] = [
         Variant::Base,
         Variant::Vmm,
         Variant::Cas,
@@ -116,6 +121,7 @@ impl Variant {
         Variant::ExitBarrier,
         Variant::BrokenSameHalf,
         Variant::BrokenRingOrder,
+        Variant::BrokenSumInInput,
     ];
 
     /// The method name of this variant of `algo`, or `None` where it does not apply.
@@ -131,6 +137,7 @@ impl Variant {
             (Algo::TwoShot, Variant::ExitBarrier) => "car_2shot_3bar",
             (Algo::OneShot, Variant::BrokenSameHalf) => "car_1shot_broken_samehalf",
             (Algo::AllGather, Variant::BrokenRingOrder) => "car_ag_broken_ringorder",
+            (Algo::TwoShot, Variant::BrokenSumInInput) => "car_2shot_broken_suminput",
             _ => return None,
         })
     }
@@ -188,7 +195,8 @@ impl Car {
             CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to car's {algo:?}"))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
-        if matches!(variant, Variant::BrokenSameHalf | Variant::BrokenRingOrder) && gpu.kind() != DriverKind::Host {
+        let broken = matches!(variant, Variant::BrokenSameHalf | Variant::BrokenRingOrder | Variant::BrokenSumInInput);
+        if broken && gpu.kind() != DriverKind::Host {
             return Err(CollectiveError::Unsupported(format!(
                 "{name}: a deliberately broken protocol for testing the checks; host driver only"
             )));

@@ -135,6 +135,7 @@ pub const METHODS: &[Method] = &[
     // Host driver only: must fail the benchmark's checks of consecutive calls, and of every rank's gather.
     car_row("car_1shot_broken_samehalf", Car1, V::BrokenSameHalf, Broken),
     car_row("car_ag_broken_ringorder", CarAg, V::BrokenRingOrder, Broken),
+    car_row("car_2shot_broken_suminput", Car2, V::BrokenSumInInput, Broken),
 ];
 
 impl Method {
