@@ -1,7 +1,8 @@
 // car: fbgemm-style custom allreduce over IPC-mapped buffers, with epoch flags (remote release store, local
 // wait_epoch, never reset). Fixed against upstream's defects: every block signals for the slice it copied,
 // buffers alternate by epoch parity (so the next call never overwrites what a peer still reads), and the sum
-// order is the same on every rank.
+// order is the same on every rank. The plain two-shot takes its input as upstream's does, by a memcpy before the
+// kernel into a fixed input buffer (car_2shot_k says why that needs no exit barrier).
 //
 // The ablation variants (crates/car's `Variant`) are car's kernels with one factor changed, chosen at compile time
 // by the knob bits K, so the base kernels (K = 0) are exactly car's.
@@ -32,6 +33,7 @@ struct CarParams {
     u64 weight;    // ... the norm's weight, `hidden` elements
     u32 hidden;    // ... elements of a row
     float eps;
+    u64 inputs[ARX_MAX_RANKS];  // car_2shot_k: every rank's fixed input buffer, which the host fills before the kernel
 };
 
 #define CAR_ROUND 1     // the sum rounded to the element type after every add, not accumulated in f32
@@ -127,18 +129,30 @@ template <int DT, int K> ARX_DEV void car_1shot_k(CarParams p) {
     reduce_range<DT, round>(views, p.world, (void*)p.output, r, (const void*)p.bias);
 }
 
+// Two-shot, with its input copied in as upstream's is: the host enqueues a memcpy of the call's input into this
+// rank's fixed input buffer (p.inputs[rank]) before the kernel, which copies nothing in. Barrier 0 (every rank's
+// input is in place); block b sums its part of this rank's shard from every rank's input buffer into this rank's
+// parity half; barrier 1; block b gathers its part of every shard from the ranks' parity halves into the output.
+// Why no exit barrier, although the input buffer is one fixed buffer (upstream's, which keeps its sums there too,
+// needs one):
+// - the input buffers: a peer's block reads them only in its reduce, which precedes its barrier-1 signal; this
+//   rank's next memcpy into its input buffer is stream-ordered after this kernel, every block of which passed
+//   barrier 1, so after every peer's reads of this call; and a peer reads the new input only after barrier 0 of the
+//   next call, which this rank signals after that memcpy.
+// - the sums, which peers read after barrier 1, where nothing orders them before this rank's next memcpy: they go
+//   to the parity half, not the input buffer, and a half is rewritten two calls later, after that call's barrier 0
+//   (by which every peer has finished this call). One half would do for this kernel alone, whose sums are written
+//   after barrier 0; the *_norm kernels, which share the halves and the epochs, copy in before it and need two.
+// CAR_EXIT (the ablation) keeps this copy-in and adds a third barrier at exit, as torch's two-shot has.
 template <int DT, int K> ARX_DEV void car_2shot_k(CarParams p) {
     typedef Elem<DT> E;
     u64 epoch = car_next_epoch(p);
     u64 views[ARX_MAX_RANKS];
     car_views<K>(p, epoch, views);
     u64 shard = shard_elems(p.count, p.world, E::VEC);
-    for (u32 s = 0; s < p.world; ++s)
-        copy_range<DT, true>((const void*)p.input, (void*)views[p.rank],
-                             block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     if (!car_barrier<K>(p, 0, epoch)) return;
     Range mine = block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC);
-    reduce_range<DT>(views, p.world, (void*)views[p.rank], mine, (const void*)p.bias);
+    reduce_range<DT>(p.inputs, p.world, (void*)views[p.rank], mine, (const void*)p.bias);
     if (!car_barrier<K>(p, 1, epoch)) return;
     for (u32 s = 0; s < p.world; ++s)
         copy_range<DT>((const void*)views[s], (void*)p.output,

@@ -1,7 +1,8 @@
 //! Host twins of `kernels/car.cu`: the same partition, epochs, flag slots and barriers, with std atomics on the
 //! shared mappings. Blocks run one after another; every rank runs them in the same order, so block b's barrier
 //! only ever waits for the peers' block b, as on the device. The ablation variants take the same knobs as the
-//! kernels' `K` bits.
+//! kernels' `K` bits. The two-shot twins read the fixed input buffers as the kernel does: the host driver runs the
+//! memcpy that `Car::enqueue` puts before the launch in order, synchronously or in the captured graph.
 
 use crate::CarParams;
 use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
@@ -38,6 +39,7 @@ kernels! {
     "car_2shot_3bar" => two_shot_exit,
     "car_1shot_broken_samehalf" => one_shot_same_half,
     "car_ag_broken_ringorder" => all_gather_ring_order,
+    "car_2shot_broken_suminput" => two_shot_sum_in_input,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -64,6 +66,8 @@ struct Knobs {
     same_half: bool,
     /// The broken all-gather: output slot s holds rank (rank + s) mod W's input.
     ring_order: bool,
+    /// The broken two-shot: each shard's sum in its rank's fixed input buffer, gathered from there.
+    sum_in_input: bool,
 }
 
 fn barrier_only(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
@@ -129,6 +133,9 @@ fn all_gather_ring_order(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn two_shot_exit(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_2shot_3bar", CarKernel::TwoShot, Knobs { exit: true, ..Knobs::default() })
+}
+fn two_shot_sum_in_input(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_2shot_broken_suminput", CarKernel::TwoShot, Knobs { sum_in_input: true, ..Knobs::default() })
 }
 
 struct Call<'a> {
@@ -287,9 +294,31 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                     };
                 }
             }
-            CarKernel::TwoShot | CarKernel::ReduceScatter => {
-                let shard =
-                    if kind == CarKernel::TwoShot { shard_elems(count, call.world, vec) } else { count / call.world };
+            CarKernel::TwoShot => {
+                let shard = shard_elems(count, call.world, vec);
+                let sub = |s: usize| {
+                    let (lo, hi) = shard_range(count, shard, s);
+                    block_range(lo, hi, b, grid, vec)
+                };
+                // No copy-in: `Car::enqueue` copied the input into this rank's fixed input buffer before the launch.
+                call.barrier(b, 0, epoch)?;
+                let (lo, hi) = sub(call.rank);
+                // From every rank's fixed input buffer into this rank's own shard of its own half (the broken
+                // variant: in place into its own shard of its own input buffer, which its next memcpy overwrites
+                // while nothing has told it that the peers have gathered it).
+                let inputs = &p.inputs[..call.world];
+                let sums = if knobs.sum_in_input { inputs } else { &views[..] };
+                call.reduce(inputs, (lo, hi), at(sums[call.rank], lo));
+                call.barrier(b, 1, epoch)?;
+                for (s, &view) in sums.iter().enumerate() {
+                    call.copy(view, p.output, sub(s));
+                }
+                if knobs.exit {
+                    call.barrier(b, 2, epoch)?;
+                }
+            }
+            CarKernel::ReduceScatter => {
+                let shard = count / call.world;
                 let sub = |s: usize| {
                     let (lo, hi) = shard_range(count, shard, s);
                     block_range(lo, hi, b, grid, vec)
@@ -299,20 +328,8 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 }
                 call.barrier(b, 0, epoch)?;
                 let (lo, hi) = sub(call.rank);
-                if kind == CarKernel::ReduceScatter {
-                    // The output holds `shard` elements; [lo, hi) lies in this rank's shard.
-                    call.reduce(&views, (lo, hi), at(p.output, lo - call.rank * shard));
-                    continue;
-                }
-                // In place into this rank's own shard of its own buffer.
-                call.reduce(&views, (lo, hi), at(mine, lo));
-                call.barrier(b, 1, epoch)?;
-                for (s, &view) in views.iter().enumerate() {
-                    call.copy(view, p.output, sub(s));
-                }
-                if knobs.exit {
-                    call.barrier(b, 2, epoch)?;
-                }
+                // The output holds `shard` elements; [lo, hi) lies in this rank's shard.
+                call.reduce(&views, (lo, hi), at(p.output, lo - call.rank * shard));
             }
         }
     }

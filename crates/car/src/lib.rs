@@ -3,7 +3,9 @@
 //! An epoch counter in device memory grows by one per call (so graph replays work and flags never need resetting);
 //! a barrier is one remote release store of the epoch per peer, then relaxed local polls per peer and one acquire
 //! fence. Data buffers have two halves chosen by epoch parity, which (with the entry barrier of every call) means no
-//! call overwrites a half that a peer may still read.
+//! call overwrites a half that a peer may still read. The two-shot also registers a fixed input buffer, into which
+//! [`Car::enqueue`] copies a plain allreduce's input by one memcpy before the kernel, as upstream's two-shot does
+//! (`car_2shot_k` in `kernels/car.cu` says why that needs no exit barrier).
 //!
 //! The device kernels are `kernels/car.cu`; the module `host` holds their Rust twins for the host driver.
 
@@ -54,6 +56,8 @@ pub struct CarParams {
     pub weight: u64,
     pub hidden: u32,
     pub eps: f32,
+    /// The two-shot: every rank's fixed input buffer, which [`Car::enqueue`] fills before the kernel; else zeros.
+    pub inputs: [u64; MAX_RANKS],
 }
 
 /// Options for [`Car::new`].
@@ -98,10 +102,15 @@ pub enum Variant {
     /// from itself, not rank order): right on rank 0 only, which the checks of every rank's output must catch. Host
     /// driver only.
     BrokenRingOrder,
+    /// A deliberately broken two-shot that keeps each shard's sum in its own rank's fixed input buffer and gathers
+    /// from there (upstream's layout, without upstream's exit barrier), so a fast rank's next memcpy overwrites its
+    /// sum while a slow peer still gathers it: what the benchmark's checks of consecutive calls must catch, and why
+    /// car's sums go to the parity halves. Host driver only.
+    BrokenSumInInput,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 10] = [
+    pub const ALL: [Variant; 11] = [
         Variant::Base,
         Variant::Vmm,
         Variant::Cas,
@@ -112,6 +121,7 @@ impl Variant {
         Variant::ExitBarrier,
         Variant::BrokenSameHalf,
         Variant::BrokenRingOrder,
+        Variant::BrokenSumInInput,
     ];
 
     /// The method name of this variant of `algo`, or `None` where it does not apply.
@@ -127,6 +137,7 @@ impl Variant {
             (Algo::TwoShot, Variant::ExitBarrier) => "car_2shot_3bar",
             (Algo::OneShot, Variant::BrokenSameHalf) => "car_1shot_broken_samehalf",
             (Algo::AllGather, Variant::BrokenRingOrder) => "car_ag_broken_ringorder",
+            (Algo::TwoShot, Variant::BrokenSumInInput) => "car_2shot_broken_suminput",
             _ => return None,
         })
     }
@@ -165,6 +176,8 @@ pub struct Car {
     barrier: Kernel,
     _peers: Vec<DeviceBuffer>,
     _data: DeviceBuffer,
+    /// The two-shot's fixed input buffer (`base.inputs[rank]`), which a plain allreduce's input is copied into.
+    fixed_input: Option<DeviceBuffer>,
     _flags: DeviceBuffer,
     _counters: DeviceBuffer,
     _table: Option<DeviceBuffer>,
@@ -182,7 +195,8 @@ impl Car {
             CollectiveError::BadArgs(format!("car variant {variant:?} does not apply to car's {algo:?}"))
         })?;
         let (gpu, rank, world) = (team.gpu, team.rank(), team.world());
-        if matches!(variant, Variant::BrokenSameHalf | Variant::BrokenRingOrder) && gpu.kind() != DriverKind::Host {
+        let broken = matches!(variant, Variant::BrokenSameHalf | Variant::BrokenRingOrder | Variant::BrokenSumInInput);
+        if broken && gpu.kind() != DriverKind::Host {
             return Err(CollectiveError::Unsupported(format!(
                 "{name}: a deliberately broken protocol for testing the checks; host driver only"
             )));
@@ -195,23 +209,33 @@ impl Car {
         // Push keeps one slot per source in each half.
         let half = if variant == Variant::Push { world * slot } else { slot };
         let counters = gpu.alloc(COUNTER_WORDS * 8, MemKind::Device)?;
-        // Only the data follows the variant and `uncached`: the flags are polled memory whatever they say.
-        let (data, sharing) = if variant == Variant::Vmm {
-            (gpu.vmm_create(2 * half)?, Sharing::Vmm)
-        } else {
-            (gpu.alloc(2 * half, MemKind::Ipc { uncached: opts.uncached })?, Sharing::Ipc)
+        // Only the data (and the two-shot's input buffer) follow the variant and `uncached`: the flags are polled
+        // memory whatever they say.
+        let sharing = if variant == Variant::Vmm { Sharing::Vmm } else { Sharing::Ipc };
+        let shared = |bytes| match sharing {
+            Sharing::Vmm => gpu.vmm_create(bytes),
+            Sharing::Ipc => gpu.alloc(bytes, MemKind::Ipc { uncached: opts.uncached }),
         };
+        let data = shared(2 * half)?;
+        // The two-shot's input goes to a buffer of its own, outside the halves, so that its memcpy can precede the
+        // kernel (which alone knows the epoch, hence the half) and still be captured in a graph.
+        let fixed_input = if algo == Algo::TwoShot { Some(shared(slot)?) } else { None };
         // Zeroed before its handle travels, so no peer can signal into an uninitialised array.
         let (flags, flag_sharing) = team.polled(FLAG_SLOTS * 8, sharing)?;
         let stream = gpu.stream()?;
         stream.fill(&counters, 0)?;
         stream.sync()?;
-        let peers = team.exchange(name, &[(&data, sharing), (&flags, flag_sharing)])?;
+        let mut shares = vec![(&data, sharing), (&flags, flag_sharing)];
+        shares.extend(fixed_input.as_ref().map(|b| (b, sharing)));
+        let peers = team.exchange(name, &shares)?;
         let status = team.status()?;
         let mut base = CarParams::zeroed_with(rank, world, half, team.timeout_ns());
         base.status = status.ptr;
         base.bufs = peers.column(0);
         base.flags = peers.column(1);
+        if fixed_input.is_some() {
+            base.inputs = peers.column(2);
+        }
         base.counters = counters.ptr().0;
         base.slot_bytes = slot as u64;
         let table = if variant == Variant::PeerTable {
@@ -261,6 +285,7 @@ impl Car {
             barrier,
             _peers: peers.mapped,
             _data: data,
+            fixed_input,
             _flags: flags,
             _counters: counters,
             _table: table,
@@ -330,6 +355,16 @@ impl Car {
                 (&kernels[&dtype], with_norm(params, &norm), norm_dims(grid))
             }
         };
+        if let (None, Some(fixed)) = (call.norm(), &self.fixed_input) {
+            // SAFETY: the destination is this communicator's fixed input buffer, of at least the capacity the call
+            // was checked for, live while `self` is; the source is the caller's (this function's contract). No peer
+            // reads the buffer while the copy runs: peers read it only between barriers 0 and 1 of a call; this
+            // rank's previous kernel, which the copy follows (a Car's calls run one after another, as its device-side
+            // epochs already require), passed barrier 1 only once every peer had signalled it, after its reads; and
+            // no peer reads this call's input before this rank's kernel, after the copy, signals barrier 0
+            // (`car_2shot_k` in kernels/car.cu).
+            unsafe { stream.copy(fixed.ptr(), call.input(), call.bytes())? };
+        }
         // SAFETY: the caller vouches for the call's buffers (this function's contract); the rest of `params` is
         // this communicator's own memory, of at least the capacity the call was checked for.
         unsafe { stream.launch(kernel, dims, &params)? };

@@ -288,3 +288,14 @@ fn a_protocol_that_reads_a_stale_buffer_fails_the_consecutive_call_checks() {
         ["--counts", "8,1000,4099,20000", "--methods", "car_1shot,car_1shot_broken_samehalf", "--num_iters", "5"];
     sweep_fails(3, &args, "car_1shot", "checksum");
 }
+
+/// A two-shot that keeps each shard's sum in its rank's fixed input buffer (upstream's layout, without upstream's
+/// exit barrier) is right in any one call, but a fast rank's next memcpy into that buffer overwrites its sum while a
+/// slow peer still gathers it: the checks of consecutive calls must fail it at every size, while car's two-shot
+/// (sums in the parity halves, so its memcpy needs no exit barrier) passes.
+#[test]
+fn a_two_shot_that_gathers_from_the_fixed_input_buffer_fails_the_consecutive_call_checks() {
+    let args =
+        ["--counts", "8,1000,4099,20000", "--methods", "car_2shot,car_2shot_broken_suminput", "--num_iters", "5"];
+    sweep_fails(3, &args, "car_2shot", "checksum");
+}

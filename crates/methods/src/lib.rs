@@ -135,6 +135,7 @@ pub const METHODS: &[Method] = &[
     // Host driver only: must fail the benchmark's checks of consecutive calls, and of every rank's gather.
     car_row("car_1shot_broken_samehalf", Car1, V::BrokenSameHalf, Broken),
     car_row("car_ag_broken_ringorder", CarAg, V::BrokenRingOrder, Broken),
+    car_row("car_2shot_broken_suminput", Car2, V::BrokenSumInInput, Broken),
 ];
 
 impl Method {
@@ -142,7 +143,9 @@ impl Method {
     /// ([`communicator_buffers`]); NCCL's are NCCL's.
     pub fn buffers(&self) -> Buffers {
         match self.kind {
-            // Two halves (car's data buffer and its flags' allocation rounded to it: counted as two capacities).
+            // Two halves (car's data buffer and its flags' allocation rounded to it: counted as two capacities), and
+            // the two-shot's fixed input buffer, which its memcpy fills before the kernel.
+            Kind::Car(car::Algo::TwoShot, _) => Buffers { capacities: 3, shm: 3 },
             Kind::Car(..) => Buffers { capacities: 2, shm: 2 },
             Kind::Symm(..) => Buffers { capacities: 1, shm: 0 },
             // Registered input and output, two staging halves; the IPC-staged ones keep the halves in /dev/shm.
@@ -478,10 +481,12 @@ mod tests {
 
     #[test]
     fn buffers_count_what_each_builds() {
-        // Communicator::new: car's one-shot, two-shot, reduce-scatter and all-gather (two IPC halves each) and the
-        // tuned designs' four buffers.
-        assert_eq!(communicator_buffers(), Buffers { capacities: 12, shm: 8 });
+        // Communicator::new: car's one-shot, two-shot, reduce-scatter and all-gather (two IPC halves each, and the
+        // two-shot's fixed input buffer) and the tuned designs' four buffers.
+        assert_eq!(communicator_buffers(), Buffers { capacities: 13, shm: 9 });
         assert_eq!(buffers_of("car_1shot@16x512"), Buffers { capacities: 2, shm: 2 });
+        assert_eq!(buffers_of("car_2shot@8x512"), Buffers { capacities: 3, shm: 3 });
+        assert_eq!(buffers_of("car_2shot_3bar"), Buffers { capacities: 3, shm: 3 });
         assert_eq!(buffers_of("symm_zc_2shot_ipc"), Buffers { capacities: 4, shm: 2 });
         assert_eq!(buffers_of("symm_2shot_fused"), Buffers { capacities: 1, shm: 0 });
         assert_eq!(buffers_of("auto"), Buffers::default());
