@@ -136,7 +136,7 @@ def norms():
             seed = calls.seed()
             x = inputs(seed, rank, rows * hidden, dtype).reshape(rows, hidden)
             res0 = inputs(seed, world, rows * hidden, dtype).reshape(rows, hidden)
-            w = inputs(seed, world + 1, hidden, dtype)
+            w = (inputs(seed, world + 1, hidden, dtype).astype(np.float64) + 0.5).astype(dtype)  # near 1, as a model's
             r64 = reference(seed, world, rows * hidden, dtype).reshape(rows, hidden) + res0.astype(np.float64)
             inv = 1.0 / np.sqrt((r64**2).mean(axis=1, keepdims=True) + 1e-5)
             y64 = r64 * inv * w.astype(np.float64)

@@ -121,6 +121,12 @@ fn every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover() {
     });
 }
 
+/// `hidden` weights in [0.5, 1.5), rounded to `dtype`.
+fn shifted_weights(seed: u64, which: usize, hidden: usize, dtype: DType) -> Vec<f32> {
+    let w: Vec<f32> = input_values(seed, which, hidden, dtype).iter().map(|v| v + 0.5).collect();
+    dtype.decode(&dtype.encode(&w)).into_iter().map(|v| v as f32).collect()
+}
+
 /// The residual add and RMSNorm after the sum: fused in car's one-shot and two-shot, unfused (the design's allreduce,
 /// then the norm kernel) after every other design. Rows that do not divide among the ranks, fewer rows than ranks,
 /// odd row lengths; fresh inputs every run, a poisoned output, in place once; r and y within the float64 bound and
@@ -144,7 +150,9 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
             let x = dtype.encode(&input_values(seed, rank, count, dtype));
             // The residual and the weight: every rank the same, as a model's are.
             let res = input_values(seed, world, count, dtype);
-            let w = input_values(seed, world + 1, hidden, dtype);
+            // Weights near 1, as a model's are (weights near 0 would put y among fp16's subnormals, whose relative
+            // rounding no relative bound covers).
+            let w = shifted_weights(seed, world + 1, hidden, dtype);
             stream.upload(&weight, 0, &dtype.encode(&w)).unwrap();
             let (want_r, want_y) =
                 add_rms_norm_reference(&reference(seed, world, count, dtype, 0, count), &res, &w, 1e-5);

@@ -130,7 +130,9 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
         let seed = measure::check::agree_seed(rdv)?;
         let x = dtype.encode(&input_values(seed, rank, count, dtype));
         let res = input_values(seed, world, count, dtype);
-        let w = input_values(seed, world + 1, hidden, dtype);
+        // Weights near 1, as a model's are (near 0, y would fall among fp16's subnormals).
+        let w: Vec<f32> = input_values(seed, world + 1, hidden, dtype).iter().map(|v| v + 0.5).collect();
+        let w: Vec<f32> = dtype.decode(&dtype.encode(&w)).into_iter().map(|v| v as f32).collect();
         stream.upload(&weight, 0, &dtype.encode(&w))?;
         let sum = measure::check::reference(seed, world, count, dtype, 0, count);
         let (want_r, want_y) = add_rms_norm_reference(&sum, &res, &w, args.eps);
