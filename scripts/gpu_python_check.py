@@ -260,7 +260,7 @@ class Check:
                         if bad:
                             self.fail(f"{what}: {part}: {bad} wrong")
                         self.checked += 1
-                    return self.digest(res), self.digest(out)
+                    return self.digest(res.flatten()), self.digest(out.flatten())
                 bits = {a: run(a) for a in ["car_1shot", "car_2shot", "symm_ll", "symm_zc_2shot", None]}
                 if len(set(bits.values())) != 1:
                     self.fail(f"norm {dtype} {tokens}x{hidden}: algorithms differ bitwise: {bits}")
