@@ -54,6 +54,7 @@ class Communicator:
         setup_timeout_s: Optional[float] = None,
         tune_dir: Optional[Union[str, os.PathLike[str]]] = None,
         tune_table: Optional[Union[str, os.PathLike[str]]] = None,
+        device_shared_by: Optional[int] = None,
     ) -> None:
         """A communicator at an explicit place, without a launcher. Collective: every rank of the job calls it.
 
@@ -70,6 +71,8 @@ class Communicator:
             tune_dir: where tune tables are cached [``ALLREDUCE_TUNE_DIR``, ``$XDG_CACHE_HOME/allreduce-rs/tune``,
                 ``~/.cache/allreduce-rs/tune``].
             tune_table: one table file for both modes instead of the cached or built-in ones.
+            device_shared_by: how many ranks in all run kernels on this rank's device at once, where other jobs or
+                communicators share it; the launch caps then leave room for them all [this job's ranks per device].
 
         Raises:
             ArgumentError: a bad job id, place, backend name, capacity or timeout.
@@ -86,6 +89,7 @@ class Communicator:
         setup_timeout_s: Optional[float] = None,
         tune_dir: Optional[Union[str, os.PathLike[str]]] = None,
         tune_table: Optional[Union[str, os.PathLike[str]]] = None,
+        device_shared_by: Optional[int] = None,
     ) -> "Communicator":
         """This rank's communicator, its place read from the launcher's environment: ``python -m
         allreduce_rs.launch``, ``comm-bench launch``, torchrun, OpenMPI's mpirun, srun, MPICH / Intel MPI (with
@@ -127,6 +131,31 @@ class Communicator:
             CapacityError: more bytes than ``capacity_bytes``.
             PeerError: a peer did not arrive (it died, or the deadline passed) or the communicator was aborted:
                 ``ranks`` names them; the communicator has failed, and every later call raises the same.
+        """
+
+    def all_reduce_add_rms_norm(
+        self,
+        tensor: T,
+        residual: T,
+        weight: T,
+        eps: float = 1e-6,
+        *,
+        out: Optional[T] = None,
+        stream: Optional[StreamLike] = None,
+        algorithm: Optional[str] = None,
+    ) -> Tuple[T, T]:
+        """The allreduce serving stacks follow with a residual add and RMSNorm, in one call: ``residual += sum of
+        tensor over every rank`` (in place), then each row of ``weight.numel()`` elements of the residual normalised,
+        ``residual / sqrt(mean(residual**2) + eps) * weight``, into ``out`` (default: ``tensor``). Returns ``(y,
+        residual)``. car's designs do it in their kernel; the others run their allreduce, then a norm kernel: every
+        rank and every algorithm gives the same bits. Tensors as :meth:`all_reduce`'s, all of one dtype, 16-byte
+        aligned; the element count a whole number of rows.
+
+        Raises:
+            ArgumentError: as :meth:`all_reduce`, and a residual of another dtype or size or read-only, a weight of
+                another dtype, rows that do not divide the count or exceed 65,536 elements, ``eps`` not positive and
+                finite, a residual overlapping the tensor, out or weight.
+            CapacityError, PeerError: as :meth:`all_reduce`.
         """
 
     def reduce_scatter(self, input: TensorLike, out: T, *, stream: Optional[StreamLike] = None) -> T:

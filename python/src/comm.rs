@@ -25,6 +25,7 @@ fn options(
     setup_timeout_s: Option<f64>,
     tune_dir: Option<PathBuf>,
     tune_table: Option<PathBuf>,
+    device_shared_by: Option<usize>,
 ) -> PyResult<Options> {
     let seconds = |what: &str, s: Option<f64>| -> PyResult<Option<Duration>> {
         s.map(|s| deadline::seconds(s).map_err(|e| ArgumentError::new_err(format!("{what}: {e}")))).transpose()
@@ -36,7 +37,7 @@ fn options(
         setup_timeout: seconds("setup_timeout_s", setup_timeout_s)?,
         tune_dir,
         tune_table,
-        device_shared_by: None,
+        device_shared_by,
     })
 }
 
@@ -53,9 +54,11 @@ impl PyCommunicator {
     /// the same world_size, job_id (16 to 64 lowercase hex digits; see new_job_id()) and options.
     #[new]
     #[pyo3(signature = (rank, world_size, local_rank, job_id, *, capacity_bytes = DEFAULT_CAPACITY, backend = "auto",
-                        timeout_s = None, setup_timeout_s = None, tune_dir = None, tune_table = None),
+                        timeout_s = None, setup_timeout_s = None, tune_dir = None, tune_table = None,
+                        device_shared_by = None),
                   text_signature = "(rank, world_size, local_rank, job_id, *, capacity_bytes=33554432, backend='auto', \
-                                    timeout_s=None, setup_timeout_s=None, tune_dir=None, tune_table=None)")]
+                                    timeout_s=None, setup_timeout_s=None, tune_dir=None, tune_table=None, \
+                                    device_shared_by=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -69,10 +72,12 @@ impl PyCommunicator {
         setup_timeout_s: Option<f64>,
         tune_dir: Option<PathBuf>,
         tune_table: Option<PathBuf>,
+        device_shared_by: Option<usize>,
     ) -> PyResult<PyCommunicator> {
         let job = ipc::JobId::parse(job_id).map_err(|e| ArgumentError::new_err(format!("job_id: {e}")))?;
         let info = launch::RankInfo::explicit(rank, world_size, local_rank, job).map_err(crate::errors::from_launch)?;
-        let opts = options(capacity_bytes, backend, timeout_s, setup_timeout_s, tune_dir, tune_table)?;
+        let opts =
+            options(capacity_bytes, backend, timeout_s, setup_timeout_s, tune_dir, tune_table, device_shared_by)?;
         PyCommunicator::build(py, Some(info), opts)
     }
 
@@ -80,9 +85,10 @@ impl PyCommunicator {
     /// comm-bench launch, torchrun, OpenMPI's mpirun, srun, MPICH / Intel MPI with ALLREDUCE_JOB_ID). Collective.
     #[staticmethod]
     #[pyo3(signature = (capacity_bytes = DEFAULT_CAPACITY, backend = "auto", timeout_s = None, setup_timeout_s = None,
-                        tune_dir = None, tune_table = None),
+                        tune_dir = None, tune_table = None, device_shared_by = None),
                   text_signature = "(capacity_bytes=33554432, backend='auto', timeout_s=None, setup_timeout_s=None, \
-                                    tune_dir=None, tune_table=None)")]
+                                    tune_dir=None, tune_table=None, device_shared_by=None)")]
+    #[allow(clippy::too_many_arguments)]
     fn from_env(
         py: Python<'_>,
         capacity_bytes: usize,
@@ -91,8 +97,10 @@ impl PyCommunicator {
         setup_timeout_s: Option<f64>,
         tune_dir: Option<PathBuf>,
         tune_table: Option<PathBuf>,
+        device_shared_by: Option<usize>,
     ) -> PyResult<PyCommunicator> {
-        let opts = options(capacity_bytes, backend, timeout_s, setup_timeout_s, tune_dir, tune_table)?;
+        let opts =
+            options(capacity_bytes, backend, timeout_s, setup_timeout_s, tune_dir, tune_table, device_shared_by)?;
         PyCommunicator::build(py, None, opts)
     }
 

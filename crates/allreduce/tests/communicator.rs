@@ -416,6 +416,36 @@ fn explicit_coordinates_and_a_missing_launcher() {
 
 /// Half of a 2-node torchrun job (and a 16-rank one, over the one-node limit) is told at once that it spans nodes,
 /// instead of waiting the set-up deadline for ranks that could never come through this node's shared memory.
+/// Ranks of other jobs on the device (`Options::device_shared_by`): taken where more than the job's own, agreed by
+/// every rank (a rank that says otherwise is named), and refused when 0.
+#[test]
+fn ranks_sharing_the_device_are_declared_and_agreed() {
+    as_job("ranks_sharing_the_device_are_declared_and_agreed", 2, |info| {
+        let opts = |n| Options {
+            backend: gpu::Backend::Host,
+            capacity_bytes: 4096,
+            device_shared_by: n,
+            ..Options::default()
+        };
+        let e = Communicator::new(info.clone(), opts(Some(0))).err();
+        assert!(matches!(&e, Some(Error::BadArgs(m)) if m.contains("device_shared_by")), "{e:?}");
+        let comm = Communicator::new(info.clone(), opts(Some(5))).unwrap();
+        assert_eq!(comm.device_shared_by(), 5);
+        let mut x = vec![1.0f32; 64];
+        comm.all_reduce_host_in_place(&mut x).unwrap();
+        assert!(x.iter().all(|&v| v == 2.0));
+        drop(comm);
+        // A second job of the same ranks (its id derived alike on each), where rank 1 says 3.
+        let id = info.job.as_str();
+        let last = if id.ends_with('0') { "1" } else { "0" };
+        let mut again = info.clone();
+        again.job = ipc::JobId::parse(&format!("{}{last}", &id[..id.len() - 1])).unwrap();
+        let n = if again.rank == 1 { 3 } else { 5 };
+        let e = Communicator::new(again, opts(Some(n))).err();
+        assert!(matches!(&e, Some(Error::Mismatch(m)) if m.contains("device_shared_by")), "{e:?}");
+    });
+}
+
 #[test]
 fn a_job_that_spans_nodes_is_refused_at_once() {
     for (world, local) in [("8", "4"), ("16", "8")] {

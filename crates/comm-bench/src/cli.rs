@@ -167,6 +167,10 @@ pub struct BenchArgs {
     /// The tune table `auto` follows [default: the built-in one].
     #[arg(long = "tune_table", alias = "tune-table")]
     pub tune_table: Option<PathBuf>,
+    /// How many ranks in all run kernels on each device at once, where other jobs share it: the launch caps leave
+    /// room for them all [default: this job's ranks per device].
+    #[arg(long = "device_shared_by", alias = "device-shared-by", allow_negative_numbers = true, value_parser = whole(1, 1024))]
+    pub device_shared_by: Option<u64>,
     /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
     #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub timeout_s: Option<f64>,
@@ -293,6 +297,7 @@ impl BenchArgs {
             },
             report: self.report,
             car_uncached: self.car_memory == CarMemory::Uncached,
+            device_shared_by: self.device_shared_by.map(|n| n as usize),
             timeout: self.timeout_s.map(Duration::from_secs_f64),
             setup_timeout: self.setup_timeout_s.map(Duration::from_secs_f64),
             tune_table: self.tune_table.clone(),

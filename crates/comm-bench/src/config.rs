@@ -72,6 +72,8 @@ pub struct SweepConfig {
     pub setup_timeout: Option<Duration>,
     /// The one table `auto` follows, instead of the cached or built-in ones.
     pub tune_table: Option<PathBuf>,
+    /// Ranks in all that run kernels on each device (`Options::device_shared_by`).
+    pub device_shared_by: Option<usize>,
 }
 
 impl SweepConfig {

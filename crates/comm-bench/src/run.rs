@@ -38,7 +38,7 @@ pub(crate) fn options(cfg: &SweepConfig) -> Result<Options, BenchError> {
         setup_timeout: cfg.setup_timeout,
         tune_dir: None,
         tune_table: cfg.tune_table.clone(),
-        device_shared_by: None,
+        device_shared_by: cfg.device_shared_by,
     })
 }
 

@@ -348,8 +348,7 @@ pub fn build<'a>(
 /// `f` given the team methods are built from on `comm`'s device and ranks (and told what its placement lacks).
 pub fn with_team<R>(comm: &Communicator, f: impl FnOnce(Team<'_>) -> R) -> R {
     let why = comm.placement().missing_peer_atomics();
-    f(Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device)
-        .with_missing_peer_atomics(why.as_deref()))
+    f(Team::new(comm.gpu(), comm.rendezvous(), comm.device_shared_by()).with_missing_peer_atomics(why.as_deref()))
 }
 
 fn build_kind<'a>(

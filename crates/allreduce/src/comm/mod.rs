@@ -97,11 +97,18 @@ pub struct Communicator {
     own: Stream,
     last: Cell<Option<Algorithm>>,
     capacity: usize,
+    /// Ranks whose kernels share each of this communicator's devices (its launch caps leave room for all).
+    device_shared_by: usize,
     tune_dir: Option<PathBuf>,
     placement: Placement,
     notes: Vec<String>,
     rdv: Rendezvous,
     gpu: Gpu,
+}
+
+/// Ranks whose kernels share each device: the communicator's own per device, or what the options say if more.
+fn sharers(placement: &Placement, opts: &Options) -> usize {
+    placement.ranks_per_device.max(opts.device_shared_by.unwrap_or(1))
 }
 
 /// The part of a communicator its calls change.
@@ -138,6 +145,9 @@ impl Communicator {
         };
         if opts.capacity_bytes == 0 {
             return Err(Error::BadArgs("capacity_bytes must be at least 1".into()));
+        }
+        if opts.device_shared_by == Some(0) {
+            return Err(Error::BadArgs("device_shared_by must be at least 1 (the ranks sharing a device)".into()));
         }
         // Said at once: the ranks on other nodes could never arrive through this node's shared memory.
         if let Some(here) = info.spans_nodes() {
@@ -180,6 +190,7 @@ impl Communicator {
                     own,
                     last: Cell::new(None),
                     capacity: opts.capacity_bytes,
+                    device_shared_by: sharers(&placement, &opts),
                     tune_dir: opts.tune_dir.or_else(tune::cache_dir),
                     placement,
                     notes,
@@ -271,8 +282,7 @@ impl Communicator {
             );
         }
         let watch = Watch::start(&gpu, watched)?;
-        let sharers = placement.ranks_per_device.max(opts.device_shared_by.unwrap_or(1));
-        let team = Team::new(&gpu, rdv, sharers)
+        let team = Team::new(&gpu, rdv, sharers(&placement, opts))
             .with_kernel_timeout(timeout)
             .with_missing_peer_atomics(no_atomics.as_deref())
             .with_status(watch.status());
@@ -309,6 +319,11 @@ impl Communicator {
     /// Which device every rank runs on.
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+    /// How many ranks run kernels on each of this communicator's devices: its own per device, or
+    /// [`Options::device_shared_by`] where that is more. Every design's launch caps leave room for all of them.
+    pub fn device_shared_by(&self) -> usize {
+        self.device_shared_by
     }
     /// What set-up decided on the caller's behalf (drivers passed over, built-in tables in use).
     pub fn notes(&self) -> &[String] {
