@@ -355,6 +355,9 @@ def wrong_construction():
     expect(A, lambda: ar.Communicator(0, 1, 0, ar.new_job_id(), timeout_s=-1), "timeout_s")
     expect(A, lambda: ar.Communicator(0, 1, 0, ar.new_job_id(), capacity_bytes=0, backend="host"), "capacity_bytes")
     expect(ar.UnsupportedError, lambda: ar.Communicator(0, 9, 0, ar.new_job_id(), backend="host"), "9 ranks")
+    expect(A, lambda: ar.Communicator(0, 1, 0, ar.new_job_id(), backend="host", device_shared_by=0), "device_shared_by")
+    with ar.Communicator(0, 1, 0, ar.new_job_id(), backend="host", device_shared_by=3) as solo:
+        solo.all_reduce(np.ones(16, np.float32))
     return 0
 
 
