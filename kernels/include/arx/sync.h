@@ -36,8 +36,12 @@ struct Spin {
     bool failed;
     __device__ __forceinline__ bool check(u32 peer, u32 what) {
         if ((++n & 1023u) != 0) return true;
+        // The clock is read only here, on the slow path: a wait that ends within its first polls (every packet of
+        // the LL designs, most flag waits) never reads it. The deadline counts from the first slow check.
+        u64 now = timer_ns();
+        if (start == 0) start = now;
         bool aborted = ld_relaxed_sys(status) != 0;
-        if (!aborted && timer_ns() - start <= timeout) return true;
+        if (!aborted && now - start <= timeout) return true;
         // The first failure of a call is what the host reports; a later one's record would describe the same stall.
         if (!aborted && ld_relaxed_sys(status + 1) == 0) {
             st_relaxed_sys(status + 2, peer);
@@ -49,7 +53,7 @@ struct Spin {
         return false;
     }
 };
-ARX_DEV Spin spin_start(u64 timeout_ns, u64 status) { return Spin{timer_ns(), timeout_ns, (u64*)status, 0, false}; }
+ARX_DEV Spin spin_start(u64 timeout_ns, u64 status) { return Spin{0, timeout_ns, (u64*)status, 0, false}; }
 
 // Waits until the epoch word *p reaches `epoch`, then acquires what its writer released; false when the wait ended
 // without it (the communicator aborted, or the deadline passed: recorded as waiting for `peer`, `what`).
