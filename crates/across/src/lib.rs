@@ -317,6 +317,16 @@ impl Across {
     }
 }
 
+/// The placement report of a job over nodes: this rank's place among the nodes, then its node's placement.
+impl fmt::Display for Across {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.topology;
+        writeln!(f, "# nodes: {} of {} ranks each; {t}", t.nodes(), t.local_world())?;
+        writeln!(f, "# this node's ranks: {:?}; this rank's rail across nodes: {:?}", t.node_group(), t.rail())?;
+        write!(f, "{}", self.local.placement())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

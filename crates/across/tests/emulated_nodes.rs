@@ -144,6 +144,7 @@ fn emulated_nodes_run_every_collective_exactly() {
         }
         stream.sync().unwrap();
         if rank == 0 {
+            print!("{across}");
             println!("emulated nodes: {nodes} x {l} ranks, {checked} results checked on every rank, the same bits everywhere");
         }
     });

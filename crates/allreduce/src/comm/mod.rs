@@ -500,6 +500,7 @@ impl Communicator {
         let algo = unsafe { self.issue(call.without_norm(), algo, stream)? };
         let mut state = self.state.borrow_mut();
         let k = state.caller_stream(&self.gpu, stream)?;
+        // SAFETY: the caller's contract; the allreduce before it on this stream wrote the sum into the output.
         unsafe { self.engine.enqueue_norm(&call, &state.streams[k].1) }.map_err(|e| self.poisoned_by(e.into()))?;
         Ok(algo)
     }
