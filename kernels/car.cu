@@ -31,7 +31,7 @@ struct CarParams {
     u64 bias;    // allreduce: added to every sum after the ranks' inputs (car's `z`), or 0
     u64 residual;  // the *_norm kernels (arx/norm.h): residual, written back as r
     u64 weight;    // ... the norm's weight, `hidden` elements
-    u32 hidden;    // ... elements of a row
+    u32 hidden;    // ... elements of a row (and car_rs_cols' row)
     float eps;
     u64 inputs[ARX_MAX_RANKS];  // car_2shot_k: every rank's fixed input buffer, which the host fills before the kernel
 };
@@ -177,6 +177,23 @@ template <int DT> ARX_DEV void car_rs(CarParams p) {
     reduce_range<DT>(views, p.world, (void*)out, mine);
 }
 
+// Reduce-scatter along the last dimension (car's split_last_dim): rows of p.hidden elements, rank r's shard is
+// columns [r * hidden / W, (r + 1) * hidden / W) of every row, written densely. Blocks own whole rows: copy in,
+// barrier, sum this rank's columns of them.
+template <int DT> ARX_DEV void car_rs_cols(CarParams p) {
+    typedef Elem<DT> E;
+    u64 epoch = car_next_epoch(p);
+    u64 views[ARX_MAX_RANKS];
+    car_views<0>(p, epoch, views);
+    u64 n = p.hidden, cols = n / p.world;
+    Range mine = row_range(Range{0, p.count / n}, blockIdx.x, gridDim.x);
+    copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], Range{mine.lo * n, mine.hi * n});
+    if (!car_barrier<0>(p, 0, epoch)) return;
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
+            E::store((void*)p.output, row * cols + c, sum_at<DT, false>(views, p.world, row * n + p.rank * cols + c, 0));
+}
+
 // All-gather: block b copies its slice of this rank's input into its buffer, then the same slice of every rank's
 // buffer s to output + s * count elements (one-shot's copy-in, with copies out in place of the sum).
 template <int DT> ARX_DEV void car_ag(CarParams p) {
@@ -249,6 +266,7 @@ ARX_KERNEL void car_barrier_only(CarParams p) { car_barrier<0>(p, 0, car_next_ep
 ARX_INSTANTIATE_K(car_1shot, car_1shot_k, 0, CarParams)
 ARX_INSTANTIATE_K(car_2shot, car_2shot_k, 0, CarParams)
 ARX_INSTANTIATE(car_rs, CarParams)
+ARX_INSTANTIATE(car_rs_cols, CarParams)
 ARX_INSTANTIATE(car_ag, CarParams)
 ARX_INSTANTIATE(car_1shot_norm, CarParams)
 ARX_INSTANTIATE(car_2shot_norm, CarParams)

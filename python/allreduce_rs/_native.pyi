@@ -158,9 +158,13 @@ class Communicator:
             CapacityError, PeerError: as :meth:`all_reduce`.
         """
 
-    def reduce_scatter(self, input: TensorLike, out: T, *, stream: Optional[StreamLike] = None) -> T:
+    def reduce_scatter(
+        self, input: TensorLike, out: T, *, split_last_dim: bool = False, stream: Optional[StreamLike] = None
+    ) -> T:
         """Rank r receives elements ``[r * n / W, (r + 1) * n / W)`` of the sum of every rank's ``input`` (``n``
         elements, divisible by the world size ``W``) in ``out`` (``n / W`` elements, disjoint from ``input``).
+        With ``split_last_dim``, ``input`` of shape ``[..., N]`` (``N`` divisible by ``W``) gives rank r the columns
+        ``[r * N / W, (r + 1) * N / W)`` of every row, densely in ``out`` (car's ``split_last_dim``, in the kernel).
         Returns ``out``. Devices, streams and errors as :meth:`all_reduce`."""
 
     def all_gather(self, input: TensorLike, out: T, *, stream: Optional[StreamLike] = None) -> T:

@@ -154,12 +154,7 @@ def _reduce_scatter(x: torch.Tensor, group: str, split_last_dim: bool = False) -
     comm = communicator(group)
     world = comm.world_size
     out = x.new_empty(_shard_shape(x, world, split_last_dim))
-    if split_last_dim:
-        # Rank r's columns are strided in x; laid out as [W, rows, N/W] (one copy of x) they are block r of a flat
-        # reduce-scatter, which the kernels do.
-        n = x.shape[-1]
-        x = x.reshape(-1, world, n // world).transpose(0, 1)
-    comm.reduce_scatter(x.contiguous(), out)
+    comm.reduce_scatter(x.contiguous(), out, split_last_dim=split_last_dim)
     return out
 
 
@@ -251,7 +246,7 @@ def reduce_scatter(x: torch.Tensor, group: str, split_last_dim: bool = False) ->
     gives rank r the rows ``[r * d0 / W, (r + 1) * d0 / W)``, shape ``[d0 / W, ...]``, with no copy of a
     contiguous ``x``. With ``split_last_dim`` the last dimension is split: ``[..., N]`` with ``N`` divisible by
     ``W`` gives rank r the columns ``[r * N / W, (r + 1) * N / W)``, shape ``[..., N / W]`` (as a column-parallel
-    layer's output is split); this costs one extra copy of ``x``, which lays each rank's columns out densely.
+    layer's output is split), gathered densely inside the kernel.
 
     Raises:
         ArgumentError: the dimension to split does not divide by the world size (or ``x`` is 0-dimensional).

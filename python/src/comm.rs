@@ -174,15 +174,34 @@ impl PyCommunicator {
 
     /// Reduce-scatter: rank r receives elements [r * n / W, (r + 1) * n / W) of the sum of every rank's `input`
     /// (n elements, divisible by the world size) in `out` (n / W elements); returns `out`.
-    #[pyo3(signature = (input, out, *, stream = None))]
+    ///
+    /// With `split_last_dim`, the last dimension is split instead (car's `split_last_dim`): `input` of shape
+    /// `[..., N]`, N divisible by the world size, gives rank r the columns `[r * N / W, (r + 1) * N / W)` of every
+    /// row in `out` (`numel / W` elements, densely: shape `[..., N / W]`), inside the kernel.
+    #[pyo3(signature = (input, out, *, split_last_dim = false, stream = None))]
     fn reduce_scatter<'py>(
         &self,
         py: Python<'py>,
         input: &Bound<'py, PyAny>,
         out: &Bound<'py, PyAny>,
+        split_last_dim: bool,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.issue_into(py, Op::ReduceScatter, input, out, stream)
+        if !split_last_dim {
+            return self.issue_into(py, Op::ReduceScatter, input, out, stream);
+        }
+        let row_len: usize = input.getattr("shape")?.get_item(-1)?.extract()?;
+        let (input, output) = self.output_args(Op::ReduceScatter, input, out)?;
+        let handle = self.stream_handle(py, stream)?;
+        let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.ptr));
+        let call = self.with(|state| {
+            let call = state.comm.call(Op::ReduceScatter, input.dtype, i, o, input.count).map_err(from_error)?;
+            call.with_split_last_dim(row_len).map_err(|e| from_error(e.into()))
+        })?;
+        let req =
+            Request { op: Op::ReduceScatter, algo: None, input, output: Some(output), bias: None, call: Some(call) };
+        self.issue(py, &req, handle)?;
+        Ok(req.output.expect("given above").obj.into_bound(py))
     }
 
     /// All-gather: every rank receives every rank's `input` (n elements) in rank order in `out` (W * n elements of

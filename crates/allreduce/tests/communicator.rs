@@ -190,6 +190,58 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
     });
 }
 
+/// A reduce-scatter split along the last dimension: rank r's columns of every row, densely, within the float64 bound
+/// and bitwise the allreduce's columns; rows of any count, row lengths of any multiple of the world size.
+#[test]
+fn reduce_scatter_along_the_last_dimension_gives_each_rank_its_columns() {
+    as_job("reduce_scatter_along_the_last_dimension_gives_each_rank_its_columns", ranks(3), |info| {
+        let capacity = 1 << 20;
+        let comm = comm_on(backend(), info, capacity);
+        let (rank, world) = (comm.rank(), comm.world());
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let [input, output, sum] = [0; 3].map(|_| gpu.alloc(capacity, MemKind::Device).unwrap());
+        for dtype in DType::ALL {
+            for (rows, row_len) in [(1, world), (5, world * 4), (7, world * 100), (64, world * 512)] {
+                let count = rows * row_len;
+                if count * dtype.size() > capacity {
+                    continue;
+                }
+                let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
+                stream.upload(&input, 0, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
+                stream.fill(&output, 0xFF).unwrap();
+                // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+                unsafe {
+                    let s = stream.handle();
+                    comm.reduce_scatter_last_dim(input.ptr(), output.ptr(), count, row_len, dtype, s).unwrap();
+                    comm.all_reduce(input.ptr(), sum.ptr(), count, dtype, s).unwrap();
+                }
+                let cols = row_len / world;
+                let (mut got, mut all) = (vec![0u8; count / world * dtype.size()], vec![0u8; count * dtype.size()]);
+                stream.download(&output, 0, &mut got).unwrap();
+                stream.download(&sum, 0, &mut all).unwrap();
+                let want = reference(seed, world, count, dtype, 0, count);
+                let (es, mine) = (dtype.size(), rank * cols);
+                let mut want_cols = Vec::new();
+                for row in 0..rows {
+                    let at = row * row_len + mine;
+                    want_cols.extend_from_slice(&want[at..at + cols]);
+                    let theirs = &all[at * es..(at + cols) * es];
+                    assert_eq!(
+                        &got[row * cols * es..(row + 1) * cols * es],
+                        theirs,
+                        "{dtype} {rows}x{row_len} row {row}"
+                    );
+                }
+                let v = measure::check::compare(&dtype.decode(&got), &want_cols, tolerance(dtype, world, false));
+                assert_eq!(v.wrong, 0, "{dtype} {rows}x{row_len}: {v:?}");
+            }
+        }
+        let e = comm.call(Op::ReduceScatter, DType::F32, input.ptr(), output.ptr(), world * 6).unwrap();
+        assert!(matches!(e.with_split_last_dim(world * 6 + 1), Err(CallError::SplitLastDim { .. })));
+    });
+}
+
 #[test]
 fn bad_calls_get_typed_errors_before_any_work() {
     as_job("bad_calls_get_typed_errors_before_any_work", ranks(2), |info| {

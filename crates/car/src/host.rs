@@ -28,6 +28,7 @@ kernels! {
     "car_1shot" => one_shot,
     "car_2shot" => two_shot,
     "car_rs" => reduce_scatter,
+    "car_rs_cols" => reduce_scatter_cols,
     "car_ag" => all_gather,
     "car_1shot_norm" => one_shot_norm,
     "car_2shot_norm" => two_shot_norm,
@@ -51,6 +52,7 @@ enum CarKernel {
     AllGather,
     OneShotNorm,
     TwoShotNorm,
+    ReduceScatterCols,
 }
 
 /// The kernels' `K` bits.
@@ -84,6 +86,9 @@ fn reduce_scatter(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn all_gather(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_ag", CarKernel::AllGather, Knobs::default())
+}
+fn reduce_scatter_cols(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    run(l, "car_rs_cols", CarKernel::ReduceScatterCols, Knobs::default())
 }
 fn one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     run(l, "car_1shot_norm", CarKernel::OneShotNorm, Knobs::default())
@@ -258,6 +263,20 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 for s in 0..call.world {
                     let src = if knobs.ring_order { (call.rank + s) % call.world } else { s };
                     call.copy(views[src], at(p.output, s * count) as u64, r);
+                }
+            }
+            CarKernel::ReduceScatterCols => {
+                let n = p.hidden as usize;
+                let cols = n / call.world;
+                let rows = row_range((0, count / n), b, grid);
+                call.copy(p.input, mine, (rows.0 * n, rows.1 * n));
+                call.barrier(b, 0, epoch)?;
+                let first = call.rank * cols;
+                for row in rows.0..rows.1 {
+                    // Sources shifted so that the sum's element `row * n + first + c` is their element `c`.
+                    let shift = ((row * n + first) * size) as u64;
+                    let srcs: Vec<u64> = views.iter().map(|&v| v + shift).collect();
+                    call.reduce(&srcs, (0, cols), at(p.output, row * cols));
                 }
             }
             CarKernel::OneShotNorm => {

@@ -170,9 +170,10 @@ pub struct Car {
     cap: usize,
     base: CarParams,
     kernels: HashMap<DType, Kernel>,
-    /// Car's own one-shot and two-shot carry the residual add and RMSNorm: their fused kernels, and how many blocks
-    /// of [`NORM_LANES`] threads fit beside the peers.
-    norm: Option<(HashMap<DType, Kernel>, usize)>,
+    /// The kernels whose blocks own whole rows, and how many blocks of [`NORM_LANES`] threads fit beside the
+    /// peers: car's own one-shot's and two-shot's with the residual add and RMSNorm fused, the reduce-scatter's split
+    /// along the last dimension.
+    by_rows: Option<(HashMap<DType, Kernel>, usize)>,
     barrier: Kernel,
     _peers: Vec<DeviceBuffer>,
     _data: DeviceBuffer,
@@ -260,13 +261,18 @@ impl Car {
         let barrier = module.kernel("car_barrier_only")?;
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
         let cap = team.resident_cap(name, &kernels[&DType::Bf16], rule.threads)?;
-        let norm = match (variant, algo) {
-            (Variant::Base, Algo::OneShot | Algo::TwoShot) => {
-                let fused = per_dtype(&module, &format!("{stem}_norm"))?;
-                let cap = team.resident_cap(name, &fused[&DType::Bf16], NORM_LANES as u32)?;
-                Some((fused, cap))
-            }
+        let rows_stem = match (variant, algo) {
+            (Variant::Base, Algo::OneShot | Algo::TwoShot) => Some(format!("{stem}_norm")),
+            (Variant::Base, Algo::ReduceScatter) => Some(format!("{stem}_cols")),
             _ => None,
+        };
+        let by_rows = match rows_stem {
+            Some(rows_stem) => {
+                let kernels = per_dtype(&module, &rows_stem)?;
+                let cap = team.resident_cap(name, &kernels[&DType::Bf16], NORM_LANES as u32)?;
+                Some((kernels, cap))
+            }
+            None => None,
         };
         if let Some(asked) = opts.rule {
             asked.check_requested(name, cap, world)?;
@@ -281,7 +287,7 @@ impl Car {
             cap,
             base,
             kernels,
-            norm,
+            by_rows,
             barrier,
             _peers: peers.mapped,
             _data: data,
@@ -339,20 +345,28 @@ impl Car {
         let (input, output, count) = (call.input().0, call.output().0, call.count() as u64);
         let bias = call.bias().map_or(0, |b| b.0);
         let params = CarParams { input, output, count, dtype: dtype.code(), bias, ..self.base };
-        let (kernel, params, dims) = match call.norm() {
-            None => {
+        let by_rows = || {
+            self.by_rows.as_ref().ok_or_else(|| {
+                CollectiveError::Unsupported(format!("{} has no kernels that own whole rows", self.name))
+            })
+        };
+        // A block per row (per row of a rank's shard, two-shot), as many as fit.
+        let grid = |rows: usize, cap: usize| rows.clamp(1, cap.min(MAX_BLOCKS)) as u32;
+        let (kernel, params, dims) = match (call.norm(), call.split_last_dim()) {
+            (Some(norm), _) => {
+                let (kernels, cap) = by_rows()?;
+                let rows = norm.rows(call.count());
+                let rows = if self.algo == Algo::TwoShot { rows.div_ceil(call.world()) } else { rows };
+                (&kernels[&dtype], with_norm(params, &norm), norm_dims(grid(rows, *cap)))
+            }
+            (None, Some(row_len)) => {
+                let (kernels, cap) = by_rows()?;
+                let params = CarParams { hidden: row_len as u32, ..params };
+                (&kernels[&dtype], params, norm_dims(grid(call.count() / row_len, *cap)))
+            }
+            (None, None) => {
                 let plan = self.rule.plan(call.bytes(), self.cap);
                 (&self.kernels[&dtype], params, LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 })
-            }
-            Some(norm) => {
-                let (kernels, cap) = self.norm.as_ref().ok_or_else(|| {
-                    CollectiveError::Unsupported(format!("{} does not carry the residual add and RMSNorm", self.name))
-                })?;
-                // A block per row (per row of a rank's shard, two-shot), as many as fit.
-                let rows = norm.rows(call.count());
-                let per_block = if self.algo == Algo::TwoShot { rows.div_ceil(call.world()) } else { rows };
-                let grid = per_block.clamp(1, (*cap).min(MAX_BLOCKS)) as u32;
-                (&kernels[&dtype], with_norm(params, &norm), norm_dims(grid))
             }
         };
         if let (None, Some(fixed)) = (call.norm(), &self.fixed_input) {

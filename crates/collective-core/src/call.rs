@@ -81,6 +81,11 @@ pub enum CallError {
     NormRows { count: usize, hidden: usize },
     #[error("eps must be positive and finite, not {eps}")]
     NormEps { eps: f32 },
+    #[error(
+        "a {op} split along the last dimension takes rows of {row_len} elements that divide among {world} ranks, \
+         {count} elements in all"
+    )]
+    SplitLastDim { op: Op, count: usize, row_len: usize, world: usize },
     #[error("{what} {ptr:#x} (+{bytes} bytes) overlaps the {other} {other_ptr:#x}: the norm writes one while it reads the other")]
     NormOverlap { what: &'static str, ptr: u64, bytes: usize, other: &'static str, other_ptr: u64 },
 }
@@ -122,6 +127,8 @@ pub struct Call {
     residency: Residency,
     bias: Option<DevicePtr>,
     norm: Option<AddRmsNorm>,
+    /// A reduce-scatter split along the last dimension: the row length.
+    last_dim: Option<usize>,
 }
 
 impl Call {
@@ -231,6 +238,22 @@ impl Call {
             }
         }
         Ok(Call { norm: Some(norm), ..self })
+    }
+
+    /// The same reduce-scatter split along the last dimension (car's `split_last_dim`): the input is rows of
+    /// `row_len` elements, and rank r receives columns `[r * row_len / W, (r + 1) * row_len / W)` of every row,
+    /// densely (rows x row_len / W). `row_len` divides the count and is divisible by the world size.
+    pub fn with_split_last_dim(self, row_len: usize) -> Result<Call, CallError> {
+        let (op, count, world) = (self.op, self.count, self.world);
+        if op != Op::ReduceScatter || row_len == 0 || !count.is_multiple_of(row_len) || !row_len.is_multiple_of(world) {
+            return Err(CallError::SplitLastDim { op, count, row_len, world });
+        }
+        Ok(Call { last_dim: Some(row_len), ..self })
+    }
+
+    /// The row length of a reduce-scatter split along the last dimension, if it is one.
+    pub fn split_last_dim(&self) -> Option<usize> {
+        self.last_dim
     }
 
     /// The residual add and RMSNorm that follow the sum, if any.
@@ -382,6 +405,19 @@ mod tests {
         assert!(matches!(with_bias.with_add_rms_norm(ok), Err(CallError::NormNotPlainAllReduce { bias: true, .. })));
         let rs = call(Op::ReduceScatter, DType::F32, P.0, P.0 + 64, 16).unwrap();
         assert!(matches!(rs.with_add_rms_norm(ok), Err(CallError::NormNotPlainAllReduce { bias: false, .. })));
+    }
+
+    #[test]
+    fn a_split_along_the_last_dimension_is_checked() {
+        // 24 f32 to 4 ranks: rows of 8 (2 columns each) pass, rows of 6 do not divide among 4, rows of 5 not the count.
+        let rs = call(Op::ReduceScatter, DType::F32, P.0, P.0 + 128, 24).unwrap();
+        assert_eq!(rs.with_split_last_dim(8).unwrap().split_last_dim(), Some(8));
+        assert_eq!(rs.split_last_dim(), None);
+        for bad in [6, 5, 0] {
+            assert!(matches!(rs.with_split_last_dim(bad), Err(CallError::SplitLastDim { .. })), "{bad}");
+        }
+        let ar = call(Op::AllReduce, DType::F32, P.0, P.0, 24).unwrap();
+        assert!(matches!(ar.with_split_last_dim(8), Err(CallError::SplitLastDim { op: Op::AllReduce, .. })));
     }
 
     #[test]

@@ -523,6 +523,26 @@ impl Communicator {
         unsafe { self.issue(call, None, stream) }
     }
 
+    /// Enqueues a reduce-scatter split along the last dimension (car's `split_last_dim`): `input` holds rows of
+    /// `row_len` elements (`count` in all), and rank r receives columns `[r * row_len / W, (r + 1) * row_len / W)`
+    /// of every row in `output`, densely (`count / W` elements). `row_len` divides `count` and divides by `W`.
+    ///
+    /// # Safety
+    /// As [`Communicator::issue`].
+    pub unsafe fn reduce_scatter_last_dim(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        row_len: usize,
+        dtype: DType,
+        stream: u64,
+    ) -> Result<Algorithm, Error> {
+        let call = self.call(Op::ReduceScatter, dtype, input, output, count)?.with_split_last_dim(row_len)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.issue(call, None, stream) }
+    }
+
     /// Enqueues an all-gather: every rank receives every rank's `count` elements in rank order in `output`
     /// (`count * W` elements, rank r's from element `r * count`); input and output may not overlap.
     ///
