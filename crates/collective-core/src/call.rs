@@ -175,10 +175,10 @@ impl Call {
             residency: Residency::Caller,
             bias: None,
             norm: None,
+            last_dim: None,
         })
     }
 
-    /// The same call on buffers that live in `residency` (the caller's memory unless said otherwise).
     /// The same allreduce with `bias` (as many elements of the call's dtype as the input) added to every sum after
     /// the ranks' inputs, as car's `z`: every rank passes its own bias (the same values, or the ranks' results
     /// differ), 16-byte aligned, apart from the output.
@@ -266,6 +266,7 @@ impl Call {
         Call { norm: None, ..self }
     }
 
+    /// The same call on buffers that live in `residency` (the caller's memory unless said otherwise).
     pub fn in_residency(self, residency: Residency) -> Call {
         Call { residency, ..self }
     }
