@@ -178,7 +178,18 @@ impl Across {
         };
         let capacity = opts.capacity_bytes;
         let opts = Options { device_shared_by: Some(on_host.div_ceil(devices)), ..opts };
-        let local = Communicator::new(local_info, opts)?;
+        // Every rank says whether its node's communicator came up before any rank enters ncclCommInitRank, which
+        // waits with no deadline for every rank of its communicator: a rank that failed stops the others here.
+        let local = Communicator::new(local_info, opts);
+        let ready = match &local {
+            Ok(_) => Vec::new(),
+            Err(e) => format!("its node's communicator failed: {e}").into_bytes(),
+        };
+        let all = bootstrap::all_gather(&bootstrap, info.rank, info.world, info.job.as_str(), &ready)?;
+        if let Some((r, why)) = all.iter().enumerate().find(|(_, b)| !b.is_empty()) {
+            return Err(Error::Setup(format!("rank {r}: {}", String::from_utf8_lossy(why))));
+        }
+        let local = local?;
         let id = |b: &SetupBlob, rail: bool, r: usize| {
             let id = if rail { &b.rail_id } else { &b.job_id };
             id.clone().ok_or_else(|| Error::Setup(format!("rank {r} sent no {} id", if rail { "rail" } else { "job" })))
