@@ -120,12 +120,7 @@ impl Across {
             ));
         }
         let topology = Topology::of(&info)?;
-        let setup = match opts.setup_timeout {
-            Some(t) => t,
-            None => deadline::seconds_from_env(deadline::SETUP_TIMEOUT_ENV)
-                .map_err(Error::BadArgs)?
-                .unwrap_or(std::time::Duration::from_secs(60)),
-        };
+        let (_, setup) = opts.timeouts()?;
         let bootstrap = bootstrap::BootstrapOptions::from_env(setup)?;
         let (l, node) = (topology.local_world(), topology.node());
         let job = node_job(&info.job, node);

@@ -49,6 +49,24 @@ pub struct Options {
     pub device_shared_by: Option<usize>,
 }
 
+impl Options {
+    /// The call timeout and the set-up timeout these options give: each as set, else from the environment, else
+    /// the defaults (10 s; six times the call timeout, at least 60 s).
+    pub fn timeouts(&self) -> Result<(Duration, Duration), Error> {
+        let timeout = match self.timeout {
+            Some(t) => t,
+            None => deadline::timeout_from_env().map_err(Error::BadArgs)?,
+        };
+        let setup = match self.setup_timeout {
+            Some(t) => t,
+            None => deadline::seconds_from_env(deadline::SETUP_TIMEOUT_ENV)
+                .map_err(Error::BadArgs)?
+                .unwrap_or((timeout * 6).max(Duration::from_secs(60))),
+        };
+        Ok((timeout, setup))
+    }
+}
+
 impl Default for Options {
     fn default() -> Options {
         Options {
@@ -133,16 +151,7 @@ impl Communicator {
 
     /// This rank's communicator at an explicit place. Collective: every rank of the job calls it.
     pub fn new(info: RankInfo, opts: Options) -> Result<Communicator, Error> {
-        let timeout = match opts.timeout {
-            Some(t) => t,
-            None => deadline::timeout_from_env().map_err(Error::BadArgs)?,
-        };
-        let setup = match opts.setup_timeout {
-            Some(t) => t,
-            None => deadline::seconds_from_env(deadline::SETUP_TIMEOUT_ENV)
-                .map_err(Error::BadArgs)?
-                .unwrap_or((timeout * 6).max(Duration::from_secs(60))),
-        };
+        let (timeout, setup) = opts.timeouts()?;
         if opts.capacity_bytes == 0 {
             return Err(Error::BadArgs("capacity_bytes must be at least 1".into()));
         }
