@@ -282,9 +282,8 @@ impl Across {
         dtype: DType,
         stream: u64,
     ) -> Result<(), Error> {
-        let call = Call::new(Op::ReduceScatter, dtype, input, output, count, self.topology.world(), self.capacity)?;
         // SAFETY: the caller's contract.
-        unsafe { self.on_stream(stream, |s| self.job.enqueue(&call, s)) }
+        unsafe { self.on_job(Op::ReduceScatter, input, output, count, dtype, stream) }
     }
 
     /// Enqueues an all-gather over every rank (NCCL/RCCL): every rank gets every rank's `count` elements in rank
@@ -300,7 +299,24 @@ impl Across {
         dtype: DType,
         stream: u64,
     ) -> Result<(), Error> {
-        let call = Call::new(Op::AllGather, dtype, input, output, count, self.topology.world(), self.capacity)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.on_job(Op::AllGather, input, output, count, dtype, stream) }
+    }
+
+    /// `op` by NCCL/RCCL over the whole job, checked first.
+    ///
+    /// # Safety
+    /// As [`Across::all_reduce`], `output` holding the op's output.
+    unsafe fn on_job(
+        &self,
+        op: Op,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DType,
+        stream: u64,
+    ) -> Result<(), Error> {
+        let call = Call::new(op, dtype, input, output, count, self.topology.world(), self.capacity)?;
         // SAFETY: the caller's contract.
         unsafe { self.on_stream(stream, |s| self.job.enqueue(&call, s)) }
     }

@@ -717,4 +717,6 @@ fn pump(src: impl Read, prefix: &str, mut dst: impl Write) {
 }
 
 #[cfg(test)]
+mod run_tests;
+#[cfg(test)]
 mod tests;

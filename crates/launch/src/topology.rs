@@ -144,3 +144,41 @@ fn node_source(launcher: Launcher) -> &'static str {
         Launcher::Explicit => "nowhere: an explicit place names no node",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rank's node group and rail, as (groups by node, rails by local rank), for `nodes` × `local_world`.
+    fn groups_and_rails(nodes: usize, local_world: usize) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+        let world = nodes * local_world;
+        let topos: Vec<Topology> =
+            (0..world).map(|r| Topology::new(r, world, nodes, r / local_world, r % local_world).unwrap()).collect();
+        for (rank, t) in topos.iter().enumerate() {
+            assert_eq!((t.rank(), t.world(), t.nodes(), t.local_world()), (rank, world, nodes, local_world));
+            let (group, rail) = (t.node_group(), t.rail());
+            // Ordered by local rank and by node: this rank stands at its local rank in the group, at its node in the rail.
+            assert_eq!((group[t.local_rank()], rail[t.node()]), (rank, rank));
+            // Its group's ranks share its group, its rail's share its rail: each is a partition of the world.
+            assert!(group.iter().all(|&r| topos[r].node_group() == group));
+            assert!(rail.iter().all(|&r| topos[r].rail() == rail));
+        }
+        let groups = (0..nodes).map(|n| topos[n * local_world].node_group()).collect();
+        let rails = (0..local_world).map(|l| topos[l].rail()).collect();
+        (groups, rails)
+    }
+
+    #[test]
+    fn node_groups_and_rails() {
+        assert_eq!(
+            groups_and_rails(2, 4),
+            (vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]], vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]])
+        );
+        assert_eq!(
+            groups_and_rails(4, 2),
+            (vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]], vec![vec![0, 2, 4, 6], vec![1, 3, 5, 7]])
+        );
+        assert_eq!(groups_and_rails(1, 8), (vec![(0..8).collect()], (0..8).map(|r| vec![r]).collect()));
+        assert_eq!(groups_and_rails(3, 1), (vec![vec![0], vec![1], vec![2]], vec![vec![0, 1, 2]]));
+    }
+}
