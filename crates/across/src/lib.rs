@@ -173,8 +173,9 @@ impl Across {
         };
         let capacity = opts.capacity_bytes;
         let opts = Options { device_shared_by: Some(on_host.div_ceil(devices)), ..opts };
-        // Every rank says whether its node's communicator came up before any rank enters ncclCommInitRank, which
-        // waits with no deadline for every rank of its communicator: a rank that failed stops the others here.
+        // Every rank says whether its node's communicator came up before any rank enters NCCL's initialisation,
+        // which waits for every rank of its communicator: a rank that failed stops the others here, not at the
+        // set-up deadline there.
         let local = Communicator::new(local_info, opts);
         let ready = match &local {
             Ok(_) => Vec::new(),
@@ -189,13 +190,15 @@ impl Across {
             let id = if rail { &b.rail_id } else { &b.job_id };
             id.clone().ok_or_else(|| Error::Setup(format!("rank {r} sent no {} id", if rail { "rail" } else { "job" })))
         };
-        // Every rank makes its communicators in the same order (rail, then job): ncclCommInitRank blocks until the
-        // communicator's ranks all call it.
+        // Every rank makes its communicators in the same order (rail, then job): each initialisation waits (up to
+        // the set-up deadline, then aborts) until the communicator's ranks all call it.
         let rail_root = topology.rail()[0];
         let shard_capacity = capacity.div_ceil(l).next_multiple_of(collective_core::VEC_BYTES);
         let rail_id = id(&blobs[rail_root], true, rail_root)?;
-        let rail = nccl::Nccl::from_id(kind, "nccl_rail", shard_capacity, &rail_id, node, topology.nodes())?;
-        let job = nccl::Nccl::from_id(kind, "nccl_job", capacity, &id(&blobs[0], false, 0)?, info.rank, info.world)?;
+        let rail = (node, topology.nodes());
+        let rail = nccl::Nccl::from_id(kind, "nccl_rail", shard_capacity, &rail_id, rail, setup)?;
+        let job_id = id(&blobs[0], false, 0)?;
+        let job = nccl::Nccl::from_id(kind, "nccl_job", capacity, &job_id, (info.rank, info.world), setup)?;
         let scratch = local.gpu().alloc(shard_capacity, MemKind::Device)?;
         Ok(Across { rail, job, scratch, streams: RefCell::default(), last: Cell::new(None), topology, capacity, local })
     }

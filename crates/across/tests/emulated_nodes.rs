@@ -149,3 +149,36 @@ fn emulated_nodes_run_every_collective_exactly() {
         }
     });
 }
+
+/// NCCL's set-up has a deadline: rank 0 of a two-rank communicator whose rank 1 never comes (a rank that died after
+/// the ids went out) gets an error when the set-up timeout ends, not a hang, and its device still works after.
+/// One process, no launcher. The host driver has no NCCL: there the id itself is refused.
+#[test]
+fn nccl_set_up_without_its_peer_ends_at_the_deadline_and_the_device_lives_on() {
+    let opts = gpu::DriverOptions { device: None, local_rank: Some(0), shm_prefix: ipc::JobId::random().shm_name("n") };
+    let gpu = gpu::open(backend(), &opts).unwrap().gpu;
+    let id = match nccl::unique_id(gpu.kind()) {
+        Err(e) if gpu.kind() == gpu::DriverKind::Host => {
+            assert!(e.to_string().contains("host driver has no NCCL"), "{e}");
+            return;
+        }
+        id => id.unwrap(),
+    };
+    let timeout = std::time::Duration::from_secs(3);
+    let start = std::time::Instant::now();
+    let err = match nccl::Nccl::from_id(gpu.kind(), "nccl_job", 1 << 20, &id, (0, 2), timeout) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a two-rank NCCL communicator came up with one rank"),
+    };
+    let took = start.elapsed();
+    assert!(err.contains("never joined") && err.contains("ncclCommInitRankConfig"), "{err}");
+    assert!(took >= timeout && took < timeout * 4, "the set-up ended after {took:?}, its deadline {timeout:?}");
+    let stream = gpu.stream().unwrap();
+    let buf = gpu.alloc(4096, MemKind::Device).unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    stream.upload(&buf, 0, &data).unwrap();
+    let mut back = vec![0u8; 4096];
+    stream.download(&buf, 0, &mut back).unwrap();
+    assert_eq!(back, data, "the device after NCCL's aborted set-up");
+    println!("nccl set-up without its peer: {err} (after {took:?})");
+}

@@ -74,13 +74,22 @@ pub struct TableKey {
     pub driver: String,
     pub device: String,
     pub world: usize,
+    /// Ranks whose kernels shared each device (`Communicator::device_shared_by`): 1 where every rank has its own
+    /// GPU; the world where ranks run under MPS on one GPU, where peers' buffers are local memory, not a link.
+    pub ranks_per_device: usize,
     pub mode: Mode,
     pub residency: Residency,
 }
 
 impl TableKey {
-    pub fn new(driver: DriverKind, device: &str, world: usize, mode: Mode, residency: Residency) -> TableKey {
-        TableKey { driver: driver.to_string(), device: device.to_string(), world, mode, residency }
+    pub fn new(
+        driver: DriverKind,
+        device: &str,
+        (world, ranks_per_device): (usize, usize),
+        mode: Mode,
+        residency: Residency,
+    ) -> TableKey {
+        TableKey { driver: driver.to_string(), device: device.to_string(), world, ranks_per_device, mode, residency }
     }
 
     /// The cache file's name: every character outside `[A-Za-z0-9.-]` of the device name becomes `_`.
@@ -90,14 +99,15 @@ impl TableKey {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
             .collect();
-        format!("{}-{device}-w{}-{}-{}.json", self.driver, self.world, self.mode.name(), self.residency.name())
+        let (w, d, m, r) = (self.world, self.ranks_per_device, self.mode.name(), self.residency.name());
+        format!("{}-{device}-w{w}-d{d}-{m}-{r}.json", self.driver)
     }
 }
 
 impl fmt::Display for TableKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (d, w, m, r) = (&self.device, self.world, self.mode.name(), self.residency.name());
-        write!(f, "{} on {d}, {w} ranks, {m}, {r} buffers", self.driver)
+        write!(f, "{} on {d}, {w} ranks ({} per device), {m}, {r} buffers", self.driver, self.ranks_per_device)
     }
 }
 
@@ -183,11 +193,13 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
 
 /// The table of `set` closest to `key`, and a sentence saying what was measured where it differs from what runs.
 /// Closeness, in order: the residency (a table of another residency picks designs for copies the call does not
-/// pay, or skips ones it does), the mode, then the nearest world size.
+/// pay, or skips ones it does), the mode, the nearest world size, then the nearest sharing of a device.
 fn closest<'a>(set: &'a [TuneTable], key: &TableKey) -> Option<(&'a TuneTable, String)> {
     let keyed = set.iter().filter_map(|t| Some((t, t.key.as_ref()?)));
-    let (table, k) =
-        keyed.min_by_key(|(_, k)| (k.residency != key.residency, k.mode != key.mode, k.world.abs_diff(key.world)))?;
+    let (table, k) = keyed.min_by_key(|(_, k)| {
+        let world = k.world.abs_diff(key.world);
+        (k.residency != key.residency, k.mode != key.mode, world, k.ranks_per_device.abs_diff(key.ranks_per_device))
+    })?;
     let mut differs = Vec::new();
     if k.driver != key.driver {
         differs.push(format!("measured on the {} driver, not {}", k.driver, key.driver));
@@ -197,6 +209,10 @@ fn closest<'a>(set: &'a [TuneTable], key: &TableKey) -> Option<(&'a TuneTable, S
     }
     if k.world != key.world {
         differs.push(format!("measured with {} ranks, not {}", k.world, key.world));
+    }
+    if k.ranks_per_device != key.ranks_per_device {
+        let (a, b) = (k.ranks_per_device, key.ranks_per_device);
+        differs.push(format!("measured with {a} rank(s) per device, used with {b}"));
     }
     if k.mode != key.mode {
         differs.push(format!("measured {}, used {}", k.mode.name(), key.mode.name()));
@@ -434,7 +450,7 @@ mod tests {
     fn the_closest_table_is_by_residency_then_mode_then_world_and_says_why() {
         let keyed = |world, mode, residency, method: &str| {
             let mut t = table(&[(None, method)]);
-            t.key = Some(TableKey::new(DriverKind::Cuda, "GPU A", world, mode, residency));
+            t.key = Some(TableKey::new(DriverKind::Cuda, "GPU A", (world, 1), mode, residency));
             t
         };
         let set = [
@@ -442,7 +458,7 @@ mod tests {
             keyed(8, Mode::Eager, Residency::Registered, "symm_zc_2shot"),
             keyed(4, Mode::Graph, Residency::Registered, "symm_ll"),
         ];
-        let key = |world, mode, residency| TableKey::new(DriverKind::Cuda, "GPU A", world, mode, residency);
+        let key = |world, mode, residency| TableKey::new(DriverKind::Cuda, "GPU A", (world, 1), mode, residency);
         let (t, why) = TuneTable::pick(&set, &key(8, Mode::Eager, Residency::Caller)).unwrap();
         assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("car_1shot", "its key matches"));
         // The residency outranks the mode: caller buffers in a graph take the eager caller table.
@@ -465,11 +481,31 @@ mod tests {
     }
 
     #[test]
+    fn a_table_of_the_same_world_is_preferred_by_its_sharing_of_a_device_and_says_so() {
+        let keyed = |shape, method: &str| {
+            let mut t = table(&[(None, method)]);
+            t.key = Some(TableKey::new(DriverKind::Cuda, "GPU A", shape, Mode::Eager, Residency::Caller));
+            t
+        };
+        // Measured under MPS (every rank on one GPU) and with a GPU per rank.
+        let set = [keyed((2, 2), "car_1shot"), keyed((2, 1), "symm_ll"), keyed((8, 8), "car_2shot")];
+        let key = |shape| TableKey::new(DriverKind::Cuda, "GPU A", shape, Mode::Eager, Residency::Caller);
+        let (t, why) = TuneTable::pick(&set, &key((2, 1))).unwrap();
+        assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("symm_ll", "its key matches"));
+        assert_eq!(TuneTable::pick(&set, &key((2, 2))).unwrap().0.entries[0].method, "car_1shot");
+        // The world size outranks the sharing: 8 GPUs take the 8-rank table measured under MPS, and say so.
+        let (t, why) = TuneTable::pick(&set, &key((8, 1))).unwrap();
+        assert_eq!(t.entries[0].method, "car_2shot");
+        assert_eq!(why, "measured with 8 rank(s) per device, used with 1");
+        assert_ne!(key((2, 1)).file_name(), key((2, 2)).file_name());
+    }
+
+    #[test]
     fn a_file_holds_one_table_or_a_set() {
         let dir = tempfile::tempdir().unwrap();
         let one = dir.path().join("one.json");
         std::fs::write(&one, serde_json::to_string(&table(&[(None, "car_2shot")])).unwrap()).unwrap();
-        let key = TableKey::new(DriverKind::Host, "h", 2, Mode::Graph, Residency::Registered);
+        let key = TableKey::new(DriverKind::Host, "h", (2, 2), Mode::Graph, Residency::Registered);
         let (t, why) = TuneTable::pick(&TuneTable::load_set(&one).unwrap(), &key).unwrap();
         assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("car_2shot", "one table for every call"));
         let set = dir.path().join("set.json");
@@ -488,7 +524,7 @@ mod tests {
     #[test]
     fn from_times_takes_the_fastest_and_merges_ranges() {
         use Algorithm::*;
-        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 2, Mode::Eager, Residency::Caller);
+        let key = TableKey::new(DriverKind::Host, "host (2 cores)", (2, 2), Mode::Eager, Residency::Caller);
         let times = [
             (2048, Car1Shot, 8.0),
             (2048, SymmLl, 7.0),
@@ -514,8 +550,8 @@ mod tests {
     #[test]
     fn cache_round_trip_by_key_and_fallback_to_built_in() {
         let dir = tempfile::tempdir().unwrap();
-        let key = TableKey::new(DriverKind::Host, "host (2 cores)", 3, Mode::Graph, Residency::CallerRegistered);
-        assert_eq!(key.file_name(), "host-host__2_cores_-w3-graph-caller_registered.json");
+        let key = TableKey::new(DriverKind::Host, "host (2 cores)", (3, 3), Mode::Graph, Residency::CallerRegistered);
+        assert_eq!(key.file_name(), "host-host__2_cores_-w3-d3-graph-caller_registered.json");
         let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();
         assert!(matches!(found.source, TableSource::BuiltIn { .. }));
         let mut t = TuneTable::from_times(&[(64, Algorithm::Car2Shot, 1.0)], key.clone(), "here".into()).unwrap();

@@ -475,7 +475,7 @@ fn tables_by_residency(dir: &std::path::Path, world: usize) -> std::path::PathBu
         .into_iter()
         .flat_map(|mode| Residency::ALL.map(move |r| (mode, r)))
         .map(|(mode, r)| allreduce::TuneTable {
-            key: Some(allreduce::tune::TableKey::new(gpu::DriverKind::Host, "any", world, mode, r)),
+            key: Some(allreduce::tune::TableKey::new(gpu::DriverKind::Host, "any", (world, world), mode, r)),
             measured_on: "test".into(),
             entries: vec![allreduce::tune::TuneEntry { max_bytes: None, method: by(r).into() }],
         })

@@ -15,6 +15,8 @@ use std::mem::ManuallyDrop;
 /// Status of every NCCL call; `ncclSuccess` is 0.
 pub type ncclResult_t = c_int;
 pub const ncclSuccess: ncclResult_t = 0;
+/// A non-blocking communicator's operation has not finished: poll `ncclCommGetAsyncError` until it says otherwise.
+pub const ncclInProgress: ncclResult_t = 7;
 
 /// `ncclDataType_t` is a C enum, passed as an `int`.
 pub type ncclDataType_t = c_int;
@@ -52,6 +54,42 @@ impl ncclUniqueId {
     }
 }
 
+/// `NCCL_CONFIG_UNDEF_INT`: a field NCCL fills with its default.
+pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+
+/// `ncclConfig_t` as NCCL 2.14 declared it, the first version with a config. NCCL copies `size` bytes of it and
+/// gives every field a later version added its default, by `version`, so this prefix stays valid on newer libraries
+/// (RCCL keeps the same prefix).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclConfig_t {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub blocking: c_int,
+    pub cgaClusterSize: c_int,
+    pub minCTAs: c_int,
+    pub maxCTAs: c_int,
+    pub netName: *const c_char,
+}
+
+impl ncclConfig_t {
+    /// `NCCL_CONFIG_INITIALIZER` of NCCL 2.14 with `blocking = 0`: calls on the communicator return at once
+    /// (`ncclInProgress`) and the caller polls, so every wait can have a deadline and end in `ncclCommAbort`.
+    pub fn non_blocking() -> ncclConfig_t {
+        ncclConfig_t {
+            size: std::mem::size_of::<ncclConfig_t>(),
+            magic: 0xcafe_beef,
+            version: 21400,
+            blocking: 0,
+            cgaClusterSize: NCCL_CONFIG_UNDEF_INT,
+            minCTAs: NCCL_CONFIG_UNDEF_INT,
+            maxCTAs: NCCL_CONFIG_UNDEF_INT,
+            netName: std::ptr::null(),
+        }
+    }
+}
+
 impl fmt::Debug for ncclUniqueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ncclUniqueId({} bytes)", NCCL_UNIQUE_ID_BYTES)
@@ -79,6 +117,14 @@ pub type ncclGetVersionFn = unsafe extern "C" fn(version: *mut c_int) -> ncclRes
 pub type ncclGetUniqueIdFn = unsafe extern "C" fn(id: *mut ncclUniqueId) -> ncclResult_t;
 pub type ncclCommInitRankFn =
     unsafe extern "C" fn(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) -> ncclResult_t;
+/// NCCL >= 2.14.
+pub type ncclCommInitRankConfigFn = unsafe extern "C" fn(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t;
 pub type ncclCommDestroyFn = unsafe extern "C" fn(comm: ncclComm_t) -> ncclResult_t;
 pub type ncclCommAbortFn = unsafe extern "C" fn(comm: ncclComm_t) -> ncclResult_t;
 pub type ncclCommGetAsyncErrorFn = unsafe extern "C" fn(comm: ncclComm_t, error: *mut ncclResult_t) -> ncclResult_t;
@@ -194,6 +240,8 @@ pub struct NcclLib {
     pub ncclGetVersion: ncclGetVersionFn,
     pub ncclGetUniqueId: ncclGetUniqueIdFn,
     pub ncclCommInitRank: ncclCommInitRankFn,
+    /// NCCL >= 2.14 (RCCL of ROCm 5.4+): the non-blocking initialisation.
+    pub ncclCommInitRankConfig: Option<ncclCommInitRankConfigFn>,
     pub ncclCommDestroy: ncclCommDestroyFn,
     pub ncclCommAbort: ncclCommAbortFn,
     pub ncclCommGetAsyncError: ncclCommGetAsyncErrorFn,
@@ -276,6 +324,7 @@ impl NcclLib {
             ncclGetVersion,
             ncclGetUniqueId: required!(ncclGetUniqueId),
             ncclCommInitRank: required!(ncclCommInitRank),
+            ncclCommInitRankConfig: optional!(ncclCommInitRankConfig),
             ncclCommDestroy: required!(ncclCommDestroy),
             ncclCommAbort: required!(ncclCommAbort),
             ncclCommGetAsyncError: required!(ncclCommGetAsyncError),
@@ -371,6 +420,9 @@ mod tests {
         assert_eq!(size_of::<ncclWindow_t>(), size_of::<*mut c_void>());
         assert_eq!(size_of::<ncclResult_t>(), 4);
         assert_eq!(size_of::<ncclDataType_t>(), 4);
+        // nccl.h 2.14: size_t, two unsigned ints, four ints, a pointer.
+        assert_eq!(size_of::<ncclConfig_t>(), 40);
+        assert_eq!(ncclConfig_t::non_blocking().size, 40);
         let id = ncclUniqueId { internal: [7; 128] };
         assert_eq!(ncclUniqueId::from_bytes(id.as_bytes()).unwrap().internal, [7; 128]);
         assert!(ncclUniqueId::from_bytes(&[0; 127]).is_none());

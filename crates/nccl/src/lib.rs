@@ -9,11 +9,13 @@ use collective_core::{Call, Collective, CollectiveError, DType, Op, Team};
 use gpu::{DevicePtr, DriverKind, GpuError, Stream};
 use ipc::Rendezvous;
 use nccl_sys::{
-    ncclCommWindowDeregisterFn, ncclCommWindowRegisterFn, ncclComm_t, ncclDataType_t, ncclMemAllocFn, ncclMemFreeFn,
-    ncclResult_t, ncclStream_t, ncclUniqueId, ncclWindow_t, Flavor, NcclError, NcclLib, NCCL_WIN_COLL_SYMMETRIC,
+    ncclCommWindowDeregisterFn, ncclCommWindowRegisterFn, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclMemAllocFn,
+    ncclMemFreeFn, ncclResult_t, ncclStream_t, ncclUniqueId, ncclWindow_t, Flavor, NcclError, NcclLib,
+    NCCL_WIN_COLL_SYMMETRIC,
 };
 use std::ffi::{c_int, c_void};
 use std::ptr;
+use std::time::{Duration, Instant};
 
 /// How to build a [`Nccl`].
 #[derive(Clone, Copy, Debug)]
@@ -118,15 +120,71 @@ fn new_id(lib: &NcclLib) -> Result<Vec<u8>, CollectiveError> {
     Ok(id.as_bytes().to_vec())
 }
 
-/// `ncclCommInitRank` of `rank` in a communicator of `world` ranks named by the unique id `id` (bytes).
-fn init(lib: &NcclLib, name: &str, id: &[u8], rank: usize, world: usize) -> Result<ncclComm_t, CollectiveError> {
+/// How often a non-blocking communicator's state is polled while NCCL works on its own threads.
+const POLL: Duration = Duration::from_millis(1);
+
+/// Waits until `comm` has no operation in progress, at most `timeout`; `Err` with NCCL's error, or naming `call`
+/// and the deadline when it is still in progress then.
+fn settle(lib: &NcclLib, comm: ncclComm_t, call: &'static str, timeout: Duration) -> Result<(), NcclError> {
+    let start = Instant::now();
+    loop {
+        let mut state: ncclResult_t = nccl_sys::ncclSuccess;
+        // SAFETY: `comm` is live; the call writes one status.
+        lib.check(unsafe { (lib.ncclCommGetAsyncError)(comm, &mut state) }, "ncclCommGetAsyncError")?;
+        if state != nccl_sys::ncclInProgress {
+            return lib.check(state, call);
+        }
+        if start.elapsed() >= timeout {
+            return Err(NcclError {
+                call,
+                code: state,
+                msg: format!(
+                    "still in progress after {timeout:?}: a rank of the communicator never joined, or NCCL cannot \
+                     reach it (the communicator was aborted)"
+                ),
+            });
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// `rank` of a communicator of `world` ranks named by the unique id `id` (bytes), initialised without blocking
+/// where the library can (NCCL 2.14+): the wait for the other ranks then has `timeout` as its deadline, after which
+/// the communicator is aborted, so a rank that died after the ids went out cannot leave the others hanging.
+fn init(
+    lib: &NcclLib,
+    name: &str,
+    id: &[u8],
+    (rank, world): (usize, usize),
+    timeout: Duration,
+) -> Result<ncclComm_t, CollectiveError> {
     let id = ncclUniqueId::from_bytes(id).ok_or_else(|| {
         CollectiveError::Unsupported(format!("{name}: the communicator's first rank could not create its unique id"))
     })?;
     let mut comm: ncclComm_t = ptr::null_mut();
-    // SAFETY: `comm` receives the new communicator; every rank passes the same id and world and its own rank.
-    let status = unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
-    lib.check(status, "ncclCommInitRank").map_err(nccl_err)?;
+    let Some(init_config) = lib.ncclCommInitRankConfig else {
+        // SAFETY: `comm` receives the new communicator; every rank passes the same id and world and its own rank.
+        let status = unsafe { (lib.ncclCommInitRank)(&mut comm, world as c_int, id, rank as c_int) };
+        lib.check(status, "ncclCommInitRank").map_err(nccl_err)?;
+        return Ok(comm);
+    };
+    let mut config = ncclConfig_t::non_blocking();
+    // SAFETY: as ncclCommInitRank, with a config NCCL reads during the call.
+    let status = unsafe { init_config(&mut comm, world as c_int, id, rank as c_int, &mut config) };
+    let settled = match status {
+        nccl_sys::ncclSuccess | nccl_sys::ncclInProgress => settle(lib, comm, "ncclCommInitRankConfig", timeout),
+        failed => lib.check(failed, "ncclCommInitRankConfig"),
+    };
+    if let Err(e) = settled {
+        if !comm.is_null() {
+            // SAFETY: the communicator this call made, released once; abort ends NCCL's threads waiting for peers.
+            let aborted = unsafe { (lib.ncclCommAbort)(comm) };
+            if let Err(a) = lib.check(aborted, "ncclCommAbort") {
+                eprintln!("warning: {name}: {a}");
+            }
+        }
+        return Err(nccl_err(e));
+    }
     Ok(comm)
 }
 
@@ -147,6 +205,8 @@ pub struct Nccl {
     symm: Option<SymmFns>,
     /// Input then output staging buffer when symmetric; empty otherwise.
     staging: Vec<Staging>,
+    /// How long NCCL's own work (its set-up, its connections made at a first call) may stay in progress.
+    timeout: Duration,
 }
 
 impl Nccl {
@@ -190,8 +250,10 @@ impl Nccl {
         let sent = created.as_deref().unwrap_or_default();
         let got = rdv.broadcast("nccl unique id", 0, sent)?;
         created?;
-        let comm = init(&lib, name, &got, rank, world)?;
-        let mut nccl = Nccl { lib, comm, name, op: opts.op, capacity: opts.capacity_bytes, symm, staging: Vec::new() };
+        let timeout = rdv.timeout();
+        let comm = init(&lib, name, &got, (rank, world), timeout)?;
+        let (op, capacity) = (opts.op, opts.capacity_bytes);
+        let mut nccl = Nccl { lib, comm, name, op, capacity, symm, staging: Vec::new(), timeout };
         if let Some(fns) = symm {
             nccl.register_staging(rdv, fns)?;
         }
@@ -200,19 +262,20 @@ impl Nccl {
 
     /// `rank` of a communicator of `world` ranks named by `id` (from [`unique_id`] on one of them), for ranks that
     /// share no rendezvous (several nodes). Collective over those ranks. Runs any op through [`Nccl::enqueue`];
-    /// not symmetric. NCCL itself decides whether its ranks may share a device.
+    /// not symmetric. NCCL itself decides whether its ranks may share a device. `timeout` bounds NCCL's own work
+    /// (this set-up, and connections it makes at a first call): a rank that never joins ends it with an error.
     pub fn from_id(
         kind: DriverKind,
         name: &'static str,
         capacity_bytes: usize,
         id: &[u8],
-        rank: usize,
-        world: usize,
+        (rank, world): (usize, usize),
+        timeout: Duration,
     ) -> Result<Nccl, CollectiveError> {
         let lib = NcclLib::load(flavor_for(kind)?).map_err(|e| CollectiveError::Unsupported(format!("{name}: {e}")))?;
-        let comm = init(&lib, name, id, rank, world)?;
-        let op = Op::AllReduce;
-        Ok(Nccl { lib, comm, name, op, capacity: capacity_bytes, symm: None, staging: Vec::new() })
+        let comm = init(&lib, name, id, (rank, world), timeout)?;
+        let (op, capacity) = (Op::AllReduce, capacity_bytes);
+        Ok(Nccl { lib, comm, name, op, capacity, symm: None, staging: Vec::new(), timeout })
     }
 
     /// Allocates and registers the input and output windows; on error, drop releases what was made.
@@ -240,11 +303,12 @@ impl Nccl {
                 self.name
             )));
         }
-        for buf in &mut self.staging {
+        for i in 0..self.staging.len() {
+            let buf = &mut self.staging[i];
             // SAFETY: `buf.ptr` holds `buf.bytes` from ncclMemAlloc; `buf.win` receives the window.
             let status =
                 unsafe { (fns.register)(self.comm, buf.ptr, buf.bytes, &mut buf.win, NCCL_WIN_COLL_SYMMETRIC) };
-            self.lib.check(status, "ncclCommWindowRegister").map_err(nccl_err)?;
+            self.complete(status, "ncclCommWindowRegister").map_err(nccl_err)?;
         }
         Ok(())
     }
@@ -256,6 +320,15 @@ impl Nccl {
         let status = unsafe { (self.lib.ncclCommGetAsyncError)(self.comm, &mut pending) };
         self.lib.check(status, "ncclCommGetAsyncError")?;
         self.lib.check(pending, "an earlier NCCL operation (ncclCommGetAsyncError)")
+    }
+
+    /// `status` of `call` on this communicator, waited for where it is still in progress (a non-blocking
+    /// communicator's calls can return before NCCL has, say, connected to a peer) up to the timeout.
+    fn complete(&self, status: ncclResult_t, call: &'static str) -> Result<(), NcclError> {
+        match status {
+            nccl_sys::ncclInProgress => settle(&self.lib, self.comm, call, self.timeout),
+            other => self.lib.check(other, call),
+        }
     }
 }
 
@@ -320,7 +393,7 @@ impl Nccl {
                 Op::AllGather => ((self.lib.ncclAllGather)(send, recv, count, dt, self.comm, handle), "ncclAllGather"),
             }
         };
-        self.lib.check(status, call).map_err(nccl_err)?;
+        self.complete(status, call).map_err(nccl_err)?;
         if let Some((_, out)) = staged {
             // SAFETY: as the copy in, for the output.
             unsafe { stream.copy(output, out, out_count * dtype.size())? };

@@ -251,18 +251,20 @@ impl Communicator {
             opts.device_shared_by
         );
         crate::agree(rdv, "communicator options", &mine)?;
+        // Tables are keyed by the sharing of a device too: under MPS peers' buffers are local memory, not a link.
+        let shape = (info.world, sharers(&placement, opts));
         let tables = match &opts.tune_table {
             Some(path) => {
                 let set = TuneTable::load_set(path)?;
                 Tables::try_from_fn(|mode, residency| {
-                    let key = TableKey::new(i.kind, &i.name, info.world, mode, residency);
+                    let key = TableKey::new(i.kind, &i.name, shape, mode, residency);
                     LoadedTable::new(TuneTable::pick(&set, &key)?.0, TableSource::File(path.clone()))
                 })?
             }
             None => {
                 let dir = opts.tune_dir.clone().or_else(tune::cache_dir);
                 Tables::try_from_fn(|mode, residency| {
-                    let key = TableKey::new(i.kind, &i.name, info.world, mode, residency);
+                    let key = TableKey::new(i.kind, &i.name, shape, mode, residency);
                     TuneTable::find(&key, i.kind, dir.as_deref())
                 })?
             }

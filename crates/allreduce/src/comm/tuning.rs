@@ -99,7 +99,7 @@ impl Communicator {
                     .filter(|m| m.mode == mode && m.residency == residency)
                     .filter_map(|m| Some((m.count * dtype.size(), m.algorithm, m.ms?)))
                     .collect();
-                let key = TableKey::new(info.kind, &info.name, self.world(), mode, residency);
+                let key = TableKey::new(info.kind, &info.name, (self.world(), self.device_shared_by), mode, residency);
                 let on = format!("{key}, {dtype}, through Communicator::tune");
                 let table = TuneTable::from_times(&times, key.clone(), on)?;
                 let path = dir.join(key.file_name());
