@@ -10,11 +10,14 @@ a communicator opens it, and a tensor is read through its own methods.
 
     comm = allreduce_rs.Communicator.from_env(capacity_bytes=64 << 20)   # under torchrun or any launcher
     comm.all_reduce(x)                                                   # in place, on the current stream
+
+A job over several nodes takes :class:`Across` instead: the same designs within each node, NCCL/RCCL across them.
 """
 
 from . import errors
 from ._native import (
     DEFAULT_CAPACITY_BYTES,
+    Across,
     Communicator,
     GraphCapture,
     Placement,
@@ -36,6 +39,7 @@ from .errors import (
 
 __all__ = [
     "Communicator",
+    "Across",
     "RegisteredBuffer",
     "PreparedCall",
     "GraphCapture",

@@ -309,6 +309,75 @@ class Communicator:
     def closed(self) -> bool:
         """Whether :meth:`close` has run."""
 
+class Across:
+    """One rank's endpoint of an allreduce job over several nodes.
+
+    Within each node the intra-node :class:`Communicator`'s designs run; across nodes NCCL (RCCL on AMD), loaded at
+    run time, whose ids travel over TCP to ``MASTER_ADDR:MASTER_PORT`` (set by torchrun and srun setups). The job's
+    nodes come from the launcher (torchrun's ``GROUP_RANK`` / ``LOCAL_WORLD_SIZE``, srun, OpenMPI, MPICH); ranks
+    are node-major. A GPU driver is needed: on the host driver every rank raises ``UnsupportedError`` at set-up.
+    Every call is collective and enqueued on torch's current stream.
+    """
+
+    @staticmethod
+    def from_env(
+        capacity_bytes: int = ...,
+        backend: Literal["auto", "host", "cuda", "hip"] = "auto",
+        timeout_s: Optional[float] = None,
+        setup_timeout_s: Optional[float] = None,
+    ) -> "Across":
+        """This rank's endpoint, its place and the job's nodes read from the launcher's environment. Collective."""
+
+    def all_reduce(
+        self,
+        tensor: TensorLike,
+        out: Optional[TensorLike] = None,
+        *,
+        path: Optional[Literal["nccl", "hierarchical"]] = None,
+        stream: Optional[StreamLike] = None,
+    ) -> TensorLike:
+        """Allreduces ``tensor`` over the whole job, in place or into ``out``; returns the tensor with the sum.
+        ``path``: ``"nccl"`` (the default) or ``"hierarchical"`` (reduce-scatter in the node, the shard across nodes
+        over NCCL, all-gather in the node; the count must divide by the node's ranks)."""
+
+    def reduce_scatter(self, input: TensorLike, out: TensorLike, *, stream: Optional[StreamLike] = None) -> TensorLike:
+        """Rank r receives elements ``[r * n / W, (r + 1) * n / W)`` of the sum in ``out``; returns ``out``."""
+
+    def all_gather(self, input: TensorLike, out: TensorLike, *, stream: Optional[StreamLike] = None) -> TensorLike:
+        """``out`` receives every rank's ``input`` in rank order; returns ``out``."""
+
+    def check(self) -> None:
+        """Raises the error a wait in this node's kernels recorded (``PeerError`` naming the peer), if any."""
+
+    @property
+    def last_path(self) -> Optional[Literal["nccl", "hierarchical"]]:
+        """The path the last :meth:`all_reduce` took."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def node(self) -> int:
+        """This rank's node, of :attr:`nodes`."""
+
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def local_rank(self) -> int:
+        """This rank's place in its node, of :attr:`local_world_size`."""
+
+    @property
+    def local_world_size(self) -> int: ...
+    def placement(self) -> str:
+        """The placement report: the nodes, this rank's node group and rail, its node's devices."""
+
+    def close(self) -> None:
+        """Releases the endpoint; later calls raise. Idempotent."""
+
+    def __enter__(self) -> "Across": ...
+    def __exit__(self, *exc: object) -> None: ...
+
 class GraphCapture:
     """The context manager :meth:`Communicator.graph_capture` returns."""
 

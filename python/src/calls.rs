@@ -50,7 +50,7 @@ impl PreparedCall {
     #[pyo3(signature = (*, stream = None))]
     fn __call__<'py>(&self, py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
         let comm = self.comm.get();
-        let handle = comm.stream_handle(py, stream)?;
+        let handle = comm.reach.stream_handle(py, stream)?;
         comm.issue(py, &self.req, handle)?;
         Ok(self.req.output.as_ref().unwrap_or(&self.req.input).obj.bind(py).clone())
     }

@@ -18,7 +18,7 @@ use std::time::Duration;
 /// The default capacity: 32 MiB, comm_bench.py's largest bf16 message.
 pub const DEFAULT_CAPACITY: usize = 32 << 20;
 
-fn options(
+pub(crate) fn options(
     capacity_bytes: usize,
     backend: &str,
     timeout_s: Option<f64>,
@@ -118,9 +118,9 @@ impl PyCommunicator {
         algorithm: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let algo = algorithm_named(algorithm)?;
-        let (input, output) = self.all_reduce_args(tensor, out)?;
+        let (input, output) = self.reach.all_reduce_args(tensor, out)?;
         let bias = self.bias_arg(&input, bias)?;
-        let handle = self.stream_handle(py, stream)?;
+        let handle = self.reach.stream_handle(py, stream)?;
         let req = self.request(Op::AllReduce, algo, input, output, bias)?;
         self.issue(py, &req, handle)?;
         Ok(req.output.map_or(req.input.obj, |o| o.obj).into_bound(py))
@@ -144,10 +144,10 @@ impl PyCommunicator {
         algorithm: Option<&str>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let algo = algorithm_named(algorithm)?;
-        let (input, output) = self.all_reduce_args(tensor, out)?;
+        let (input, output) = self.reach.all_reduce_args(tensor, out)?;
         let (res, w) = (args::describe(residual, "residual")?, args::describe(weight, "weight")?);
         for (arg, what) in [(&res, "residual"), (&w, "weight")] {
-            self.check_place(arg, what)?;
+            self.reach.check_place(arg, what)?;
             if arg.dtype != input.dtype {
                 return Err(ArgumentError::new_err(format!("{what}: {}, not the tensor's {}", arg.dtype, input.dtype)));
             }
@@ -161,7 +161,7 @@ impl PyCommunicator {
             )));
         }
         let norm = AddRmsNorm { residual: DevicePtr(res.ptr), weight: DevicePtr(w.ptr), hidden: w.count, eps };
-        let handle = self.stream_handle(py, stream)?;
+        let handle = self.reach.stream_handle(py, stream)?;
         let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.as_ref().map_or(input.ptr, |o| o.ptr)));
         let call = self.with(|state| {
             let call = state.comm.call(Op::AllReduce, input.dtype, i, o, input.count).map_err(from_error)?;
@@ -191,8 +191,8 @@ impl PyCommunicator {
             return self.issue_into(py, Op::ReduceScatter, input, out, stream);
         }
         let row_len: usize = input.getattr("shape")?.get_item(-1)?.extract()?;
-        let (input, output) = self.output_args(Op::ReduceScatter, input, out)?;
-        let handle = self.stream_handle(py, stream)?;
+        let (input, output) = self.reach.output_args(Op::ReduceScatter, input, out)?;
+        let handle = self.reach.stream_handle(py, stream)?;
         let (i, o) = (DevicePtr(input.ptr), DevicePtr(output.ptr));
         let call = self.with(|state| {
             let call = state.comm.call(Op::ReduceScatter, input.dtype, i, o, input.count).map_err(from_error)?;
@@ -229,7 +229,7 @@ impl PyCommunicator {
         algorithm: Option<&str>,
     ) -> PyResult<PreparedCall> {
         let algo = algorithm_named(algorithm)?;
-        let (input, output) = slf.get().all_reduce_args(tensor, out)?;
+        let (input, output) = slf.get().reach.all_reduce_args(tensor, out)?;
         let bias = slf.get().bias_arg(&input, bias)?;
         PreparedCall::new(slf, slf.get().request(Op::AllReduce, algo, input, output, bias)?)
     }
@@ -240,7 +240,7 @@ impl PyCommunicator {
         input: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
     ) -> PyResult<PreparedCall> {
-        let (input, output) = slf.get().output_args(Op::ReduceScatter, input, out)?;
+        let (input, output) = slf.get().reach.output_args(Op::ReduceScatter, input, out)?;
         PreparedCall::new(slf, slf.get().request(Op::ReduceScatter, None, input, Some(output), None)?)
     }
 
@@ -252,7 +252,7 @@ impl PyCommunicator {
         let arg = args::describe(tensor, "tensor")?;
         let on_device = matches!(arg.memory, Memory::Device(_));
         if on_device {
-            self.check_place(&arg, "tensor")?;
+            self.reach.check_place(&arg, "tensor")?;
         }
         let (ptr, bytes) = (DevicePtr(arg.ptr), arg.bytes());
         self.with(|state| {
@@ -420,7 +420,7 @@ impl PyCommunicator {
     /// The number of ranks.
     #[getter]
     fn world_size(&self) -> usize {
-        self.world
+        self.reach.world
     }
     /// This rank's index on its host.
     #[getter]
@@ -435,12 +435,12 @@ impl PyCommunicator {
     /// The driver in use: "host", "cuda" or "hip".
     #[getter]
     fn backend(&self) -> String {
-        self.driver.to_string()
+        self.reach.driver.to_string()
     }
     /// The device ordinal (torch's `cuda:N` index) on GPU drivers; 0 on the host driver.
     #[getter]
     fn device(&self) -> usize {
-        self.ordinal
+        self.reach.ordinal
     }
     /// The device's name.
     #[getter]
@@ -471,7 +471,7 @@ impl PyCommunicator {
     fn __repr__(&self) -> String {
         format!(
             "<allreduce_rs.Communicator rank {} of {} on {} device {} ({}), capacity {} bytes>",
-            self.rank, self.world, self.driver, self.ordinal, self.device_name, self.capacity
+            self.rank, self.reach.world, self.reach.driver, self.reach.ordinal, self.device_name, self.capacity
         )
     }
 }

@@ -2,8 +2,9 @@
 //! the issue of one call. The `#[pymethods]` (`comm.rs`), prepared calls and capture (`calls.rs`) and the registered
 //! buffers (`registered.rs`) build on it.
 
-use crate::args::{self, Arg, Memory};
+use crate::args::{self, Arg};
 use crate::errors::{from_error, AllreduceError, ArgumentError};
+use crate::reach::Reach;
 use allreduce::{Algorithm, Call, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
 use collective_core::{Op, VEC_BYTES};
 use pyo3::prelude::*;
@@ -34,11 +35,10 @@ pub struct PyCommunicator {
     /// time, so a second thread is told so instead of waiting (with the GIL) on the first.
     pub(crate) state: Mutex<Option<State>>,
     pub(crate) rank: usize,
-    pub(crate) world: usize,
     pub(crate) local_rank: usize,
     pub(crate) capacity: usize,
-    pub(crate) driver: DriverKind,
-    pub(crate) ordinal: usize,
+    /// Its driver, device and world size, which a call's tensors are checked against.
+    pub(crate) reach: Reach,
     pub(crate) device_name: String,
     pub(crate) placement: allreduce::Placement,
     pub(crate) notes: Vec<String>,
@@ -68,11 +68,9 @@ impl PyCommunicator {
         let rank = comm.rank();
         Ok(PyCommunicator {
             rank,
-            world: comm.world(),
             local_rank: placement.ranks[rank].local_rank,
             capacity: comm.capacity_bytes(),
-            driver: i.kind,
-            ordinal: i.ordinal,
+            reach: Reach { driver: i.kind, ordinal: i.ordinal, world: comm.world() },
             device_name: i.name,
             notes: comm.notes().to_vec(),
             sources: Mode::ALL.map(|m| Residency::ALL.map(|r| comm.table_source(m, r).to_string())),
@@ -102,101 +100,6 @@ impl PyCommunicator {
         }
     }
 
-    /// Refuses a tensor this communicator's driver cannot reach. The call's own rules (capacity, alignment of device
-    /// memory, divisibility, overlap) are [`Communicator::call`]'s, checked once when the call is built.
-    pub(crate) fn check_place(&self, arg: &Arg, what: &str) -> PyResult<()> {
-        let wrong_place = |there: String| {
-            let here = match self.driver {
-                DriverKind::Host => "host memory (numpy arrays, CPU tensors)".to_string(),
-                d => format!("{d} device {} (torch device cuda:{})", self.ordinal, self.ordinal),
-            };
-            ArgumentError::new_err(format!(
-                "{what}: {there}, but this communicator's driver ({}) reads {here}",
-                self.driver
-            ))
-        };
-        match (&arg.memory, self.driver) {
-            (Memory::Host, DriverKind::Host) => {}
-            (Memory::Device(d), DriverKind::Cuda | DriverKind::Hip) if *d == self.ordinal as i64 => {}
-            (Memory::Host, _) => return Err(wrong_place("in host memory".into())),
-            (Memory::Device(d), _) => return Err(wrong_place(format!("on torch device cuda:{d}"))),
-            (Memory::Other(kind), _) => return Err(wrong_place(format!("on a torch {kind} device"))),
-        }
-        // Host memory is read as `&[T]`, which needs element alignment (the library stages what is not 16-aligned).
-        let align = arg.dtype.size();
-        if self.driver == DriverKind::Host && !arg.ptr.is_multiple_of(align as u64) {
-            return Err(ArgumentError::new_err(format!(
-                "{what}: address {:#x} is not aligned to {align} bytes (a view at an odd offset?): pass a copy",
-                arg.ptr
-            )));
-        }
-        Ok(())
-    }
-
-    /// On the host driver the arrays become Rust slices, which must not alias unless they are one (a device call's
-    /// overlap is its [`allreduce::Call`]'s to refuse).
-    fn refuse_aliasing_slices(&self, input: &Arg, output: &Arg, what: &str) -> PyResult<()> {
-        if self.driver == DriverKind::Host && output.overlaps(input) {
-            return Err(ArgumentError::new_err(format!("out overlaps {what} without being the same memory")));
-        }
-        Ok(())
-    }
-
-    /// An allreduce's tensors, checked: `out` is `None` for an in-place call (no `out`, or `out` is `tensor`).
-    pub(crate) fn all_reduce_args<'py>(
-        &self,
-        tensor: &Bound<'py, PyAny>,
-        out: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Arg, Option<Arg>)> {
-        let input = args::describe(tensor, "tensor")?;
-        self.check_place(&input, "tensor")?;
-        let output = match out {
-            None if !input.writable => {
-                return Err(ArgumentError::new_err("tensor: read-only, so it cannot be reduced in place; pass out="))
-            }
-            None => None,
-            Some(o) => {
-                let o = args::describe(o, "out")?;
-                self.check_place(&o, "out")?;
-                same_shape(&input, &o, input.count, "the tensor's")?;
-                if !o.writable {
-                    return Err(ArgumentError::new_err("out: read-only"));
-                }
-                if o.ptr == input.ptr {
-                    None
-                } else {
-                    self.refuse_aliasing_slices(&input, &o, "tensor")?;
-                    Some(o)
-                }
-            }
-        };
-        Ok((input, output))
-    }
-
-    /// The input and output of a reduce-scatter or an all-gather, checked: `out` holds the op's output count of the
-    /// input's dtype.
-    pub(crate) fn output_args<'py>(
-        &self,
-        op: Op,
-        input: &Bound<'py, PyAny>,
-        out: &Bound<'py, PyAny>,
-    ) -> PyResult<(Arg, Arg)> {
-        let input = args::describe(input, "input")?;
-        self.check_place(&input, "input")?;
-        let output = args::describe(out, "out")?;
-        self.check_place(&output, "out")?;
-        // A reduce-scatter's count that does not divide has no shard shape: the call refuses it, saying so.
-        if op != Op::ReduceScatter || input.count.is_multiple_of(self.world) {
-            let whose = if op == Op::ReduceScatter { "a shard of the input's" } else { "the world's inputs'" };
-            same_shape(&input, &output, op.output_count(input.count, self.world), whose)?;
-        }
-        if !output.writable {
-            return Err(ArgumentError::new_err("out: read-only"));
-        }
-        self.refuse_aliasing_slices(&input, &output, "input")?;
-        Ok((input, output))
-    }
-
     /// The request `all_reduce_args` / `output_args` describe, with the communicator's checked call built
     /// once (through [`Communicator::call`], as every Rust caller's).
     pub(crate) fn request(
@@ -211,7 +114,7 @@ impl PyCommunicator {
         // Host arrays that are not 16-byte aligned go through the slice calls, which stage them and check the call
         // they make then (they take no bias); everything else is checked here, once.
         let aligned = [i, o].iter().all(|p| p.0.is_multiple_of(VEC_BYTES as u64));
-        let call = if self.driver == DriverKind::Host && algo.is_none() && bias.is_none() && !aligned {
+        let call = if self.reach.driver == DriverKind::Host && algo.is_none() && bias.is_none() && !aligned {
             None
         } else {
             let call = self.with(|state| state.comm.call(op, input.dtype, i, o, input.count).map_err(from_error))?;
@@ -227,7 +130,7 @@ impl PyCommunicator {
     pub(crate) fn bias_arg(&self, input: &Arg, bias: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arg>> {
         let Some(b) = bias else { return Ok(None) };
         let b = args::describe(b, "bias")?;
-        self.check_place(&b, "bias")?;
+        self.reach.check_place(&b, "bias")?;
         if b.dtype != input.dtype || b.count != input.count {
             return Err(ArgumentError::new_err(format!(
                 "bias: {} elements of {}, not the tensor's {} of {}",
@@ -246,8 +149,8 @@ impl PyCommunicator {
         out: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (input, output) = self.output_args(op, input, out)?;
-        let handle = self.stream_handle(py, stream)?;
+        let (input, output) = self.reach.output_args(op, input, out)?;
+        let handle = self.reach.stream_handle(py, stream)?;
         let req = self.request(op, None, input, Some(output), None)?;
         self.issue(py, &req, handle)?;
         Ok(req.output.expect("given above").obj.into_bound(py))
@@ -284,31 +187,6 @@ impl PyCommunicator {
             }
             Ok(algo)
         })
-    }
-
-    /// The stream a device call is enqueued on: `stream` (a handle, or an object with `cuda_stream`), else torch's
-    /// current stream of this device. On the host driver calls run to completion on this thread and take none.
-    pub(crate) fn stream_handle(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
-        if self.driver == DriverKind::Host {
-            return match stream {
-                None => Ok(0),
-                Some(_) => Err(ArgumentError::new_err(
-                    "stream: the host driver runs each call to completion on the calling thread and takes no stream",
-                )),
-            };
-        }
-        match stream {
-            Some(s) => match s.extract::<u64>() {
-                Ok(h) => Ok(h),
-                Err(_) => s.getattr("cuda_stream")?.extract(),
-            },
-            None => {
-                let torch = args::torch(py)?.ok_or_else(|| {
-                    ArgumentError::new_err("stream: torch is not imported, so there is no current stream to use")
-                })?;
-                torch.current_stream(py, self.ordinal as i64)
-            }
-        }
     }
 }
 
@@ -352,18 +230,4 @@ pub(crate) fn host_slices<T: allreduce::Scalar>(
         }
     };
     result.map_err(from_error)
-}
-
-/// Refuses an output whose dtype or element count is not the call's.
-pub(crate) fn same_shape(input: &Arg, out: &Arg, want: usize, whose: &str) -> PyResult<()> {
-    if out.dtype != input.dtype {
-        return Err(ArgumentError::new_err(format!(
-            "out: dtype {} differs from the input's {}",
-            out.dtype, input.dtype
-        )));
-    }
-    if out.count != want {
-        return Err(ArgumentError::new_err(format!("out: {} elements, not {whose} {want}", out.count)));
-    }
-    Ok(())
 }

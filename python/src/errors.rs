@@ -33,6 +33,27 @@ pub fn from_error(e: Error) -> PyErr {
     }
 }
 
+/// The exception for an error of a job over several nodes: a peer that never came to the bootstrap is named.
+pub fn from_across(e: across::Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        across::Error::Allreduce(e) => from_error(e),
+        across::Error::Collective(e) => from_collective(&e, msg),
+        across::Error::Call(c) => from_call(&c, msg),
+        across::Error::Gpu(g) => from_gpu(&g, msg),
+        across::Error::Bootstrap(bootstrap::BootstrapError::Missing { timed_out, .. }) => {
+            PeerError::new_err((msg, timed_out.missing))
+        }
+        across::Error::Bootstrap(bootstrap::BootstrapError::Lost { missing, .. }) => PeerError::new_err((msg, missing)),
+        across::Error::Bootstrap(bootstrap::BootstrapError::BadEnv { .. }) | across::Error::Topology(_) => {
+            LauncherError::new_err((msg, None::<usize>))
+        }
+        across::Error::BadArgs(_) => ArgumentError::new_err(msg),
+        across::Error::Unsupported(_) => UnsupportedError::new_err(msg),
+        across::Error::Bootstrap(_) | across::Error::Setup(_) => AllreduceError::new_err(msg),
+    }
+}
+
 /// The exception for a launcher's error: a failed rank is named in `rank`.
 pub fn from_launch(e: launch::LaunchError) -> PyErr {
     let msg = e.to_string();

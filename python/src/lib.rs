@@ -3,6 +3,7 @@
 //! the methods torch gives it, once the program has imported torch, and a host array through
 //! `__array_interface__`.
 
+mod across;
 mod args;
 mod calls;
 mod comm;
@@ -10,6 +11,7 @@ mod comm_core;
 mod dlpack;
 mod errors;
 mod placement;
+mod reach;
 mod registered;
 
 use pyo3::prelude::*;
@@ -53,6 +55,7 @@ fn new_job_id() -> String {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm_core::PyCommunicator>()?;
+    m.add_class::<across::PyAcross>()?;
     m.add_class::<registered::RegisteredBuffer>()?;
     m.add_class::<calls::PreparedCall>()?;
     m.add_class::<calls::GraphCapture>()?;

@@ -48,10 +48,10 @@ pub(crate) fn registered(
             bytes,
         )));
     }
-    let device = match me.driver {
+    let device = match me.reach.driver {
         DriverKind::Host => (dlpack::CPU, 0),
-        DriverKind::Cuda => (dlpack::CUDA, me.ordinal as i32),
-        DriverKind::Hip => (dlpack::ROCM, me.ordinal as i32),
+        DriverKind::Cuda => (dlpack::CUDA, me.reach.ordinal as i32),
+        DriverKind::Hip => (dlpack::ROCM, me.reach.ordinal as i32),
     };
     Ok(RegisteredBuffer { comm: slf.clone().unbind(), view: View { ptr, count, dtype, device }, which })
 }

@@ -513,6 +513,18 @@ def peer_never_comes():
     return 0
 
 
+def across_refused():
+    """Two emulated nodes on the host driver: every rank raises UnsupportedError at set-up saying NCCL/RCCL is
+    needed, at once, waiting for no peer."""
+    world = int(os.environ["WORLD_SIZE"])
+    os.environ["ALLREDUCE_NODES"] = "2"
+    os.environ["ALLREDUCE_NODE_ID"] = str(int(os.environ["RANK"]) // (world // 2))
+    start = time.monotonic()
+    expect(ar.UnsupportedError, lambda: ar.Across.from_env(backend="host", setup_timeout_s=30.0), "NCCL/RCCL")
+    assert time.monotonic() - start < 10, time.monotonic() - start
+    return int(os.environ["RANK"])
+
+
 if __name__ == "__main__":
     scenario = sys.argv[1]
     if globals()[scenario]() == 0:

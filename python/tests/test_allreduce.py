@@ -78,6 +78,10 @@ def test_half_of_a_two_node_job_is_refused_at_once():
     assert p.returncode == 0 and "refused" in p.stdout, p.stdout + p.stderr
 
 
+def test_across_nodes_on_the_host_driver_is_refused_on_every_rank():
+    run_job(4, "across_refused")
+
+
 def test_registered_buffers_through_dlpack():
     run_job(2, "registered")
 

@@ -86,6 +86,7 @@ fn bundle() -> Result<(), String> {
         "gpu_ab.sh",
         "gpu_python_check.py",
         "gpu_dead_peer.py",
+        "gpu_across.py",
         "ab_table.py",
         "comm_json.py",
     ];

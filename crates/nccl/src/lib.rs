@@ -209,6 +209,10 @@ pub struct Nccl {
     timeout: Duration,
 }
 
+// SAFETY: NCCL lets a communicator be used from any thread, one call at a time (its calls take `&self`/`&mut self`
+// here, and `Nccl` is not `Sync`); the staging buffers are device memory owned by it and freed in its drop.
+unsafe impl Send for Nccl {}
+
 impl Nccl {
     /// Creates the communicator. Collective: every rank calls it, with the same options.
     ///
