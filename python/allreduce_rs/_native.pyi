@@ -325,8 +325,13 @@ class Across:
         backend: Literal["auto", "host", "cuda", "hip"] = "auto",
         timeout_s: Optional[float] = None,
         setup_timeout_s: Optional[float] = None,
+        store: Optional[Any] = None,
     ) -> "Across":
-        """This rank's endpoint, its place and the job's nodes read from the launcher's environment. Collective."""
+        """This rank's endpoint, its place and the job's nodes read from the launcher's environment. Collective.
+
+        The set-up blobs (NCCL's ids) go through ``store`` (``set``/``check``/``get`` as torch.distributed.Store),
+        else torch.distributed's default store when a process group is initialised, else over TCP at
+        ``MASTER_ADDR:MASTER_PORT``. A rank that never comes is named (``PeerError.ranks``) at the set-up deadline."""
 
     def all_reduce(
         self,

@@ -2,13 +2,102 @@
 //! across them: `across::Across`), for tensors, its calls' tensors checked as the intra-node communicator's are.
 
 use crate::comm::{options, DEFAULT_CAPACITY};
-use crate::errors::{from_across, AllreduceError, ArgumentError};
+use crate::errors::{from_across, from_launch, AllreduceError, ArgumentError};
 use crate::reach::Reach;
 use across::Path;
 use allreduce::DevicePtr;
 use collective_core::Op;
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+/// Endpoints this process has set up through a store: part of their keys, so a second endpoint of the same job
+/// never reads the first one's blobs (every rank sets up its endpoints in the same order, so the numbers agree).
+static STORE_SETUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// How often a store is asked whether the peers' keys are there.
+const STORE_POLL: Duration = Duration::from_millis(10);
+
+/// The set-up exchange through a key-value store with torch.distributed.Store's methods (`set(key, bytes)`,
+/// `check([keys]) -> bool`, `get(key) -> bytes`): each round, this rank sets its key, then waits for every peer's,
+/// naming at the deadline those that never came.
+struct StoreExchange {
+    store: Py<PyAny>,
+    prefix: String,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    round: usize,
+}
+
+impl StoreExchange {
+    fn key(&self, rank: usize) -> String {
+        format!("{}/{}/{rank}", self.prefix, self.round)
+    }
+
+    fn gather(&self, py: Python<'_>, blob: &[u8]) -> Result<Vec<Vec<u8>>, across::Error> {
+        let store = self.store.bind(py);
+        let failed = |e: PyErr| across::Error::Setup(format!("the torch.distributed store: {e}"));
+        store.call_method1(intern!(py, "set"), (self.key(self.rank), PyBytes::new(py, blob))).map_err(failed)?;
+        let start = Instant::now();
+        let mut missing: Vec<usize> = (0..self.world).filter(|&r| r != self.rank).collect();
+        while !missing.is_empty() {
+            let mut still = Vec::new();
+            for &r in &missing {
+                let there: bool = store
+                    .call_method1(intern!(py, "check"), (vec![self.key(r)],))
+                    .and_then(|b| b.extract())
+                    .map_err(failed)?;
+                if !there {
+                    still.push(r);
+                }
+            }
+            missing = still;
+            if missing.is_empty() {
+                break;
+            }
+            if start.elapsed() >= self.timeout {
+                let what =
+                    format!("set-up through the torch.distributed store ({}, round {})", self.prefix, self.round);
+                let timed_out = deadline::TimedOut { what, missing, timeout: self.timeout };
+                return Err(bootstrap::BootstrapError::Missing { timed_out, refused: Vec::new() }.into());
+            }
+            py.detach(|| std::thread::sleep(STORE_POLL));
+        }
+        (0..self.world)
+            .map(|r| {
+                let got = store.call_method1(intern!(py, "get"), (self.key(r),)).map_err(failed)?;
+                let bytes = got.cast::<PyBytes>().map_err(|e| failed(e.into()))?;
+                Ok(bytes.as_bytes().to_vec())
+            })
+            .collect()
+    }
+}
+
+impl across::Exchange for StoreExchange {
+    fn all_gather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, across::Error> {
+        self.round += 1;
+        // Called with the interpreter detached (set-up runs so): the store is Python's.
+        Python::attach(|py| self.gather(py, blob))
+    }
+}
+
+/// torch.distributed's default store where the program imported torch and initialised a process group, else None.
+fn torch_store(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    if crate::args::torch(py)?.is_none() {
+        return Ok(None);
+    }
+    let dist = py.import("torch.distributed")?;
+    if !dist.call_method0("is_available")?.extract::<bool>()?
+        || !dist.call_method0("is_initialized")?.extract::<bool>()?
+    {
+        return Ok(None);
+    }
+    Ok(Some(py.import("torch.distributed.distributed_c10d")?.call_method0("_get_default_store")?.unbind()))
+}
 
 /// One rank's endpoint of an allreduce job over several nodes.
 ///
@@ -84,19 +173,42 @@ impl PyAcross {
 #[pymethods]
 impl PyAcross {
     /// This rank's endpoint, its place and its job's nodes read from the launcher's environment. Collective: every
-    /// rank of the job calls it with the same options.
+    /// rank of the job calls it with the same options. The set-up blobs (NCCL's ids) go through `store` (an object
+    /// with torch.distributed.Store's `set`, `check` and `get`), else torch.distributed's default store when a
+    /// process group is initialised, else over TCP at MASTER_ADDR:MASTER_PORT.
     #[staticmethod]
-    #[pyo3(signature = (capacity_bytes = DEFAULT_CAPACITY, backend = "auto", timeout_s = None, setup_timeout_s = None),
-                  text_signature = "(capacity_bytes=33554432, backend='auto', timeout_s=None, setup_timeout_s=None)")]
+    #[pyo3(signature = (capacity_bytes = DEFAULT_CAPACITY, backend = "auto", timeout_s = None, setup_timeout_s = None,
+                        store = None),
+                  text_signature = "(capacity_bytes=33554432, backend='auto', timeout_s=None, setup_timeout_s=None, \
+                                    store=None)")]
     fn from_env(
         py: Python<'_>,
         capacity_bytes: usize,
         backend: &str,
         timeout_s: Option<f64>,
         setup_timeout_s: Option<f64>,
+        store: Option<Py<PyAny>>,
     ) -> PyResult<PyAcross> {
         let opts = options(capacity_bytes, backend, timeout_s, setup_timeout_s, None, None, None)?;
-        let a = py.detach(move || across::Across::from_env(opts)).map_err(from_across)?;
+        let store = match store {
+            Some(s) => Some(s),
+            None => torch_store(py)?,
+        };
+        let a = match store {
+            None => py.detach(move || across::Across::from_env(opts)),
+            Some(store) => {
+                let info = launch::detect()
+                    .map_err(from_launch)?
+                    .ok_or_else(|| from_across(allreduce::Error::NoLauncher.into()))?;
+                let timeout = opts.timeouts().map_err(|e| from_across(e.into()))?.1;
+                let n = STORE_SETUPS.fetch_add(1, Ordering::SeqCst);
+                let prefix = format!("allreduce_rs/across/{}/{n}", info.job.as_str());
+                let mut exchange =
+                    StoreExchange { store, prefix, rank: info.rank, world: info.world, timeout, round: 0 };
+                py.detach(move || across::Across::with_exchange(info, opts, &mut exchange))
+            }
+        }
+        .map_err(from_across)?;
         let (t, i) = (a.topology(), a.local().gpu().info());
         Ok(PyAcross {
             reach: Reach { driver: i.kind, ordinal: i.ordinal, world: t.world() },

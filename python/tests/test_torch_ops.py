@@ -72,3 +72,7 @@ if torch.cuda.is_available():
 
     def test_reduce_overhead_compile_replays_the_op_in_cuda_graphs(inductor):
         run_job(min(torch.cuda.device_count(), 2), "cuda_compiled", script=TORCH_JOBS, env=inductor)
+
+
+def test_across_sets_up_through_torch_distributed_s_store():
+    run_job(4, "across_store", script=TORCH_JOBS)

@@ -395,6 +395,35 @@ def refusals():
     return comm.rank
 
 
+def across_store():
+    """Across's set-up through torch.distributed's store, as two emulated nodes on the host driver: with a gloo
+    process group up (its store listens at MASTER_PORT, where the TCP bootstrap would have had to), every rank gets
+    rank 0's reason (no NCCL on the host driver) through the store; a second endpoint uses fresh keys; then rank 3
+    never sets up, and the others' PeerError names it at the set-up deadline."""
+    import time
+
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ["ALLREDUCE_NODES"] = "2"
+    os.environ["ALLREDUCE_NODE_ID"] = str(rank // (world // 2))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    for _ in range(2):
+        expect(ar.UnsupportedError, lambda: ar.Across.from_env(setup_timeout_s=30.0), "rank 0 cannot run NCCL/RCCL")
+    store = dist.distributed_c10d._get_default_store()
+    job = os.environ["ALLREDUCE_JOB_ID"]
+    assert store.check([f"allreduce_rs/across/{job}/1/1/{rank}"]), "the second endpoint's key is not in the store"
+    dist.barrier()
+    if rank != 3:
+        start = time.monotonic()
+        e = expect(ar.PeerError, lambda: ar.Across.from_env(setup_timeout_s=2.0, store=store), "torch.distributed")
+        assert e.ranks == (3,), e.ranks
+        assert 2.0 <= time.monotonic() - start < 10, time.monotonic() - start
+    dist.barrier()
+    dist.destroy_process_group()
+    return rank
+
+
 if __name__ == "__main__":
     scenario = sys.argv[1]
     if globals()[scenario]() == 0:

@@ -7,6 +7,10 @@
 //! the node, an allreduce of each rank's shard across nodes over its rail, the ranks with its local rank, then an
 //! all-gather within the node). Reduce-scatter and all-gather run NCCL over the whole job.
 
+mod exchange;
+
+pub use exchange::{Exchange, TcpExchange};
+
 use allreduce::{Communicator, DType, Op, Options};
 use collective_core::{Call, CollectiveError};
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, MemKind, Stream};
@@ -71,6 +75,18 @@ fn hostname() -> String {
     nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
+/// Refuses the host driver at once: across nodes the collectives run on NCCL/RCCL.
+fn refuse_host(opts: &Options) -> Result<(), Error> {
+    if opts.backend == gpu::Backend::Host {
+        return Err(Error::Unsupported(
+            "across nodes the collectives run on NCCL/RCCL, and the host driver has neither: run on a GPU driver \
+             (cuda or hip)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// One rank's endpoint of a job over several nodes. Drop it only once the streams it ran on are idle.
 pub struct Across {
     // Field order is drop order: the NCCL communicators and the scratch before the node's communicator.
@@ -112,16 +128,16 @@ impl Across {
     /// [`RankInfo::explicit`] does). Collective: every rank of the job calls it. The NCCL/RCCL ids travel over TCP to
     /// `MASTER_ADDR:MASTER_PORT` (or `ALLREDUCE_BOOTSTRAP_PORT`), within the set-up deadline.
     pub fn new(info: RankInfo, opts: Options) -> Result<Across, Error> {
-        if opts.backend == gpu::Backend::Host {
-            return Err(Error::Unsupported(
-                "across nodes the collectives run on NCCL/RCCL, and the host driver has neither: run on a GPU \
-                 driver (cuda or hip)"
-                    .into(),
-            ));
-        }
+        refuse_host(&opts)?;
+        let mut tcp = TcpExchange::from_env(&info, opts.timeouts()?.1)?;
+        Across::with_exchange(info, opts, &mut tcp)
+    }
+
+    /// As [`Across::new`], the set-up blobs exchanged through `exchange` (a store the program already has).
+    pub fn with_exchange(info: RankInfo, opts: Options, exchange: &mut dyn Exchange) -> Result<Across, Error> {
+        refuse_host(&opts)?;
         let topology = Topology::of(&info)?;
         let (_, setup) = opts.timeouts()?;
-        let bootstrap = bootstrap::BootstrapOptions::from_env(setup)?;
         let (l, node) = (topology.local_world(), topology.node());
         let job = node_job(&info.job, node);
         // The driver first (opened again by the node's communicator), for the ids and the device count.
@@ -149,7 +165,7 @@ impl Across {
             mine.error = Some(e.to_string());
         }
         let sent = serde_json::to_vec(&mine).expect("a blob serialises");
-        let all = bootstrap::all_gather(&bootstrap, info.rank, info.world, info.job.as_str(), &sent)?;
+        let all = exchange.all_gather(&sent)?;
         let blobs: Vec<SetupBlob> = all
             .iter()
             .enumerate()
@@ -181,7 +197,7 @@ impl Across {
             Ok(_) => Vec::new(),
             Err(e) => format!("its node's communicator failed: {e}").into_bytes(),
         };
-        let all = bootstrap::all_gather(&bootstrap, info.rank, info.world, info.job.as_str(), &ready)?;
+        let all = exchange.all_gather(&ready)?;
         if let Some((r, why)) = all.iter().enumerate().find(|(_, b)| !b.is_empty()) {
             return Err(Error::Setup(format!("rank {r}: {}", String::from_utf8_lossy(why))));
         }
