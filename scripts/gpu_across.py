@@ -76,9 +76,17 @@ def main():
             a.all_gather(x, out)
             assert torch.equal(out.cpu(), torch.cat(xs)), f"all_gather {dtype} x {count}"
             checked += 1
+    # Both paths timed per size; calls without a path then follow the table (functional here: sockets on one GPU).
+    table = a.tune(dtype=torch.bfloat16, counts=[1024 * l, 65536 * l, 1 << 20], iters=5, repeats=2)
+    assert a.path_table == table, (a.path_table, table)
+    x = torch.rand(1 << 20, dtype=torch.bfloat16, device=dev)
+    a.all_reduce(x)
+    want = next(p for m, p in table if m is None or (1 << 21) <= m)
+    assert a.last_path == want, (a.last_path, table)
     a.check()
     torch.cuda.synchronize()
     if rank == 0:
+        print(f"path table: {table}")
         print(a.placement(), end="")
         print(f"across python: {a.nodes} x {l} ranks, {checked} results checked on every rank, seed {seed}: ok")
     a.close()

@@ -342,7 +342,7 @@ class Across:
         stream: Optional[StreamLike] = None,
     ) -> TensorLike:
         """Allreduces ``tensor`` over the whole job, in place or into ``out``; returns the tensor with the sum.
-        ``path``: ``"nccl"`` (the default) or ``"hierarchical"`` (reduce-scatter in the node, the shard across nodes
+        ``path``: the path table's for the size (:meth:`tune`; NCCL without one), ``"nccl"`` or ``"hierarchical"`` (reduce-scatter in the node, the shard across nodes
         over NCCL, all-gather in the node; the count must divide by the node's ranks)."""
 
     def reduce_scatter(self, input: TensorLike, out: TensorLike, *, stream: Optional[StreamLike] = None) -> TensorLike:
@@ -353,6 +353,17 @@ class Across:
 
     def check(self) -> None:
         """Raises the error a wait in this node's kernels recorded (``PeerError`` naming the peer), if any."""
+
+    def tune(
+        self, dtype: Optional[DTypeLike] = None, counts: Optional[Sequence[int]] = None, iters: int = 20, repeats: int = 3
+    ) -> List[Tuple[Optional[int], Literal["nccl", "hierarchical"]]]:
+        """Times both paths per size (the slowest rank's median) and makes the fastest per size the path of every
+        later :meth:`all_reduce` without ``path=``; rank 0 stores the table in the tune cache for later endpoints of
+        this job's shape. Collective."""
+
+    @property
+    def path_table(self) -> Optional[List[Tuple[Optional[int], Literal["nccl", "hierarchical"]]]]:
+        """The path table every rank follows, or None (then NCCL over the whole job)."""
 
     @property
     def last_path(self) -> Optional[Literal["nccl", "hierarchical"]]:

@@ -14,6 +14,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
+/// A path table as Python sees it: `[(max_bytes or None, path)]`.
+type PathRows = Vec<(Option<usize>, String)>;
+
+fn path_rows(t: &across::PathTable) -> PathRows {
+    t.entries.iter().map(|e| (e.max_bytes, e.path.to_string())).collect()
+}
+
 /// Endpoints this process has set up through a store: part of their keys, so a second endpoint of the same job
 /// never reads the first one's blobs (every rank sets up its endpoints in the same order, so the numbers agree).
 static STORE_SETUPS: AtomicUsize = AtomicUsize::new(0);
@@ -111,6 +118,7 @@ pub struct PyAcross {
     /// `None` once closed; taken with `try_lock`, as the communicator's (calls are collective, one at a time).
     inner: Mutex<Option<across::Across>>,
     reach: Reach,
+    capacity: usize,
     rank: usize,
     node: usize,
     nodes: usize,
@@ -212,6 +220,7 @@ impl PyAcross {
         let (t, i) = (a.topology(), a.local().gpu().info());
         Ok(PyAcross {
             reach: Reach { driver: i.kind, ordinal: i.ordinal, world: t.world() },
+            capacity: capacity_bytes,
             rank: t.rank(),
             node: t.node(),
             nodes: t.nodes(),
@@ -223,8 +232,9 @@ impl PyAcross {
     }
 
     /// Allreduces `tensor` over every rank of the job, in place or into `out`; returns the tensor that holds the
-    /// sum. `path`: "nccl" (NCCL over the whole job, the default) or "hierarchical" (reduce-scatter in the node,
-    /// the shard across nodes over NCCL, all-gather in the node; the element count must divide by the node's ranks).
+    /// sum. `path`: "nccl" (NCCL over the whole job) or "hierarchical" (reduce-scatter in the node, the shard across
+    /// nodes over NCCL, all-gather in the node; the element count must divide by the node's ranks); default: the
+    /// path table's for the size (see tune), NCCL without one.
     #[pyo3(signature = (tensor, out = None, *, path = None, stream = None))]
     fn all_reduce<'py>(
         &self,
@@ -272,6 +282,35 @@ impl PyAcross {
     /// look after a graph replay or before trusting a result.
     fn check(&self) -> PyResult<()> {
         self.with(|a| a.local().check().map_err(across::Error::from))
+    }
+
+    /// Times both paths at `counts` elements of `dtype` (default: 4**5 to 4**11 elements, as far as the capacity
+    /// allows), `iters` calls per repeat, the slowest rank's median of `repeats`, and makes the fastest per size the
+    /// path of every later all_reduce without `path=`; rank 0 stores the table in the tune cache, where later
+    /// endpoints of this job's shape find it. Collective. Returns the table as `[(max_bytes or None, path)]`.
+    #[pyo3(signature = (dtype = None, counts = None, iters = 20, repeats = 3))]
+    fn tune(
+        &self,
+        py: Python<'_>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        counts: Option<Vec<usize>>,
+        iters: u64,
+        repeats: u64,
+    ) -> PyResult<PathRows> {
+        let dtype = dtype.map(crate::args::dtype_of).transpose()?.unwrap_or(allreduce::DType::Bf16);
+        let counts = counts
+            .unwrap_or_else(|| (5..=11).map(|e| 4usize.pow(e)).filter(|c| c * dtype.size() <= self.capacity).collect());
+        let mut guard = self.inner.try_lock().map_err(|_| AllreduceError::new_err("the endpoint is in use"))?;
+        let a = guard.as_mut().ok_or_else(|| AllreduceError::new_err("the endpoint is closed"))?;
+        let table = py.detach(|| a.tune(dtype, &counts, iters, repeats)).map_err(from_across)?;
+        Ok(path_rows(&table))
+    }
+
+    /// The path table every rank follows (`[(max_bytes or None, path)]`), or None: then every all_reduce without
+    /// `path=` takes NCCL over the whole job.
+    #[getter]
+    fn path_table(&self) -> PyResult<Option<Vec<(Option<usize>, String)>>> {
+        self.with(|a| Ok(a.path_table().map(|t| t.entries.iter().map(|e| (e.max_bytes, e.path.to_string())).collect())))
     }
 
     /// The path the last all_reduce took ("nccl" or "hierarchical"), or None before the first.

@@ -8,8 +8,11 @@
 //! all-gather within the node). Reduce-scatter and all-gather run NCCL over the whole job.
 
 mod exchange;
+mod paths;
+mod tune;
 
 pub use exchange::{Exchange, TcpExchange};
+pub use paths::{PathEntry, PathKey, PathTable};
 
 use allreduce::{Communicator, DType, Op, Options};
 use collective_core::{Call, CollectiveError};
@@ -20,9 +23,10 @@ use std::fmt;
 use std::hash::Hasher;
 
 /// How an allreduce goes across nodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Path {
-    /// NCCL/RCCL over every rank of the job: the default until the paths are measured on the machine.
+    /// NCCL/RCCL over every rank of the job: the default until the paths are measured on the job's shape.
     Nccl,
     /// Reduce-scatter within the node (car), allreduce of the shard across nodes over the rail (NCCL/RCCL),
     /// all-gather within the node (car). Needs a count that divides by the node's ranks.
@@ -71,6 +75,14 @@ struct SetupBlob {
     error: Option<String>,
 }
 
+/// What every rank sends every other once its node's communicator is up (or why it is not); rank 0 adds the path
+/// table it found in its tune cache, which every rank then follows.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct ReadyBlob {
+    error: Option<String>,
+    paths: Option<PathTable>,
+}
+
 fn hostname() -> String {
     nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
 }
@@ -99,6 +111,10 @@ pub struct Across {
     last: Cell<Option<Path>>,
     topology: Topology,
     capacity: usize,
+    /// The path per size, as rank 0's tune cache held it (or as `tune` measured it); NCCL everywhere without one.
+    paths: Option<PathTable>,
+    path_key: PathKey,
+    tune_dir: Option<std::path::PathBuf>,
     local: Communicator,
 }
 
@@ -188,19 +204,39 @@ impl Across {
             nodes: Some(1),
         };
         let capacity = opts.capacity_bytes;
+        let tune_dir = opts.tune_dir.clone().or_else(allreduce::tune::cache_dir);
         let opts = Options { device_shared_by: Some(on_host.div_ceil(devices)), ..opts };
         // Every rank says whether its node's communicator came up before any rank enters NCCL's initialisation,
         // which waits for every rank of its communicator: a rank that failed stops the others here, not at the
-        // set-up deadline there.
+        // set-up deadline there. Rank 0 sends the path table its cache holds for this job's shape.
         let local = Communicator::new(local_info, opts);
-        let ready = match &local {
-            Ok(_) => Vec::new(),
-            Err(e) => format!("its node's communicator failed: {e}").into_bytes(),
-        };
-        let all = exchange.all_gather(&ready)?;
-        if let Some((r, why)) = all.iter().enumerate().find(|(_, b)| !b.is_empty()) {
-            return Err(Error::Setup(format!("rank {r}: {}", String::from_utf8_lossy(why))));
+        let path_key = local.as_ref().ok().map(|c| PathKey {
+            driver: kind.to_string(),
+            device: c.gpu().info().name.clone(),
+            nodes: topology.nodes(),
+            local_world: l,
+            ranks_per_device: c.device_shared_by(),
+        });
+        let mut ready = ReadyBlob::default();
+        match (&local, &path_key) {
+            (Err(e), _) => ready.error = Some(format!("its node's communicator failed: {e}")),
+            (Ok(_), Some(key)) if info.rank == 0 => match tune_dir.as_deref().map(|d| PathTable::find(key, d)) {
+                Some(Err(e)) => ready.error = Some(e.to_string()),
+                Some(Ok(found)) => ready.paths = found,
+                None => {}
+            },
+            _ => {}
         }
+        let all = exchange.all_gather(&serde_json::to_vec(&ready).expect("a blob serialises"))?;
+        let ready: Vec<ReadyBlob> = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| serde_json::from_slice(b).map_err(|e| Error::Setup(format!("rank {r}'s ready blob: {e}"))))
+            .collect::<Result<_, _>>()?;
+        if let Some((r, why)) = ready.iter().enumerate().find_map(|(r, b)| b.error.as_ref().map(|e| (r, e))) {
+            return Err(Error::Setup(format!("rank {r}: {why}")));
+        }
+        let paths = ready.into_iter().next().and_then(|b| b.paths);
         let local = local?;
         let id = |b: &SetupBlob, rail: bool, r: usize| {
             let id = if rail { &b.rail_id } else { &b.job_id };
@@ -216,7 +252,20 @@ impl Across {
         let job_id = id(&blobs[0], false, 0)?;
         let job = nccl::Nccl::from_id(kind, "nccl_job", capacity, &job_id, (info.rank, info.world), setup)?;
         let scratch = local.gpu().alloc(shard_capacity, MemKind::Device)?;
-        Ok(Across { rail, job, scratch, streams: RefCell::default(), last: Cell::new(None), topology, capacity, local })
+        let path_key = path_key.expect("the node's communicator is up");
+        Ok(Across {
+            rail,
+            job,
+            scratch,
+            streams: RefCell::default(),
+            last: Cell::new(None),
+            topology,
+            capacity,
+            paths,
+            path_key,
+            tune_dir,
+            local,
+        })
     }
 
     pub fn topology(&self) -> &Topology {
@@ -233,8 +282,23 @@ impl Across {
         self.last.get()
     }
 
+    /// The path table every rank follows (rank 0's cached one, or the last `tune`'s), if there is one.
+    pub fn path_table(&self) -> Option<&PathTable> {
+        self.paths.as_ref()
+    }
+
+    /// The path an allreduce of `count` elements of `dtype` takes when none is asked for: the path table's for its
+    /// size (the hierarchical path only where the count divides among a node's ranks), else NCCL over the job.
+    pub fn path_for(&self, count: usize, dtype: DType) -> Path {
+        match self.paths.as_ref().map(|t| t.pick(count * dtype.size())) {
+            Some(Path::Hierarchical) if count.is_multiple_of(self.topology.local_world()) => Path::Hierarchical,
+            _ => Path::Nccl,
+        }
+    }
+
     /// Enqueues an allreduce of `count` elements of `dtype` from `input` into `output` (they may be the same
-    /// buffer) on the caller's stream `stream`, over every rank of the job, by `path` (default [`Path::Nccl`]).
+    /// buffer) on the caller's stream `stream`, over every rank of the job, by `path` (default:
+    /// [`Across::path_for`]).
     ///
     /// # Safety
     /// As `allreduce::Communicator::issue`: `input` and `output` are device memory of this rank's device holding
@@ -249,7 +313,7 @@ impl Across {
         stream: u64,
         path: Option<Path>,
     ) -> Result<Path, Error> {
-        let path = path.unwrap_or(Path::Nccl);
+        let path = path.unwrap_or_else(|| self.path_for(count, dtype));
         let world = self.topology.world();
         // Checked as a whole first, so a bad call fails before any step is enqueued.
         let call = Call::new(Op::AllReduce, dtype, input, output, count, world, self.capacity)?;

@@ -51,7 +51,15 @@ fn emulated_nodes_run_every_collective_exactly() {
         let (world, nodes) = (info.world, info.nodes.unwrap_or(nodes));
         let (rank, job) = (info.rank, info.job.clone());
         let capacity = 8 << 20;
-        let opts = Options { backend: backend(), capacity_bytes: capacity, ..Options::default() };
+        // A tune directory of this job's own, shared by its ranks.
+        let tune_dir = std::env::temp_dir().join(format!("arx-across-tune-{}", job.as_str()));
+        let opts = Options {
+            backend: backend(),
+            capacity_bytes: capacity,
+            tune_dir: Some(tune_dir.clone()),
+            ..Options::default()
+        };
+        let (info_again, opts_again) = (info.clone(), opts.clone());
         let across = match Across::new(info, opts) {
             Err(e) if e.to_string().contains("host driver") => {
                 // The host driver: refused at set-up on every rank, saying why (rank 0's reason, through the
@@ -146,6 +154,29 @@ fn emulated_nodes_run_every_collective_exactly() {
         if rank == 0 {
             print!("{across}");
             println!("emulated nodes: {nodes} x {l} ranks, {checked} results checked on every rank, the same bits everywhere");
+        }
+        // The path table: both paths timed, the fastest per size followed by calls without a path, stored by rank
+        // 0 and followed by every rank of the next endpoint of this shape.
+        let mut across = across;
+        let counts = [1024 * l, 65536 * l, 1 << 20];
+        let table = across.tune(DType::Bf16, &counts, 5, 2).unwrap();
+        for &count in &counts {
+            let want = match table.pick(count * 2) {
+                Path::Hierarchical if count.is_multiple_of(l) => Path::Hierarchical,
+                _ => Path::Nccl,
+            };
+            // SAFETY: as above.
+            let took =
+                unsafe { across.all_reduce(input.ptr(), output.ptr(), count, DType::Bf16, stream.handle(), None) };
+            assert_eq!(took.unwrap(), want, "{count} elements with {table:?}");
+        }
+        stream.sync().unwrap();
+        drop(across);
+        let again = Across::new(info_again, opts_again).unwrap();
+        assert_eq!(again.path_table(), Some(&table), "rank {rank}: the next endpoint's table");
+        if rank == 0 {
+            println!("path table: {:?}", table.entries);
+            std::fs::remove_dir_all(&tune_dir).unwrap();
         }
     });
 }

@@ -92,16 +92,30 @@ impl TableKey {
         TableKey { driver: driver.to_string(), device: device.to_string(), world, ranks_per_device, mode, residency }
     }
 
-    /// The cache file's name: every character outside `[A-Za-z0-9.-]` of the device name becomes `_`.
+    /// The cache file's name (the device name through [`file_safe`]).
     pub fn file_name(&self) -> String {
-        let device: String = self
-            .device
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
-            .collect();
+        let device = file_safe(&self.device);
         let (w, d, m, r) = (self.world, self.ranks_per_device, self.mode.name(), self.residency.name());
         format!("{}-{device}-w{w}-d{d}-{m}-{r}.json", self.driver)
     }
+}
+
+/// `name` fit for a file name: every character outside `[A-Za-z0-9.-]` becomes `_`.
+pub fn file_safe(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
+}
+
+/// Writes `value` as JSON to `path` (its directory created), through a temporary file renamed into place, so a
+/// concurrent reader never sees half of it.
+pub fn store_json(path: &Path, value: &impl Serialize) -> Result<(), Error> {
+    let err = |e: std::io::Error| Error::Tune(format!("writing tune table {}: {e}", path.display()));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let json = serde_json::to_string_pretty(value).expect("a table serialises");
+    std::fs::write(&tmp, json).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
 }
 
 impl fmt::Display for TableKey {
@@ -175,6 +189,33 @@ impl LoadedTable {
 
 /// How much slower than the fastest an algorithm may be and still keep its range going: a tie within noise.
 pub const TIE: f64 = 0.03;
+
+/// The fastest candidate per size from `(bytes, candidate, time)` measurements (times that are not finite left
+/// out), as ranges `(max_bytes, candidate)`: neighbouring sizes with the same winner merged, a candidate within
+/// [`TIE`] of the fastest keeping the range it holds, the last range opened (`None`) to every larger size. Empty
+/// when nothing was measured. The one rule of every table: the communicator's designs, across's paths.
+pub fn fastest_ranges<T: Copy + PartialEq>(times: &[(usize, T, f64)]) -> Vec<(Option<usize>, T)> {
+    let mut sizes: Vec<usize> = times.iter().map(|t| t.0).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut ranges: Vec<(Option<usize>, T)> = Vec::new();
+    for bytes in sizes {
+        let best = times.iter().filter(|t| t.0 == bytes && t.2.is_finite()).min_by(|a, b| a.2.total_cmp(&b.2));
+        let Some(&(_, mut winner, fastest)) = best else { continue };
+        let close = |c: T| times.iter().any(|t| t.0 == bytes && t.1 == c && t.2 <= fastest * (1.0 + TIE));
+        if let Some(kept) = ranges.last().map(|r| r.1).filter(|&c| close(c)) {
+            winner = kept;
+        }
+        match ranges.last_mut() {
+            Some(last) if last.1 == winner => last.0 = Some(bytes),
+            _ => ranges.push((Some(bytes), winner)),
+        }
+    }
+    if let Some(last) = ranges.last_mut() {
+        last.0 = None;
+    }
+    ranges
+}
 
 /// The built-in sets, one per driver: every table `Communicator::tune` measured there (mode x residency), keyed.
 const BUILT_IN_CUDA: &str = include_str!("../tables/cuda.json");
@@ -309,14 +350,7 @@ impl TuneTable {
     /// Writes the table to `path` (its directory created), through a temporary file so a concurrent reader never
     /// sees half of it.
     pub fn store(&self, path: &Path) -> Result<(), Error> {
-        let err = |e: std::io::Error| Error::Tune(format!("writing tune table {}: {e}", path.display()));
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(err)?;
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let json = serde_json::to_string_pretty(self).expect("a table serialises");
-        std::fs::write(&tmp, json).map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+        store_json(path, self)
     }
 
     /// The ranges as algorithms, checked: not empty, known allreduce methods, bounds ascending, the last open.
@@ -352,28 +386,14 @@ impl TuneTable {
         key: TableKey,
         measured_on: String,
     ) -> Result<TuneTable, Error> {
-        let mut sizes: Vec<usize> = times.iter().map(|t| t.0).collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        let mut entries: Vec<TuneEntry> = Vec::new();
-        for bytes in sizes {
-            let best = times
-                .iter()
-                .filter(|t| t.0 == bytes && t.2.is_finite() && Algorithm::CANDIDATES.contains(&t.1))
-                .min_by(|a, b| a.2.total_cmp(&b.2));
-            let Some(&(_, mut algo, fastest)) = best else { continue };
-            let incumbent = entries.last().and_then(|e| Algorithm::from_name(&e.method));
-            let close = |a: Algorithm| times.iter().any(|t| t.0 == bytes && t.1 == a && t.2 <= fastest * (1.0 + TIE));
-            if let Some(kept) = incumbent.filter(|&a| close(a)) {
-                algo = kept;
-            }
-            match entries.last_mut() {
-                Some(last) if last.method == algo.name() => last.max_bytes = Some(bytes),
-                _ => entries.push(TuneEntry { max_bytes: Some(bytes), method: algo.name().into() }),
-            }
+        let candidates: Vec<_> = times.iter().copied().filter(|t| Algorithm::CANDIDATES.contains(&t.1)).collect();
+        let entries = fastest_ranges(&candidates)
+            .into_iter()
+            .map(|(max_bytes, algo)| TuneEntry { max_bytes, method: algo.name().into() })
+            .collect::<Vec<_>>();
+        if entries.is_empty() {
+            return Err(Error::Tune("no candidate was measured at any size".into()));
         }
-        let last = entries.last_mut().ok_or_else(|| Error::Tune("no candidate was measured at any size".into()))?;
-        last.max_bytes = None;
         Ok(TuneTable { key: Some(key), measured_on, entries })
     }
 
