@@ -309,8 +309,8 @@ impl PyAcross {
     /// The path table every rank follows (`[(max_bytes or None, path)]`), or None: then every all_reduce without
     /// `path=` takes NCCL over the whole job.
     #[getter]
-    fn path_table(&self) -> PyResult<Option<Vec<(Option<usize>, String)>>> {
-        self.with(|a| Ok(a.path_table().map(|t| t.entries.iter().map(|e| (e.max_bytes, e.path.to_string())).collect())))
+    fn path_table(&self) -> PyResult<Option<PathRows>> {
+        self.with(|a| Ok(a.path_table().map(path_rows)))
     }
 
     /// The path the last all_reduce took ("nccl" or "hierarchical"), or None before the first.
