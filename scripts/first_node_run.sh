@@ -76,6 +76,8 @@ fi
 # Across nodes (crates/across): two emulated nodes on this one (NCCL over its socket transport, a host id per rank).
 # On two real nodes the same binary under the cluster's launcher runs on the launcher's nodes, e.g.
 #   srun -N2 --ntasks-per-node=8 env ARX_TEST_BACKEND=$BACKEND dist/across_tests --test-threads 1
+# and from Python (the wheel installed as gpu_python.sh does): srun -N2 --ntasks-per-node=8 python dist/gpu_across.py
+# --nodes 0 (the launcher's nodes; it tunes the two paths and checks that calls follow the table).
 step across_emulated env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 ARX_TEST_BACKEND="$BACKEND" ARX_TEST_RANKS="$ranks" \
     ARX_TEST_NODES=2 "$here/across_tests" --test-threads 1
 echo "failed steps: ${failed[*]:-none}" | tee "$out/summary.txt"
