@@ -6,6 +6,7 @@
 //    Packet areas alternate by epoch parity: a peer writes area e%2 again only in call e+2, which it reaches only
 //    after this rank's packets of call e+1, sent after this rank finished reading call e.
 //  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h), blocks owning whole rows.
+//  - symm_zc_1shot_norm: symm_zc_1shot carrying the residual add and RMSNorm, blocks owning whole rows.
 //  - symm_zc_1shot / symm_zc_2shot: no copy-in. Ranks read each other's registered inputs directly; two-shot pushes
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
 //    one per block and phase) replace torch's CAS handshake. Phase 0: inputs ready; phase 1: this block's reads of
@@ -217,6 +218,24 @@ template <int DT> ARX_DEV void zc_1shot(const TunedParams& p, const u64* in, con
     ll_clean(p, epoch);
 }
 
+// zc_1shot with the residual add and RMSNorm (arx/norm.h): blocks own whole rows (row_range, ARX_NORM_LANES threads),
+// copy them in when asked (what the same block of every rank reads), and after the phase-0 barrier sum them from
+// every rank's input in place, add the residual and normalise; phase 1 still tells the peers this rank's input is
+// free.
+template <int DT> ARX_DEV void zc_1shot_norm(const TunedParams& p, const u64* in, const u64* out) {
+    u64 epoch = next_epoch(p.counters);
+    Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
+    if (p.copy_from)
+        copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
+                             Range{mine.lo * p.hidden, mine.hi * p.hidden});
+    if (!tuned_barrier(p, 0, epoch)) return;
+    void* y = (void*)pick(out, p.rank);
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        add_rms_norm_row<DT>(in, p.world, (void*)p.residual, (const void*)p.weight, y, row * p.hidden, p.hidden, p.eps);
+    if (!tuned_barrier(p, 1, epoch)) return;
+    ll_clean(p, epoch);
+}
+
 // dst[d][i] = sum over ranks of src[i] at one element i, for every rank d.
 template <int DT> ARX_DEV void push_at(u32 world, const u64* in, const u64* out, u64 i, const void* bias) {
     float acc = sum_at<DT, false>(in, world, i, bias);
@@ -337,6 +356,7 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
         BODY<DT>(p, in, out);                                                                         \
     }
 ARX_ZC_ENTRIES(symm_zc_1shot, zc_1shot)
+ARX_ZC_ENTRIES(symm_zc_1shot_norm, zc_1shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot, zc_2shot)
 ARX_ZC_ENTRIES(symm_zc_2shot_ll, zc_2shot_ll)
 
@@ -347,5 +367,7 @@ ARX_INSTANTIATE(symm_epoch_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot_table, TunedParams)
+ARX_INSTANTIATE(symm_zc_1shot_norm, TunedParams)
+ARX_INSTANTIATE(symm_zc_1shot_norm_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll_table, TunedParams)

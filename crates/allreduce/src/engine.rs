@@ -106,7 +106,8 @@ impl Engine {
 
     /// The algorithm that runs when `algo` is asked for on `call`: packets carry no more than their area, so
     /// larger messages take the zero-copy design of the same shape, and norm calls whose rows do not fit the fused
-    /// packets car's fused one-shot (a norm call on any other design runs that design's allreduce, then the norm).
+    /// packets car's fused one-shot. A norm call on a design that does not carry it (only car's, the packets and the
+    /// zero-copy one-shot do) runs that design's allreduce, then the norm kernel.
     pub fn runs_as(&self, algo: Algorithm, call: &Call) -> Algorithm {
         let bytes = call.bytes();
         match algo {
@@ -139,15 +140,7 @@ impl Engine {
         peers: &PeerBuffers,
         stream: &Stream,
     ) -> Result<Option<DeferredUse>, CollectiveError> {
-        let runs = self.runs_as(algo, call);
-        if call.norm().is_some() && !matches!(runs, Algorithm::Car1Shot | Algorithm::Car2Shot | Algorithm::SymmLl) {
-            // The unfused sequence: the design's allreduce, then the norm over its result, in stream order.
-            // SAFETY: the caller's contract, for both.
-            let used = unsafe { self.run_algorithm(algo, &call.without_norm(), peers, stream)? };
-            unsafe { self.enqueue_norm(call, stream)? };
-            return Ok(used);
-        }
-        let design = match runs {
+        let design = match self.runs_as(algo, call) {
             // SAFETY (both car arms): the caller's contract.
             Algorithm::Car1Shot => return unsafe { self.car_1shot.enqueue(call, stream) }.map(|_| None),
             Algorithm::Car2Shot => return unsafe { self.car_2shot.enqueue(call, stream) }.map(|_| None),
@@ -160,6 +153,13 @@ impl Engine {
                 return Err(CollectiveError::BadArgs(format!("{algo} is not an allreduce")))
             }
         };
+        if call.norm().is_some() && !self.symm.carries_norm(design, call) {
+            // The unfused sequence: the design's allreduce, then the norm over its result, in stream order.
+            // SAFETY: the caller's contract, for both.
+            let used = unsafe { self.run_algorithm(algo, &call.without_norm(), peers, stream)? };
+            unsafe { self.enqueue_norm(call, stream)? };
+            return Ok(used);
+        }
         // SAFETY: the caller's contract; runs_as keeps the packet designs within their areas (a norm call on the
         // packets within the fused kernel's).
         unsafe { self.symm.run_design(design, call, peers, stream) }

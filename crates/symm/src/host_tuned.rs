@@ -25,6 +25,12 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_1shot_bf16", zc_one_shot),
     ("symm_zc_1shot_fp16", zc_one_shot),
     ("symm_zc_1shot_fp32", zc_one_shot),
+    ("symm_zc_1shot_norm_bf16", zc_one_shot_norm),
+    ("symm_zc_1shot_norm_fp16", zc_one_shot_norm),
+    ("symm_zc_1shot_norm_fp32", zc_one_shot_norm),
+    ("symm_zc_1shot_norm_table_bf16", zc_one_shot_norm_table),
+    ("symm_zc_1shot_norm_table_fp16", zc_one_shot_norm_table),
+    ("symm_zc_1shot_norm_table_fp32", zc_one_shot_norm_table),
     ("symm_zc_2shot_bf16", zc_two_shot),
     ("symm_zc_2shot_fp16", zc_two_shot),
     ("symm_zc_2shot_fp32", zc_two_shot),
@@ -66,6 +72,12 @@ fn call_from_table(l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
     p.inputs.copy_from_slice(&t[..MAX_RANKS]);
     p.outputs.copy_from_slice(&t[MAX_RANKS..]);
     call_with(p, l)
+}
+
+/// The norm a `*_norm` launch carries.
+fn norm_of(p: &TunedParams) -> AddRmsNorm {
+    let (residual, weight) = (DevicePtr(p.residual), DevicePtr(p.weight));
+    AddRmsNorm { residual, weight, hidden: p.hidden as usize, eps: p.eps }
 }
 
 fn call_with(p: TunedParams, l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
@@ -182,12 +194,7 @@ pub(crate) fn row_packets(hidden: usize, size: usize) -> usize {
 fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let c = call(l)?;
     let (p, size) = (&c.p, c.dtype.size());
-    let norm = AddRmsNorm {
-        residual: DevicePtr(p.residual),
-        weight: DevicePtr(p.weight),
-        hidden: p.hidden as usize,
-        eps: p.eps,
-    };
+    let norm = norm_of(p);
     let (hidden, per, npk) = (norm.hidden, 4 / size, p.ll_packets as usize);
     let (rows, ppr) = (p.count as usize / hidden, row_packets(hidden, size));
     if rows * ppr > npk {
@@ -237,21 +244,39 @@ fn ll_clean_slots(p: &TunedParams, rank: usize, epoch: u64, slots: impl Iterator
     }
 }
 
-fn zc(c: Call, two_shot: bool) -> Result<(), KernelFault> {
+/// The zero-copy designs: one-shot, two-shot, or one-shot with the residual add and RMSNorm (blocks own rows).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Zc {
+    OneShot,
+    TwoShot,
+    OneShotNorm,
+}
+
+fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
-    let name = if two_shot { "symm_zc_2shot" } else { "symm_zc_1shot" };
+    let two_shot = kind == Zc::TwoShot;
+    let name = match kind {
+        Zc::OneShot => "symm_zc_1shot",
+        Zc::TwoShot => "symm_zc_2shot",
+        Zc::OneShotNorm => "symm_zc_1shot_norm",
+    };
     let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
+    let norm = norm_of(p);
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        // Block b's part of shard s (one-shot: of the whole message): what block b of every rank reads.
-        let part = |s: usize| {
-            if two_shot {
+        // Block b's part of shard s (one-shot: of the whole message; with the norm: its rows' elements): what block b
+        // of every rank reads.
+        let part = |s: usize| match kind {
+            Zc::TwoShot => {
                 let (lo, hi) = shard_range(count, shard_elems(count, c.world, vec), s);
                 block_range(lo, hi, b, c.grid, vec)
-            } else {
-                block_range(0, count, b, c.grid, vec)
+            }
+            Zc::OneShot => block_range(0, count, b, c.grid, vec),
+            Zc::OneShotNorm => {
+                let (lo, hi) = row_range((0, count / norm.hidden), b, c.grid);
+                (lo * norm.hidden, hi * norm.hidden)
             }
         };
         if p.copy_from != 0 {
@@ -265,8 +290,14 @@ fn zc(c: Call, two_shot: bool) -> Result<(), KernelFault> {
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
         let (lo, hi) = part(c.rank);
         let mine = p.outputs[c.rank] as *mut u8;
-        // SAFETY: registered inputs and outputs hold `count` elements.
-        unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };
+        if kind == Zc::OneShotNorm {
+            let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+            // SAFETY: registered inputs, the output and the residual hold `count` elements, the weight `hidden`.
+            unsafe { add_rms_norm(c.dtype, &inputs, &norm, mine, (lo / norm.hidden, hi / norm.hidden)) };
+        } else {
+            // SAFETY: registered inputs and outputs hold `count` elements.
+            unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };
+        }
         if two_shot {
             for (d, &out) in p.outputs[..c.world].iter().enumerate().filter(|(d, _)| *d != c.rank) {
                 // SAFETY: as above; rank d's output, mapped here, is written only by this range's owner.
@@ -303,16 +334,22 @@ fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 
 fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call(l)?, false)
+    zc(call(l)?, Zc::OneShot)
 }
 fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call(l)?, true)
+    zc(call(l)?, Zc::TwoShot)
+}
+fn zc_one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call(l)?, Zc::OneShotNorm)
 }
 fn zc_one_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call_from_table(l)?, false)
+    zc(call_from_table(l)?, Zc::OneShot)
 }
 fn zc_two_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call_from_table(l)?, true)
+    zc(call_from_table(l)?, Zc::TwoShot)
+}
+fn zc_one_shot_norm_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call_from_table(l)?, Zc::OneShotNorm)
 }
 fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc_2shot_ll(call(l)?)

@@ -128,16 +128,19 @@ enum Stem {
     ZeroCopyTwoShotLl,
     /// `Ll` with the residual add and RMSNorm: blocks of [`NORM_LANES`] threads own whole rows.
     LlNorm,
+    /// `ZeroCopyOneShot` with the residual add and RMSNorm, likewise.
+    ZeroCopyOneShotNorm,
 }
 
 impl Stem {
-    const ALL: [Stem; 6] = [
+    const ALL: [Stem; 7] = [
         Stem::Ll,
         Stem::EpochOneShot,
         Stem::ZeroCopyOneShot,
         Stem::ZeroCopyTwoShot,
         Stem::ZeroCopyTwoShotLl,
         Stem::LlNorm,
+        Stem::ZeroCopyOneShotNorm,
     ];
 
     /// The kernel's name in `kernels/symm_tuned.cu`, without the dtype suffix.
@@ -149,15 +152,21 @@ impl Stem {
             Stem::ZeroCopyTwoShot => "symm_zc_2shot",
             Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Stem::LlNorm => "symm_ll_norm",
+            Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
         }
     }
 
     /// Threads of every block: the norm's lanes, or the launch rule's.
     fn threads(self, kind: DriverKind) -> u32 {
         match self {
-            Stem::LlNorm => NORM_LANES as u32,
+            Stem::LlNorm | Stem::ZeroCopyOneShotNorm => NORM_LANES as u32,
             _ => rule(kind, self, 0).threads,
         }
+    }
+
+    /// Whether the kernel reads its peers' inputs (and so has a `*_table` variant).
+    fn reads_peers(self) -> bool {
+        self.table_name().is_some()
     }
 
     /// The kernel's variant that reads every rank's buffers from a peer table: the ones that touch peers' inputs
@@ -166,6 +175,7 @@ impl Stem {
         match self {
             Stem::Ll | Stem::EpochOneShot | Stem::LlNorm => None,
             Stem::ZeroCopyOneShot => Some("symm_zc_1shot_table"),
+            Stem::ZeroCopyOneShotNorm => Some("symm_zc_1shot_norm_table"),
             Stem::ZeroCopyTwoShot => Some("symm_zc_2shot_table"),
             Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
         }
@@ -453,12 +463,25 @@ impl SymmTuned {
         }
     }
 
-    /// Whether `design` carries `call`'s residual add and RMSNorm in its kernel: `symm_ll_norm`, where the call's rows
-    /// fit the packet area (each row from a packet of its own, so up to a packet more per row than the bytes).
+    /// The kernel that carries `call`'s residual add and RMSNorm on `design`, if it has one: `symm_ll_norm` where the
+    /// call's rows fit the packet area (each row from a packet of its own, so up to a packet more per row than the
+    /// bytes), `symm_zc_1shot_norm`.
+    fn norm_stem(&self, design: Design, call: &Call) -> Option<Stem> {
+        let norm = call.norm()?;
+        match design {
+            Design::Ll => {
+                let packets = norm.rows(call.count()) * row_packets(norm.hidden, call.dtype().size());
+                let fits = call.bytes() <= self.capacity_for(design) && packets <= self.base.ll_packets as usize;
+                fits.then_some(Stem::LlNorm)
+            }
+            Design::ZeroCopyOneShot => Some(Stem::ZeroCopyOneShotNorm),
+            _ => None,
+        }
+    }
+
+    /// Whether `design` carries `call`'s residual add and RMSNorm in its kernel (see [`SymmTuned::run_design`]).
     pub fn carries_norm(&self, design: Design, call: &Call) -> bool {
-        let Some(norm) = call.norm() else { return false };
-        let packets = norm.rows(call.count()) * row_packets(norm.hidden, call.dtype().size());
-        design == Design::Ll && call.bytes() <= self.capacity_for(design) && packets <= self.base.ll_packets as usize
+        self.norm_stem(design, call).is_some()
     }
 
     /// The kernel `design` runs for `bytes` on `stream`: asking whether the stream captures costs a driver call,
@@ -501,27 +524,31 @@ impl SymmTuned {
         let mode = if design.depends_on_mode(bytes) { Mode::of(stream)? } else { Mode::Eager };
         let bias = call.bias().map_or(0, |b| b.0);
         let mut params = TunedParams { count: count as u64, dtype: dtype.code(), bias, ..self.base };
-        let stem = match call.norm() {
-            None => design.kernel(bytes, mode),
-            Some(norm) if self.carries_norm(design, call) => {
+        let stem = match (call.norm(), self.norm_stem(design, call)) {
+            (None, _) => design.kernel(bytes, mode),
+            (Some(norm), Some(stem)) => {
                 let (residual, weight) = (norm.residual.0, norm.weight.0);
                 params = TunedParams { residual, weight, hidden: norm.hidden as u32, eps: norm.eps, ..params };
-                Stem::LlNorm
+                stem
             }
-            Some(_) => {
+            (Some(_), None) => {
                 let what = format!("{} does not carry the residual add and RMSNorm of this call", design.method());
                 return Err(CollectiveError::BadArgs(what));
             }
         };
         let s = stem as usize;
-        let dims = match (self.fixed, call.norm()) {
-            (_, Some(norm)) => norm_dims(row_grid(norm.rows(count), self.caps[s])),
+        // Blocks of the norm's lanes own rows; `cap` of them fit.
+        let dims = |cap| match call.norm() {
+            Some(norm) => norm_dims(row_grid(norm.rows(count), cap)),
+            None => rule(self.kind, stem, bytes).plan(bytes, cap).dims(),
+        };
+        let own_dims = match (self.fixed, call.norm()) {
             (Some((asked, cap)), None) if design == self.design => asked.plan(bytes, cap).dims(),
-            _ => rule(self.kind, stem, bytes).plan(bytes, self.caps[s]).dims(),
+            _ => dims(self.caps[s]),
         };
         let me = self.base.rank as usize;
         let (input, output) = (call.input(), call.output());
-        let reads_peers = !matches!(stem, Stem::Ll | Stem::EpochOneShot);
+        let reads_peers = stem.reads_peers();
         let writes_peers = stem == Stem::ZeroCopyTwoShot;
         let deferred = peers.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
@@ -536,7 +563,8 @@ impl SymmTuned {
             params.inputs[me] = input.0;
             input_view = PeerView::Caller(input);
         } else if input != self.input.ptr() {
-            if self.copy_in == CopyIn::Fused && matches!(stem, Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot) {
+            let fuses = matches!(stem, Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot | Stem::ZeroCopyOneShotNorm);
+            if self.copy_in == CopyIn::Fused && fuses {
                 params.copy_from = input.0;
             } else {
                 // SAFETY: `input` holds `count` elements (the caller's contract), our registered input `capacity`.
@@ -569,11 +597,10 @@ impl SymmTuned {
         let kernel = match deferred {
             Some(def) => {
                 params.peer_table = def.table.0;
-                let dims = rule(self.kind, stem, bytes).plan(bytes, self.table_caps[s]).dims();
                 let k = self.table_kernels[s * DType::ALL.len() + d].as_ref().expect("zero-copy stems have one");
-                (k, dims)
+                (k, dims(self.table_caps[s]))
             }
-            None => (&self.kernels[s * DType::ALL.len() + d], dims),
+            None => (&self.kernels[s * DType::ALL.len() + d], own_dims),
         };
         // SAFETY: every address in `params` is the caller's (its contract) or this communicator's own memory
         // mapped on every rank, each of at least the capacity the call was checked for; the peer table holds such addresses
