@@ -217,11 +217,9 @@ template <int DT> ARX_DEV void car_1shot_norm(CarParams p) {
     Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
     copy_range<DT, true>((const void*)p.input, (void*)views[p.rank], Range{mine.lo * p.hidden, mine.hi * p.hidden});
     if (!car_barrier<0>(p, 0, epoch)) return;
-    for (u64 row = mine.lo; row < mine.hi; ++row) {
-        add_residual_row<DT>(views, p.world, (const void*)p.residual, (void*)p.residual, row * p.hidden, p.hidden);
-        rms_norm_row<DT>((const void*)p.residual, 0, (const void*)p.weight, (void*)p.output, row * p.hidden, p.hidden,
-                         p.eps);
-    }
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        add_rms_norm_row<DT>(views, p.world, (void*)p.residual, (const void*)p.weight, (void*)p.output,
+                             row * p.hidden, p.hidden, p.eps);
 }
 
 // Two-shot: shards of whole rows; each rank adds the residual to its own rows' sums (r, in place in its buffer),
@@ -253,11 +251,9 @@ template <int DT> ARX_DEV void car_2shot_norm(CarParams p) {
 template <int DT> ARX_DEV void car_add_rms_norm(CarParams p) {
     u64 srcs[ARX_MAX_RANKS] = {p.input};
     Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
-    for (u64 row = mine.lo; row < mine.hi; ++row) {
-        add_residual_row<DT>(srcs, 1, (const void*)p.residual, (void*)p.residual, row * p.hidden, p.hidden);
-        rms_norm_row<DT>((const void*)p.residual, 0, (const void*)p.weight, (void*)p.output, row * p.hidden, p.hidden,
-                         p.eps);
-    }
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        add_rms_norm_row<DT>(srcs, 1, (void*)p.residual, (const void*)p.weight, (void*)p.output, row * p.hidden,
+                             p.hidden, p.eps);
 }
 
 // The floor every method pays: the epoch and one barrier, nothing moved.

@@ -5,6 +5,8 @@
 //    pushes its packets to every peer, then polls its own packet area until each source's flag equals the epoch.
 //    Packet areas alternate by epoch parity: a peer writes area e%2 again only in call e+2, which it reaches only
 //    after this rank's packets of call e+1, sent after this rank finished reading call e.
+//  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h), blocks owning whole rows.
+//  - symm_zc_1shot_norm: symm_zc_1shot carrying the residual add and RMSNorm, blocks owning whole rows.
 //  - symm_zc_1shot / symm_zc_2shot: no copy-in. Ranks read each other's registered inputs directly; two-shot pushes
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
 //    one per block and phase) replace torch's CAS handshake. Phase 0: inputs ready; phase 1: this block's reads of
@@ -17,6 +19,7 @@
 // Sums run in rank order 0..W-1 with f32 accumulation, so every rank gets the same bits.
 
 #include "arx/instantiate.h"
+#include "arx/norm.h"
 #include "arx/packets.h"
 #include "arx/reduce.h"
 #include "arx/sync.h"
@@ -40,6 +43,10 @@ struct TunedParams {
     u64 copy_from;               // zero-copy one- and two-shot: a caller's input to copy in first, or 0
     u64 status;                  // the communicator's status words (arx/sync.h), which every wait watches
     u64 bias;                    // added to every sum after the ranks' inputs (car's `z`), or 0
+    u64 residual;                // symm_ll_norm (arx/norm.h): the residual, written back as r
+    u64 weight;                  // ... the norm's weight, `hidden` elements
+    u32 hidden;                  // ... elements of a row
+    float eps;
 };
 
 // False (in every thread of the block) when a peer did not arrive: the kernel then returns.
@@ -69,15 +76,23 @@ ARX_DEV void load_peer_table(const TunedParams& p, u64* in, u64* out) {
     }
 }
 
-// Zeroes the slots of this rank's area of `epoch`'s parity that this thread reads (j = first mod stride, every
-// source), and the ones nobody reads this call, when the flags wrap before the area's next use (call epoch + 2).
-// Every design calls it last: no peer writes this area again before this rank's next call, which follows this one.
-ARX_DEV void ll_clean(const TunedParams& p, u64 epoch) {
-    if (ll_flag(epoch + 2) > ll_flag(epoch)) return;
+// Whether the packet flags wrap before the area of `epoch`'s parity is used again (call epoch + 2): then this call
+// zeroes the area once it is done with it.
+ARX_DEV bool ll_wraps(u64 epoch) { return ll_flag(epoch + 2) <= ll_flag(epoch); }
+
+// Zeroes slot j of every source in this rank's area of `epoch`'s parity.
+ARX_DEV void ll_zero(const TunedParams& p, u64 epoch, u64 j) {
     u64* mine = (u64*)p.packets[p.rank] + (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
+    for (u32 src = 0; src < ARX_MAX_RANKS; ++src) st_relaxed_sys(mine + src * p.ll_packets + j, 0);
+}
+
+// Zeroes the slots j >= from of this rank's area of `epoch`'s parity (j = from + first mod stride, every source)
+// when the flags wrap: symm_ll's thread reads exactly these (from = 0), the other designs none of them. Every design
+// calls it last: no peer writes this area again before this rank's next call, which follows this one.
+ARX_DEV void ll_clean(const TunedParams& p, u64 epoch, u64 from = 0) {
+    if (!ll_wraps(epoch)) return;
     u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride)
-        for (u32 src = 0; src < ARX_MAX_RANKS; ++src) st_relaxed_sys(mine + src * p.ll_packets + j, 0);
+    for (u64 j = from + (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride) ll_zero(p, epoch, j);
 }
 
 template <int DT> ARX_DEV void symm_ll(TunedParams p) {
@@ -101,20 +116,11 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
     }
     const u64* mine = (const u64*)p.packets[p.rank] + area;
     for (u64 j = first; j < n; j += stride) {
-        u32 words[ARX_MAX_RANKS];
         Spin s = spin_start(p.timeout_ns, p.status);
-#pragma unroll
-        for (u32 src = 0; src < ARX_MAX_RANKS; ++src) {
-            if (src < p.world) words[src] = LlPacket::poll(mine + src * p.ll_packets + j, flag, s, src);
-        }
+        float acc[2];
+        ll_poll_sum<DT>(mine, p.ll_packets, j, flag, p.world, s, acc);
         // No barrier follows: a thread whose packets never came just ends.
         if (s.failed) return;
-        float acc[2];
-        for (int k = 0; k < per; ++k) acc[k] = payload<DT>(words[0], k);
-#pragma unroll
-        for (u32 src = 1; src < ARX_MAX_RANKS; ++src)
-            if (src < p.world)
-                for (int k = 0; k < per; ++k) acc[k] += payload<DT>(words[src], k);
         // The bias after every rank's input, as sum_at adds it; a half-filled last packet has one element.
         if (p.bias)
             for (int k = 0; k < per && j * per + k < p.count; ++k) acc[k] += E::load((const void*)p.bias, j * per + k);
@@ -127,6 +133,77 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
     ll_clean(p, epoch);
 }
 
+// symm_ll_norm's packet layout: row `row` in slots row * ppr ..., ppr = ll_row_packets, so that no packet holds two
+// rows' elements (blocks own whole rows); a row of an odd count of 2-byte elements ends in a half-filled packet.
+// (== symm::host_tuned::row_packets)
+template <int DT> ARX_DEV u64 ll_row_packets(u32 hidden) { return div_ceil((u64)hidden * Elem<DT>::SIZE, 4); }
+
+// The bits of packet q of the row at element `base` of `src` (its elements q * per ..., never past the row; a
+// half-filled packet's high half 0). Rows on 4-byte boundaries move words; others (2-byte elements) halves.
+template <int DT> ARX_DEV u32 row_packet(const void* src, u64 base, u32 hidden, u64 q) {
+    const u64 per = 4 / Elem<DT>::SIZE, i = base + q * per;
+    if (per == 1 || (i % 2 == 0 && q * per + 1 < hidden)) return *(const u32*)((const char*)src + i * Elem<DT>::SIZE);
+    u32 lo = ((const u16*)src)[i];
+    return q * per + 1 < hidden ? lo | ((u32)((const u16*)src)[i + 1] << 16) : lo;
+}
+
+// Stores packet q's elements `w` into the row at element `base` of `dst` (row_packet's inverse).
+template <int DT> ARX_DEV void store_row_packet(void* dst, u64 base, u32 hidden, u64 q, u32 w) {
+    const u64 per = 4 / Elem<DT>::SIZE, i = base + q * per;
+    if (per == 1 || (i % 2 == 0 && q * per + 1 < hidden)) {
+        *(u32*)((char*)dst + i * Elem<DT>::SIZE) = w;
+        return;
+    }
+    ((u16*)dst)[i] = (u16)w;
+    if (q * per + 1 < hidden) ((u16*)dst)[i + 1] = (u16)(w >> 16);
+}
+
+// The packets of a row that this thread carries: the 4 of each 16-byte vector v = t, t + ARX_NORM_LANES, ... (those
+// before the row's end), so it holds exactly the elements arx/norm.h gives it in both of its paths.
+#define ARX_LL_FOR_OWN_PACKETS(q, hidden, ppr)                                           \
+    for (u64 v_ = threadIdx.x; v_ * Elem<DT>::VEC < (hidden); v_ += ARX_NORM_LANES) \
+        for (u64 q = 4 * v_; q < 4 * v_ + 4 && q < (ppr); ++q)
+
+// Allreduce + residual add + RMSNorm on symm_ll's protocol: blocks own whole rows (row_range), ARX_NORM_LANES threads.
+// Each thread pushes its packets of its block's rows to every rank, polls every source's, and writes their
+// rank-ordered sum, rounded, into the output; then the unfused norm's row pieces read it back from there, each
+// element in the thread that wrote it (no sync), so the bits are the unfused sequence's: r into the residual, y into
+// the output. Areas alternate by epoch parity, safe for symm_ll's reason.
+template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
+    u64 epoch = next_epoch(p.counters);
+    u64 flag = ll_flag(epoch);
+    u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
+    u64 ppr = ll_row_packets<DT>(p.hidden);
+    const void* in = (const void*)p.inputs[p.rank];
+    void* out = (void*)p.outputs[p.rank];
+    Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
+    for (u64 row = mine.lo; row < mine.hi; ++row) {
+        ARX_LL_FOR_OWN_PACKETS(q, p.hidden, ppr)
+        ll_push(p.packets, p.world, area + p.rank * p.ll_packets + row * ppr + q,
+                row_packet<DT>(in, row * p.hidden, p.hidden, q), flag);
+    }
+    const u64* inbox = (const u64*)p.packets[p.rank] + area;
+    Spin s = spin_start(p.timeout_ns, p.status);
+    for (u64 row = mine.lo; row < mine.hi; ++row) {
+        ARX_LL_FOR_OWN_PACKETS(q, p.hidden, ppr) {
+            float acc[2];
+            ll_poll_sum<DT>(inbox, p.ll_packets, row * ppr + q, flag, p.world, s, acc);
+            store_row_packet<DT>(out, row * p.hidden, p.hidden, q, pack_payload<DT>(acc));
+        }
+    }
+    // The norm syncs the block: every thread ends, or none.
+    if (block_any(s.failed)) return;
+    if (ll_wraps(epoch))
+        for (u64 row = mine.lo; row < mine.hi; ++row) {
+            ARX_LL_FOR_OWN_PACKETS(q, p.hidden, ppr) ll_zero(p, epoch, row * ppr + q);
+        }
+    u64 sum[ARX_MAX_RANKS] = {p.outputs[p.rank]};
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        add_rms_norm_row<DT>(sum, 1, (void*)p.residual, (const void*)p.weight, out, row * p.hidden, p.hidden, p.eps);
+    // The slots past the rows, which nobody reads.
+    ll_clean(p, epoch, p.count / p.hidden * ppr);
+}
+
 // The fused copy-in (`copy_from`): each block copies into this rank's registered input exactly the part that the
 // same block of every rank reads after the phase-0 barrier, which publishes it. Safe to overwrite: the previous
 // call ended only after every peer had finished reading this rank's input (its last barrier, or its packets).
@@ -137,6 +214,24 @@ template <int DT> ARX_DEV void zc_1shot(const TunedParams& p, const u64* in, con
     if (p.copy_from) copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank), r);
     if (!tuned_barrier(p, 0, epoch)) return;
     reduce_range<DT>(in, p.world, (void*)pick(out, p.rank), r, (const void*)p.bias);
+    if (!tuned_barrier(p, 1, epoch)) return;
+    ll_clean(p, epoch);
+}
+
+// zc_1shot with the residual add and RMSNorm (arx/norm.h): blocks own whole rows (row_range, ARX_NORM_LANES threads),
+// copy them in when asked (what the same block of every rank reads), and after the phase-0 barrier sum them from
+// every rank's input in place, add the residual and normalise; phase 1 still tells the peers this rank's input is
+// free.
+template <int DT> ARX_DEV void zc_1shot_norm(const TunedParams& p, const u64* in, const u64* out) {
+    u64 epoch = next_epoch(p.counters);
+    Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
+    if (p.copy_from)
+        copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
+                             Range{mine.lo * p.hidden, mine.hi * p.hidden});
+    if (!tuned_barrier(p, 0, epoch)) return;
+    void* y = (void*)pick(out, p.rank);
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        add_rms_norm_row<DT>(in, p.world, (void*)p.residual, (const void*)p.weight, y, row * p.hidden, p.hidden, p.eps);
     if (!tuned_barrier(p, 1, epoch)) return;
     ll_clean(p, epoch);
 }
@@ -261,14 +356,18 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
         BODY<DT>(p, in, out);                                                                         \
     }
 ARX_ZC_ENTRIES(symm_zc_1shot, zc_1shot)
+ARX_ZC_ENTRIES(symm_zc_1shot_norm, zc_1shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot, zc_2shot)
 ARX_ZC_ENTRIES(symm_zc_2shot_ll, zc_2shot_ll)
 
 ARX_INSTANTIATE(symm_ll, TunedParams)
+ARX_INSTANTIATE(symm_ll_norm, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll, TunedParams)
 ARX_INSTANTIATE(symm_epoch_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot_table, TunedParams)
+ARX_INSTANTIATE(symm_zc_1shot_norm, TunedParams)
+ARX_INSTANTIATE(symm_zc_1shot_norm_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll_table, TunedParams)

@@ -3,10 +3,14 @@
 //! names.
 
 use crate::tune::{Algorithm, LoadedTable, Mode, Residency, Tables};
-use collective_core::{Call, Collective, CollectiveError, Team};
+use collective_core::{AddRmsNorm, Call, Collective, CollectiveError, Team};
 use gpu::{DeviceBuffer, DevicePtr, Stream};
-use symm::tuned::{DeferredUse, Design, PeerBuffers, SymmTuned, TunedOptions};
+use symm::tuned::{DeferredUse, Design, PeerBuffers, SymmTuned, TunedOptions, LL_HANDOVER_GRAPH_BYTES};
 
+/// Largest norm call the fused packets (`symm_ll_norm`) take (see [`Engine::fused`]): the plain allreduce's packet
+/// hand-over in a graph, the lower of its two, where packets still beat one barrier with either launch. 48 KiB is
+/// 3 tokens of hidden 8192 or 6 of 4096 in bf16. A guess from the plain tables until norm calls are measured.
+pub const NORM_LL_MAX_BYTES: usize = LL_HANDOVER_GRAPH_BYTES;
 /// Where the fused norm's two-shot takes over from its one-shot (see [`Engine::fused`]).
 pub const NORM_TWO_SHOT_BYTES: usize = 1 << 20;
 
@@ -56,12 +60,16 @@ impl Engine {
         Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
     }
 
-    /// The fused design for a call with the residual add and RMSNorm: the two-shot from [`NORM_TWO_SHOT_BYTES`]
-    /// when every rank has at least two rows of its own, else the one-shot. Norm calls have no tune tables yet; this
-    /// hand-over was measured on one H200 with 8 ranks under MPS (`results/h200-mps/norm/`), where both fused
-    /// designs beat the unfused sequence at every size measured.
-    pub fn fused(bytes: usize, rows: usize, world: usize) -> Algorithm {
-        if bytes >= NORM_TWO_SHOT_BYTES && rows >= 2 * world {
+    /// The fused design for `call` with the residual add and RMSNorm `norm`: the packets up to [`NORM_LL_MAX_BYTES`]
+    /// where the rows fit their area, car's two-shot from [`NORM_TWO_SHOT_BYTES`] when every rank has at least two
+    /// rows of its own, else car's one-shot. Norm calls have no tune tables yet; the car hand-over was measured on one
+    /// H200 with 8 ranks under MPS (`results/h200-mps/norm/`), where both car designs beat the unfused sequence at
+    /// every size measured.
+    pub fn fused(&self, call: &Call, norm: &AddRmsNorm) -> Algorithm {
+        let bytes = call.bytes();
+        if bytes <= NORM_LL_MAX_BYTES && self.symm.carries_norm(Design::Ll, call) {
+            Algorithm::SymmLl
+        } else if bytes >= NORM_TWO_SHOT_BYTES && norm.rows(call.count()) >= 2 * call.world() {
             Algorithm::Car2Shot
         } else {
             Algorithm::Car1Shot
@@ -96,10 +104,16 @@ impl Engine {
         }
     }
 
-    /// The algorithm that runs when `algo` is asked for at `bytes`: packets carry no more than their area, so
-    /// larger messages take the zero-copy design of the same shape.
-    pub fn runs_as(&self, algo: Algorithm, bytes: usize) -> Algorithm {
+    /// The algorithm that runs when `algo` is asked for on `call`: packets carry no more than their area, so
+    /// larger messages take the zero-copy design of the same shape, and norm calls whose rows do not fit the fused
+    /// packets car's fused one-shot. A norm call on a design that does not carry it (only car's, the packets and the
+    /// zero-copy one-shot do) runs that design's allreduce, then the norm kernel.
+    pub fn runs_as(&self, algo: Algorithm, call: &Call) -> Algorithm {
+        let bytes = call.bytes();
         match algo {
+            Algorithm::SymmLl if call.norm().is_some() && !self.symm.carries_norm(Design::Ll, call) => {
+                Algorithm::Car1Shot
+            }
             Algorithm::SymmLl if bytes > self.symm.capacity_for(Design::Ll) => Algorithm::SymmZc1Shot,
             Algorithm::SymmZc2ShotLl if bytes > self.symm.capacity_for(Design::ZeroCopyTwoShotLl) => {
                 Algorithm::SymmZc2Shot
@@ -108,10 +122,10 @@ impl Engine {
         }
     }
 
-    /// Whether `algo` at `bytes` reads its peers' buffers in place (the zero-copy designs), so that a call captured
+    /// Whether `algo` on `call` reads its peers' buffers in place (the zero-copy designs), so that a call captured
     /// on unregistered buffers needs their addresses deferred to a peer table.
-    pub fn reads_peer_buffers(&self, algo: Algorithm, bytes: usize) -> bool {
-        matches!(self.runs_as(algo, bytes), Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotLl)
+    pub fn reads_peer_buffers(&self, algo: Algorithm, call: &Call) -> bool {
+        matches!(self.runs_as(algo, call), Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotLl)
     }
 
     /// Runs `algo` (an allreduce candidate) on `call`; with `peers.deferred`, what its peer table must hold (None:
@@ -126,14 +140,7 @@ impl Engine {
         peers: &PeerBuffers,
         stream: &Stream,
     ) -> Result<Option<DeferredUse>, CollectiveError> {
-        if call.norm().is_some() && !matches!(algo, Algorithm::Car1Shot | Algorithm::Car2Shot) {
-            // The unfused sequence: the design's allreduce, then the norm over its result, in stream order.
-            // SAFETY: the caller's contract, for both.
-            let used = unsafe { self.run_algorithm(algo, &call.without_norm(), peers, stream)? };
-            unsafe { self.enqueue_norm(call, stream)? };
-            return Ok(used);
-        }
-        let design = match self.runs_as(algo, call.bytes()) {
+        let design = match self.runs_as(algo, call) {
             // SAFETY (both car arms): the caller's contract.
             Algorithm::Car1Shot => return unsafe { self.car_1shot.enqueue(call, stream) }.map(|_| None),
             Algorithm::Car2Shot => return unsafe { self.car_2shot.enqueue(call, stream) }.map(|_| None),
@@ -146,7 +153,15 @@ impl Engine {
                 return Err(CollectiveError::BadArgs(format!("{algo} is not an allreduce")))
             }
         };
-        // SAFETY: the caller's contract; runs_as keeps the packet designs within their areas.
+        if call.norm().is_some() && !self.symm.carries_norm(design, call) {
+            // The unfused sequence: the design's allreduce, then the norm over its result, in stream order.
+            // SAFETY: the caller's contract, for both.
+            let used = unsafe { self.run_algorithm(algo, &call.without_norm(), peers, stream)? };
+            unsafe { self.enqueue_norm(call, stream)? };
+            return Ok(used);
+        }
+        // SAFETY: the caller's contract; runs_as keeps the packet designs within their areas (a norm call on the
+        // packets within the fused kernel's).
         unsafe { self.symm.run_design(design, call, peers, stream) }
     }
 }

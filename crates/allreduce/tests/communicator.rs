@@ -402,10 +402,12 @@ fn a_job_that_spans_nodes_is_refused_at_once() {
 /// tuned design (packets of every size up to the area, the epoch and zero-copy designs between them) cross it, each
 /// result exact, three times (near 2^32, 2^33 and 3 * 2^32). The last rank starts each call late, so the others
 /// poll slots it has not written yet: with the old flags (the epoch's low 32 bits, no cleaning), epoch 2^32's flag
-/// was 0, which every never-written slot holds, and they read those as data.
+/// was 0, which every never-written slot holds, and they read those as data. Calls with the residual add and RMSNorm
+/// (`symm_ll_norm`, whose rows take packets of their own) among them: r is the exact sum (a zero residual).
 #[test]
 fn packets_stay_exact_across_the_flag_wrap() {
     as_job("packets_stay_exact_across_the_flag_wrap", ranks(3), |info| {
+        use allreduce::AddRmsNorm;
         use measure::check::{variant_input, variant_sum};
         use symm::tuned::{Design, PeerBuffers, SymmTuned, TunedOptions};
         let capacity = 256 << 10;
@@ -415,46 +417,59 @@ fn packets_stay_exact_across_the_flag_wrap() {
         let stream = gpu.stream().unwrap();
         let input = gpu.alloc(capacity, MemKind::Device).unwrap();
         let output = gpu.alloc(capacity, MemKind::Device).unwrap();
+        let [residual, weight] = [0; 2].map(|_| gpu.alloc(capacity, MemKind::Device).unwrap());
         let dtype = DType::F32;
         let full = LL_MAX_BYTES / 4;
+        // A call of `count` elements; with a row length, it carries the norm.
         // Call c runs at epoch m * 2^32 - 7 + c: the first full-area packet call is epoch m * 2^32, whose slots past
         // the small calls' were never written; the flags' own wrap (a multiple of 2^32 - 1) falls in the same run.
+        // The wrap's cleaning calls are 4 and 5 (m = 1), 3 and 4 (m = 2), 2 and 3 (m = 3).
         let plan = [
-            (Design::Ll, 13),
-            (Design::Ll, 13),
-            (Design::EpochOneShot, 5000),
-            (Design::ZeroCopyOneShot, 300),
-            (Design::Ll, 1000),
-            (Design::ZeroCopyTwoShot, 7000),
-            (Design::Ll, 13),
-            (Design::Ll, full),
-            (Design::Ll, full),
-            (Design::ZeroCopyTwoShotLl, 4096),
-            (Design::Ll, full - 1),
-            (Design::ZeroCopyTwoShotLl, 9000),
-            (Design::Ll, full),
-            (Design::Ll, full),
+            (Design::Ll, 13, None),
+            (Design::Ll, 13, None),
+            (Design::Ll, 3 * 8000, Some(8000)),
+            (Design::EpochOneShot, 5000, None),
+            (Design::ZeroCopyOneShot, 300, None),
+            (Design::Ll, 1000, None),
+            (Design::ZeroCopyTwoShot, 7000, None),
+            (Design::Ll, 13, None),
+            (Design::Ll, full, None),
+            (Design::Ll, full, None),
+            (Design::ZeroCopyTwoShotLl, 4096, None),
+            (Design::Ll, full - 1, None),
+            (Design::Ll, 5 * 300, Some(300)),
+            (Design::ZeroCopyTwoShotLl, 9000, None),
+            (Design::Ll, full, None),
+            (Design::Ll, full, None),
         ];
         for m in 1..=3u64 {
             let first_epoch = (m << 32) - 8;
             let opts = TunedOptions { first_epoch, ..TunedOptions::new(capacity) };
             let team = collective_core::Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device);
             let tuned = SymmTuned::new(team, Design::Ll, opts).unwrap();
-            for (call, &(design, count)) in plan.iter().enumerate() {
+            for (call, &(design, count, hidden)) in plan.iter().enumerate() {
                 let k = call as u64;
                 stream.upload(&input, 0, &variant_input(rank, count, k, dtype)).unwrap();
                 stream.fill(&output, 0xFF).unwrap();
                 let (i, o) = (input.ptr(), output.ptr());
-                let call = allreduce::Call::new(allreduce::Op::AllReduce, dtype, i, o, count, world, capacity).unwrap();
+                let mut call =
+                    allreduce::Call::new(allreduce::Op::AllReduce, dtype, i, o, count, world, capacity).unwrap();
+                if let Some(hidden) = hidden {
+                    stream.fill(&residual, 0).unwrap();
+                    stream.upload(&weight, 0, &dtype.encode(&vec![1.0; hidden])).unwrap();
+                    let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
+                    call = call.with_add_rms_norm(norm).unwrap();
+                    assert!(tuned.carries_norm(design, &call), "{count} elements in rows of {hidden}");
+                }
                 if rank + 1 == world {
                     std::thread::sleep(std::time::Duration::from_millis(60));
                 }
                 // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
                 unsafe { tuned.run_design(design, &call, &PeerBuffers::default(), &stream).unwrap() };
                 let mut got = vec![0u8; count * 4];
-                stream.download(&output, 0, &mut got).unwrap();
+                stream.download(if hidden.is_some() { &residual } else { &output }, 0, &mut got).unwrap();
                 let want = variant_sum(world, 0, count, k);
-                let what = format!("{design:?} x {count} at epoch {}", first_epoch + 1 + k);
+                let what = format!("{design:?} x {count} (rows of {hidden:?}) at epoch {}", first_epoch + 1 + k);
                 let verdict = agree_verdict(comm.rendezvous(), &got, dtype, &want, 0.0, true, &what);
                 assert_eq!(verdict.unwrap(), None);
             }

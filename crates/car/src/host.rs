@@ -6,7 +6,7 @@
 
 use crate::CarParams;
 use collective_core::host_sync::{cas_barrier, flag_barrier, next_epoch};
-use collective_core::norm::{add_residual, rms_norm, row_range};
+use collective_core::norm::{self, add_residual, rms_norm, row_range};
 use collective_core::{block_range, shard_elems, shard_range, sum_sources, AddRmsNorm, DType, HostElem, MAX_RANKS};
 use deadline::Deadline;
 use gpu::{DevicePtr, HostKernel, HostLaunch, KernelFault};
@@ -102,10 +102,7 @@ fn add_rms_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let (dtype, norm) = (DType::from_code(p.dtype)?, norm_of(&p));
     let rows = (0, p.count as usize / norm.hidden);
     // SAFETY: the launch's contract: the call's output holds `count` elements, the residual too, the weight `hidden`.
-    unsafe {
-        add_residual(dtype, &[p.input as *const u8], p.residual as *const u8, p.residual as *mut u8, norm.hidden, rows);
-        rms_norm(dtype, p.residual as *const u8, None, p.output as *mut u8, &norm, rows);
-    }
+    unsafe { norm::add_rms_norm(dtype, &[p.input as *const u8], &norm, p.output as *mut u8, rows) };
     Ok(())
 }
 
@@ -280,16 +277,13 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 }
             }
             CarKernel::OneShotNorm => {
-                let (norm, residual) = (norm_of(&p), p.residual as *mut u8);
+                let norm = norm_of(&p);
                 let rows = row_range((0, count / norm.hidden), b, grid);
                 call.copy(p.input, mine, (rows.0 * norm.hidden, rows.1 * norm.hidden));
                 call.barrier(b, 0, epoch)?;
                 let srcs: Vec<*const u8> = views.iter().map(|&v| v as *const u8).collect();
                 // SAFETY: every view and the residual hold `count` elements, the output too; the weight `hidden`.
-                unsafe {
-                    add_residual(call.dtype, &srcs, residual, residual, norm.hidden, rows);
-                    rms_norm(call.dtype, residual, None, p.output as *mut u8, &norm, rows);
-                }
+                unsafe { norm::add_rms_norm(call.dtype, &srcs, &norm, p.output as *mut u8, rows) };
             }
             CarKernel::TwoShotNorm => {
                 let norm = norm_of(&p);

@@ -12,7 +12,7 @@
 mod host;
 
 use collective_core::host_sync::FLAG_SLOTS;
-use collective_core::norm::NORM_LANES;
+use collective_core::norm::{norm_dims, row_grid, NORM_LANES};
 pub use collective_core::Algo;
 use collective_core::{
     AddRmsNorm, Call, Collective, CollectiveError, DType, Family, LaunchRule, Op, OwnStatus, Sharing, Team, MAX_BLOCKS,
@@ -351,23 +351,19 @@ impl Car {
             })
         };
         // A block per row (per row of a rank's shard, two-shot), as many as fit.
-        let grid = |rows: usize, cap: usize| rows.clamp(1, cap.min(MAX_BLOCKS)) as u32;
         let (kernel, params, dims) = match (call.norm(), call.split_last_dim()) {
             (Some(norm), _) => {
                 let (kernels, cap) = by_rows()?;
                 let rows = norm.rows(call.count());
                 let rows = if self.algo == Algo::TwoShot { rows.div_ceil(call.world()) } else { rows };
-                (&kernels[&dtype], with_norm(params, &norm), norm_dims(grid(rows, *cap)))
+                (&kernels[&dtype], with_norm(params, &norm), norm_dims(row_grid(rows, *cap)))
             }
             (None, Some(row_len)) => {
                 let (kernels, cap) = by_rows()?;
                 let params = CarParams { hidden: row_len as u32, ..params };
-                (&kernels[&dtype], params, norm_dims(grid(call.count() / row_len, *cap)))
+                (&kernels[&dtype], params, norm_dims(row_grid(call.count() / row_len, *cap)))
             }
-            (None, None) => {
-                let plan = self.rule.plan(call.bytes(), self.cap);
-                (&self.kernels[&dtype], params, LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 })
-            }
+            (None, None) => (&self.kernels[&dtype], params, self.rule.plan(call.bytes(), self.cap).dims()),
         };
         if let (None, Some(fixed)) = (call.norm(), &self.fixed_input) {
             // SAFETY: the destination is this communicator's fixed input buffer, of at least the capacity the call
@@ -390,11 +386,6 @@ impl Car {
 fn with_norm(params: CarParams, norm: &AddRmsNorm) -> CarParams {
     let (residual, weight, hidden, eps) = (norm.residual.0, norm.weight.0, norm.hidden as u32, norm.eps);
     CarParams { residual, weight, hidden, eps, ..params }
-}
-
-/// `grid` blocks of one thread per lane of the norm's canonical order.
-fn norm_dims(grid: u32) -> LaunchDims {
-    LaunchDims { grid, block: NORM_LANES as u32, shared_bytes: 0 }
 }
 
 /// The unfused sequence's second kernel: the residual add and RMSNorm of an allreduce's result, on its own stream

@@ -5,10 +5,22 @@
 //! then halved pairwise), so every rank, design and driver gets the same bits, fused or not.
 
 use crate::elem::{Bf16, Element, F16, F32};
-use crate::{AddRmsNorm, DType};
+use crate::{AddRmsNorm, DType, MAX_BLOCKS};
+use gpu::LaunchDims;
 
 /// Partial sums of a row's squares (the threads of a norm block on the device).
 pub const NORM_LANES: usize = 512;
+
+/// Blocks for a kernel whose blocks own whole rows and wait for their peers: a block per row, as many as fit
+/// (`cap`, every rank's blocks resident at once).
+pub fn row_grid(rows: usize, cap: usize) -> u32 {
+    rows.clamp(1, cap.min(MAX_BLOCKS)) as u32
+}
+
+/// `grid` blocks of one thread per lane of the norm's canonical order.
+pub fn norm_dims(grid: u32) -> LaunchDims {
+    LaunchDims { grid, block: NORM_LANES as u32, shared_bytes: 0 }
+}
 
 /// Rows `[lo, hi)` of `rows` that block `b` of `grid` takes (`row_range` in `kernels/include/arx/norm.h`).
 pub fn row_range((lo, hi): (usize, usize), b: usize, grid: usize) -> (usize, usize) {
@@ -38,6 +50,20 @@ pub unsafe fn add_residual(
             DType::F16 => add_residual_as::<F16>(srcs, residual, r_dst, lo * hidden, hi * hidden),
             DType::F32 => add_residual_as::<F32>(srcs, residual, r_dst, lo * hidden, hi * hidden),
         }
+    }
+}
+
+/// The whole epilogue of rows `[lo, hi)` of a sum over `srcs`: r into `norm.residual`, then y from it into `out`
+/// (`add_rms_norm_row` in norm.h: the one-shot designs' and the unfused kernel's).
+///
+/// # Safety
+/// As [`add_residual`] with the residual as `r_dst`, then [`rms_norm`] without `r_copy`.
+pub unsafe fn add_rms_norm(dtype: DType, srcs: &[*const u8], norm: &AddRmsNorm, out: *mut u8, rows: (usize, usize)) {
+    let residual = norm.residual.0 as *mut u8;
+    // SAFETY: forwarded contract.
+    unsafe {
+        add_residual(dtype, srcs, residual, residual, norm.hidden, rows);
+        rms_norm(dtype, residual, None, out, norm, rows);
     }
 }
 

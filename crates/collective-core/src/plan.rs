@@ -19,6 +19,13 @@ pub struct LaunchPlan {
     pub threads: u32,
 }
 
+impl LaunchPlan {
+    /// The launch of this shape (no dynamic shared memory).
+    pub fn dims(self) -> gpu::LaunchDims {
+        gpu::LaunchDims { grid: self.grid, block: self.threads, shared_bytes: 0 }
+    }
+}
+
 impl LaunchRule {
     /// `grid` blocks of `threads` at every size (fewer only for a message of fewer bytes than blocks): the
     /// launch-shape ablation, asked for as `METHOD@GRIDxTHREADS`.

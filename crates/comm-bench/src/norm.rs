@@ -23,9 +23,10 @@ pub struct NormArgs {
     pub tokens: Vec<u64>,
     #[arg(short = 'd', long, default_value = "bf16", value_parser = |s: &str| s.parse::<DType>())]
     pub dtype: DType,
-    /// Comma-separated: fused_1shot, fused_2shot (car's designs with the norm in their kernel), unfused (auto's
-    /// allreduce, then the norm kernel), auto (the communicator's choice).
-    #[arg(long, value_delimiter = ',', default_value = "fused_1shot,fused_2shot,unfused,auto")]
+    /// Comma-separated: fused_1shot, fused_2shot (car's designs with the norm in their kernel), fused_ll (symm_ll's
+    /// packets with the norm in their kernel; car's fused one-shot where the rows do not fit the packets), unfused
+    /// (auto's allreduce, then the norm kernel), auto (the communicator's choice).
+    #[arg(long, value_delimiter = ',', default_value = "fused_1shot,fused_2shot,fused_ll,unfused,auto")]
     pub methods: Vec<String>,
     #[arg(long, default_value_t = 1e-5)]
     pub eps: f32,
@@ -58,11 +59,12 @@ fn way(name: &str) -> Result<Way, BenchError> {
     Ok(match name {
         "fused_1shot" => Way::Fused(Algorithm::Car1Shot),
         "fused_2shot" => Way::Fused(Algorithm::Car2Shot),
+        "fused_ll" => Way::Fused(Algorithm::SymmLl),
         "unfused" => Way::Unfused,
         "auto" => Way::Auto,
         _ => {
             return Err(BenchError::Config(format!(
-                "unknown norm method {name:?}; known: fused_1shot, fused_2shot, unfused, auto"
+                "unknown norm method {name:?}; known: fused_1shot, fused_2shot, fused_ll, unfused, auto"
             )))
         }
     })

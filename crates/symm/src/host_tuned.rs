@@ -1,12 +1,14 @@
 //! Host twins of `kernels/symm_tuned.cu`: flag-and-data packets as 8-byte atomics, and the zero-copy kernels over
 //! the epoch-flag barrier. Blocks run one after another in the same order on every rank; block b's packets are the
-//! ones with index j = b (mod grid), as with one thread per block on the device.
+//! ones with index j = b (mod grid), as with one thread per block on the device (`symm_ll_norm`'s: those of its
+//! rows).
 
 use crate::tuned_params::{ll_flag, TunedParams};
 use collective_core::host_sync::{flag_barrier, next_epoch};
-use collective_core::{block_range, shard_elems, shard_range, sum_sources, DType, HostElem, MAX_RANKS};
+use collective_core::norm::{add_rms_norm, row_range};
+use collective_core::{block_range, shard_elems, shard_range, sum_sources, AddRmsNorm, DType, HostElem, MAX_RANKS};
 use deadline::{wait_all, Deadline};
-use gpu::{HostKernel, HostLaunch, KernelFault};
+use gpu::{DevicePtr, HostKernel, HostLaunch, KernelFault};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -14,12 +16,21 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_ll_bf16", ll),
     ("symm_ll_fp16", ll),
     ("symm_ll_fp32", ll),
+    ("symm_ll_norm_bf16", ll_norm),
+    ("symm_ll_norm_fp16", ll_norm),
+    ("symm_ll_norm_fp32", ll_norm),
     ("symm_epoch_1shot_bf16", epoch_one_shot),
     ("symm_epoch_1shot_fp16", epoch_one_shot),
     ("symm_epoch_1shot_fp32", epoch_one_shot),
     ("symm_zc_1shot_bf16", zc_one_shot),
     ("symm_zc_1shot_fp16", zc_one_shot),
     ("symm_zc_1shot_fp32", zc_one_shot),
+    ("symm_zc_1shot_norm_bf16", zc_one_shot_norm),
+    ("symm_zc_1shot_norm_fp16", zc_one_shot_norm),
+    ("symm_zc_1shot_norm_fp32", zc_one_shot_norm),
+    ("symm_zc_1shot_norm_table_bf16", zc_one_shot_norm_table),
+    ("symm_zc_1shot_norm_table_fp16", zc_one_shot_norm_table),
+    ("symm_zc_1shot_norm_table_fp32", zc_one_shot_norm_table),
     ("symm_zc_2shot_bf16", zc_two_shot),
     ("symm_zc_2shot_fp16", zc_two_shot),
     ("symm_zc_2shot_fp32", zc_two_shot),
@@ -63,6 +74,12 @@ fn call_from_table(l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
     call_with(p, l)
 }
 
+/// The norm a `*_norm` launch carries.
+fn norm_of(p: &TunedParams) -> AddRmsNorm {
+    let (residual, weight) = (DevicePtr(p.residual), DevicePtr(p.weight));
+    AddRmsNorm { residual, weight, hidden: p.hidden as usize, eps: p.eps }
+}
+
 fn call_with(p: TunedParams, l: &HostLaunch<'_>) -> Result<Call, KernelFault> {
     Ok(Call {
         dtype: DType::from_code(p.dtype)?,
@@ -83,62 +100,124 @@ unsafe fn packet<'a>(area: u64, index: usize) -> &'a AtomicU64 {
     unsafe { &*(area as *const AtomicU64).add(index) }
 }
 
-fn ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    let c = call(l)?;
-    let (p, size) = (&c.p, c.dtype.size());
-    let per = 4 / size;
-    let count = p.count as usize;
-    let n = count.div_ceil(per);
-    let npk = p.ll_packets as usize;
-    if n > npk {
-        return Err(format!("symm_ll: {count} elements need {n} packets, the area holds {npk}").into());
-    }
-    let input = p.inputs[c.rank] as *const u8;
-    let output = p.outputs[c.rank] as *mut u8;
-    for b in 0..c.grid {
-        // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
-        let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        let flag = ll_flag(epoch);
-        let area = (epoch as usize & 1) * MAX_RANKS * npk;
-        for j in (b..n).step_by(c.grid) {
-            let len = (count - j * per).min(per) * size;
-            let mut word = [0u8; 4];
-            // SAFETY: the registered input holds `count` elements; `len` stops at its end.
-            unsafe { std::ptr::copy_nonoverlapping(input.add(j * 4), word.as_mut_ptr(), len) };
-            let pk = flag | u32::from_le_bytes(word) as u64;
-            for &dst in &p.packets[..c.world] {
-                // SAFETY: every packet area was mapped at setup and holds this slot (n <= npk).
-                unsafe { packet(dst, area + c.rank * npk + j).store(pk, Ordering::Relaxed) };
-            }
+/// One packet of a call: its slot in each source's part of an area, its first element and how many it holds.
+#[derive(Clone, Copy)]
+struct Packet {
+    slot: usize,
+    elem: usize,
+    len: usize,
+}
+
+impl Call {
+    /// Stores `value` at `slot` of this rank's part of every rank's packet area (`area`: the parity's first slot).
+    fn push(&self, area: usize, slot: usize, value: u64) {
+        let npk = self.p.ll_packets as usize;
+        for &dst in &self.p.packets[..self.world] {
+            // SAFETY: every packet area was mapped at setup; callers keep `slot` below `ll_packets`.
+            unsafe { packet(dst, area + self.rank * npk + slot).store(value, Ordering::Relaxed) };
         }
-        let what = format!("symm_ll rank {} block {b}", c.rank);
-        for j in (b..n).step_by(c.grid) {
+    }
+
+    /// symm_ll's exchange, for one block's packets: pushes this rank's input elements of each to every rank, then
+    /// waits for each from every source and writes their sum (rank order, then the bias) into the output. Only the
+    /// peers' same block, which ran before, sends them.
+    fn exchange(
+        &self,
+        epoch: u64,
+        packets: impl Iterator<Item = Packet> + Clone,
+        what: &str,
+    ) -> Result<(), KernelFault> {
+        let (p, size, npk) = (&self.p, self.dtype.size(), self.p.ll_packets as usize);
+        let (flag, area) = (ll_flag(epoch), (epoch as usize & 1) * MAX_RANKS * npk);
+        let (input, output) = (p.inputs[self.rank] as *const u8, p.outputs[self.rank] as *mut u8);
+        for pk in packets.clone() {
+            let mut word = [0u8; 4];
+            // SAFETY: the input holds the packet's elements; a half-filled packet's high bytes stay 0.
+            unsafe { std::ptr::copy_nonoverlapping(input.add(pk.elem * size), word.as_mut_ptr(), pk.len * size) };
+            self.push(area, pk.slot, flag | u32::from_le_bytes(word) as u64);
+        }
+        for pk in packets {
             let mut words = [0u32; MAX_RANKS];
-            // SAFETY: this rank's packet area, as above.
             wait_all(
-                &what,
-                0..c.world,
-                &c.deadline,
+                what,
+                0..self.world,
+                &self.deadline,
                 |s| {
-                    let v = unsafe { packet(p.packets[c.rank], area + s * npk + j) }.load(Ordering::Relaxed);
+                    // SAFETY: this rank's packet area, as above.
+                    let v = unsafe { packet(p.packets[self.rank], area + s * npk + pk.slot) }.load(Ordering::Relaxed);
                     words[s] = v as u32;
                     v & 0xffff_ffff_0000_0000 == flag
                 },
                 || None,
             )?;
-            let bytes: Vec<[u8; 4]> = words[..c.world].iter().map(|w| w.to_le_bytes()).collect();
+            let bytes: Vec<[u8; 4]> = words[..self.world].iter().map(|w| w.to_le_bytes()).collect();
             // The packets' words, then (as the kernel adds it) this packet's elements of the bias.
-            let bias = if p.bias == 0 { 0 } else { p.bias + (j * 4) as u64 };
+            let bias = if p.bias == 0 { 0 } else { p.bias + (pk.elem * size) as u64 };
             let srcs = sum_sources(bytes.iter().map(|w| w.as_ptr() as u64), bias);
             let mut sum = [0u8; 4];
-            let k = (count - j * per).min(per);
-            // SAFETY: each word holds `per` elements; the sum is written to a local word, then `k` elements out.
+            // SAFETY: each word holds the packet's elements; the sum is written to a local word, then out.
             unsafe {
-                HostElem::reduce(c.dtype, &srcs, 0, k, sum.as_mut_ptr());
-                std::ptr::copy_nonoverlapping(sum.as_ptr(), output.add(j * 4), k * size);
+                HostElem::reduce(self.dtype, &srcs, 0, pk.len, sum.as_mut_ptr());
+                std::ptr::copy_nonoverlapping(sum.as_ptr(), output.add(pk.elem * size), pk.len * size);
             }
         }
-        ll_clean(p, c.rank, epoch, b, c.grid);
+        Ok(())
+    }
+}
+
+fn ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    let c = call(l)?;
+    let per = 4 / c.dtype.size();
+    let (count, npk) = (c.p.count as usize, c.p.ll_packets as usize);
+    let n = count.div_ceil(per);
+    if n > npk {
+        return Err(format!("symm_ll: {count} elements need {n} packets, the area holds {npk}").into());
+    }
+    for b in 0..c.grid {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
+        let epoch = unsafe { next_epoch(c.p.counters, b, c.grid) };
+        let packets =
+            (b..n).step_by(c.grid).map(|j| Packet { slot: j, elem: j * per, len: (count - j * per).min(per) });
+        c.exchange(epoch, packets, &format!("symm_ll rank {} block {b}", c.rank))?;
+        ll_clean(&c.p, c.rank, epoch, b, c.grid);
+    }
+    Ok(())
+}
+
+/// Packets of a row in `symm_ll_norm`'s layout (`ll_row_packets` in the kernels): row `row` from slot
+/// `row * row_packets`, so that no packet holds two rows' elements.
+pub(crate) fn row_packets(hidden: usize, size: usize) -> usize {
+    (hidden * size).div_ceil(4)
+}
+
+/// symm_ll's exchange of block b's rows, whose sum lands in the output, then the one-shot designs' epilogue over it.
+fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    let c = call(l)?;
+    let (p, size) = (&c.p, c.dtype.size());
+    let norm = norm_of(p);
+    let (hidden, per, npk) = (norm.hidden, 4 / size, p.ll_packets as usize);
+    let (rows, ppr) = (p.count as usize / hidden, row_packets(hidden, size));
+    if rows * ppr > npk {
+        return Err(
+            format!("symm_ll_norm: {rows} rows of {hidden} need {} packets, the area holds {npk}", rows * ppr).into()
+        );
+    }
+    let output = p.outputs[c.rank] as *mut u8;
+    for b in 0..c.grid {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
+        let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
+        let (lo, hi) = row_range((0, rows), b, c.grid);
+        let slots = lo * ppr..hi * ppr;
+        let packets = slots.clone().map(|slot| {
+            let (row, q) = (slot / ppr, slot % ppr);
+            Packet { slot, elem: row * hidden + q * per, len: (hidden - q * per).min(per) }
+        });
+        c.exchange(epoch, packets, &format!("symm_ll_norm rank {} block {b}", c.rank))?;
+        // SAFETY: the output and the residual hold `count` elements, the weight `hidden`; the sum is read from the
+        // output before y overwrites it.
+        unsafe { add_rms_norm(c.dtype, &[output], &norm, output, (lo, hi)) };
+        // This block's slots, which it has read, and its share of those past the rows, which nobody reads.
+        ll_clean_slots(p, c.rank, epoch, slots.chain((rows * ppr + b..npk).step_by(c.grid)));
     }
     Ok(())
 }
@@ -146,12 +225,18 @@ fn ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 /// The kernels' `ll_clean`: block b zeroes the slots j = b (mod grid) of this rank's area of `epoch`'s parity, for
 /// every source, when the packet flags wrap before the area's next use.
 fn ll_clean(p: &TunedParams, rank: usize, epoch: u64, b: usize, grid: usize) {
+    ll_clean_slots(p, rank, epoch, (b..p.ll_packets as usize).step_by(grid));
+}
+
+/// Zeroes `slots` of this rank's area of `epoch`'s parity, for every source, when the flags wrap before the area's
+/// next use.
+fn ll_clean_slots(p: &TunedParams, rank: usize, epoch: u64, slots: impl Iterator<Item = usize>) {
     if ll_flag(epoch + 2) > ll_flag(epoch) {
         return;
     }
     let npk = p.ll_packets as usize;
     let area = (epoch as usize & 1) * MAX_RANKS * npk;
-    for j in (b..npk).step_by(grid) {
+    for j in slots {
         for src in 0..MAX_RANKS {
             // SAFETY: this rank's packet area, mapped at setup: 2 parities x MAX_RANKS sources x npk slots.
             unsafe { packet(p.packets[rank], area + src * npk + j).store(0, Ordering::Relaxed) };
@@ -159,21 +244,39 @@ fn ll_clean(p: &TunedParams, rank: usize, epoch: u64, b: usize, grid: usize) {
     }
 }
 
-fn zc(c: Call, two_shot: bool) -> Result<(), KernelFault> {
+/// The zero-copy designs: one-shot, two-shot, or one-shot with the residual add and RMSNorm (blocks own rows).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Zc {
+    OneShot,
+    TwoShot,
+    OneShotNorm,
+}
+
+fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
-    let name = if two_shot { "symm_zc_2shot" } else { "symm_zc_1shot" };
+    let two_shot = kind == Zc::TwoShot;
+    let name = match kind {
+        Zc::OneShot => "symm_zc_1shot",
+        Zc::TwoShot => "symm_zc_2shot",
+        Zc::OneShotNorm => "symm_zc_1shot_norm",
+    };
     let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
+    let norm = norm_of(p);
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        // Block b's part of shard s (one-shot: of the whole message): what block b of every rank reads.
-        let part = |s: usize| {
-            if two_shot {
+        // Block b's part of shard s (one-shot: of the whole message; with the norm: its rows' elements): what block b
+        // of every rank reads.
+        let part = |s: usize| match kind {
+            Zc::TwoShot => {
                 let (lo, hi) = shard_range(count, shard_elems(count, c.world, vec), s);
                 block_range(lo, hi, b, c.grid, vec)
-            } else {
-                block_range(0, count, b, c.grid, vec)
+            }
+            Zc::OneShot => block_range(0, count, b, c.grid, vec),
+            Zc::OneShotNorm => {
+                let (lo, hi) = row_range((0, count / norm.hidden), b, c.grid);
+                (lo * norm.hidden, hi * norm.hidden)
             }
         };
         if p.copy_from != 0 {
@@ -187,8 +290,14 @@ fn zc(c: Call, two_shot: bool) -> Result<(), KernelFault> {
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
         let (lo, hi) = part(c.rank);
         let mine = p.outputs[c.rank] as *mut u8;
-        // SAFETY: registered inputs and outputs hold `count` elements.
-        unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };
+        if kind == Zc::OneShotNorm {
+            let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+            // SAFETY: registered inputs, the output and the residual hold `count` elements, the weight `hidden`.
+            unsafe { add_rms_norm(c.dtype, &inputs, &norm, mine, (lo / norm.hidden, hi / norm.hidden)) };
+        } else {
+            // SAFETY: registered inputs and outputs hold `count` elements.
+            unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };
+        }
         if two_shot {
             for (d, &out) in p.outputs[..c.world].iter().enumerate().filter(|(d, _)| *d != c.rank) {
                 // SAFETY: as above; rank d's output, mapped here, is written only by this range's owner.
@@ -225,16 +334,22 @@ fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 
 fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call(l)?, false)
+    zc(call(l)?, Zc::OneShot)
 }
 fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call(l)?, true)
+    zc(call(l)?, Zc::TwoShot)
+}
+fn zc_one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call(l)?, Zc::OneShotNorm)
 }
 fn zc_one_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call_from_table(l)?, false)
+    zc(call_from_table(l)?, Zc::OneShot)
 }
 fn zc_two_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    zc(call_from_table(l)?, true)
+    zc(call_from_table(l)?, Zc::TwoShot)
+}
+fn zc_one_shot_norm_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call_from_table(l)?, Zc::OneShotNorm)
 }
 fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc_2shot_ll(call(l)?)
@@ -270,11 +385,7 @@ fn zc_2shot_ll(c: Call) -> Result<(), KernelFault> {
             let mut word = [0u8; 4];
             // SAFETY: registered inputs hold `count` elements and [e, e + k) lies in this shard.
             unsafe { HostElem::reduce(c.dtype, &srcs, e, e + k, word.as_mut_ptr()) };
-            let pk = flag | u32::from_le_bytes(word) as u64;
-            for &dst in &p.packets[..c.world] {
-                // SAFETY: every packet area was mapped at setup and holds this slot (checked above).
-                unsafe { packet(dst, area + c.rank * npk + j).store(pk, Ordering::Relaxed) };
-            }
+            c.push(area, j, flag | u32::from_le_bytes(word) as u64);
         }
         let what = format!("symm_zc_2shot_ll rank {} block {b}", c.rank);
         for s in 0..c.world {

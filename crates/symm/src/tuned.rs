@@ -2,7 +2,8 @@
 //! Each rank registers four buffers, mapped by every peer: its input, its output (VMM allocations), a sync area
 //! (flag-and-data packets, then epoch flags) in memory a running kernel may poll ([`Team::polled`]: VMM too, except
 //! on HIP) and a staging buffer of two halves (VMM). The methods:
-//! - `symm_ll`: barrier-free one-shot for small messages: data carries its own arrival flag.
+//! - `symm_ll`: barrier-free one-shot for small messages: data carries its own arrival flag. A call with the
+//!   residual add and RMSNorm runs `symm_ll_norm`, the same packets with the norm in the kernel (blocks own rows).
 //! - `symm_zc_1shot`, `symm_zc_2shot`: no copy-in; ranks read each other's registered inputs, and two-shot pushes
 //!   every reduced shard straight into every peer's registered output. Epoch flags instead of the CAS handshake.
 //! - `symm_epoch_1shot`: car's one-shot protocol (fused copy-in to a staging half by epoch parity, one barrier) on
@@ -19,13 +20,14 @@
 //! A caller whose input is elsewhere still gets a correct result: the input is copied into the registered buffer
 //! (and the output out of it) on the stream.
 
-use crate::host_tuned;
+use crate::host_tuned::{self, row_packets};
 use collective_core::host_sync::FLAG_SLOTS;
+use collective_core::norm::{norm_dims, row_grid, NORM_LANES};
 use collective_core::{
     Call, Collective, CollectiveError, DType, LaunchRule, Mode, Op, OwnStatus, Sharing, Team, LINE_BYTES, MAX_BLOCKS,
     MAX_RANKS,
 };
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, MemKind, Stream};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, MemKind, Stream};
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {
@@ -124,11 +126,22 @@ enum Stem {
     ZeroCopyOneShot,
     ZeroCopyTwoShot,
     ZeroCopyTwoShotLl,
+    /// `Ll` with the residual add and RMSNorm: blocks of [`NORM_LANES`] threads own whole rows.
+    LlNorm,
+    /// `ZeroCopyOneShot` with the residual add and RMSNorm, likewise.
+    ZeroCopyOneShotNorm,
 }
 
 impl Stem {
-    const ALL: [Stem; 5] =
-        [Stem::Ll, Stem::EpochOneShot, Stem::ZeroCopyOneShot, Stem::ZeroCopyTwoShot, Stem::ZeroCopyTwoShotLl];
+    const ALL: [Stem; 7] = [
+        Stem::Ll,
+        Stem::EpochOneShot,
+        Stem::ZeroCopyOneShot,
+        Stem::ZeroCopyTwoShot,
+        Stem::ZeroCopyTwoShotLl,
+        Stem::LlNorm,
+        Stem::ZeroCopyOneShotNorm,
+    ];
 
     /// The kernel's name in `kernels/symm_tuned.cu`, without the dtype suffix.
     fn name(self) -> &'static str {
@@ -138,15 +151,31 @@ impl Stem {
             Stem::ZeroCopyOneShot => "symm_zc_1shot",
             Stem::ZeroCopyTwoShot => "symm_zc_2shot",
             Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
+            Stem::LlNorm => "symm_ll_norm",
+            Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
         }
+    }
+
+    /// Threads of every block: the norm's lanes, or the launch rule's.
+    fn threads(self, kind: DriverKind) -> u32 {
+        match self {
+            Stem::LlNorm | Stem::ZeroCopyOneShotNorm => NORM_LANES as u32,
+            _ => rule(kind, self, 0).threads,
+        }
+    }
+
+    /// Whether the kernel reads its peers' inputs (and so has a `*_table` variant).
+    fn reads_peers(self) -> bool {
+        self.table_name().is_some()
     }
 
     /// The kernel's variant that reads every rank's buffers from a peer table: the ones that touch peers' inputs
     /// or outputs.
     fn table_name(self) -> Option<&'static str> {
         match self {
-            Stem::Ll | Stem::EpochOneShot => None,
+            Stem::Ll | Stem::EpochOneShot | Stem::LlNorm => None,
             Stem::ZeroCopyOneShot => Some("symm_zc_1shot_table"),
+            Stem::ZeroCopyOneShotNorm => Some("symm_zc_1shot_norm_table"),
             Stem::ZeroCopyTwoShot => Some("symm_zc_2shot_table"),
             Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
         }
@@ -332,7 +361,7 @@ impl SymmTuned {
             for dtype in DType::ALL {
                 kernels.push(module.kernel(&format!("{}_{dtype}", stem.name()))?);
             }
-            let threads = rule(gpu.kind(), stem, 0).threads;
+            let threads = stem.threads(gpu.kind());
             caps.push(team.resident_cap(&format!("{name} {}", stem.name()), &kernels[first], threads)?);
             let Some(table) = stem.table_name() else {
                 table_kernels.extend(DType::ALL.map(|_| None));
@@ -434,6 +463,27 @@ impl SymmTuned {
         }
     }
 
+    /// The kernel that carries `call`'s residual add and RMSNorm on `design`, if it has one: `symm_ll_norm` where the
+    /// call's rows fit the packet area (each row from a packet of its own, so up to a packet more per row than the
+    /// bytes), `symm_zc_1shot_norm`.
+    fn norm_stem(&self, design: Design, call: &Call) -> Option<Stem> {
+        let norm = call.norm()?;
+        match design {
+            Design::Ll => {
+                let packets = norm.rows(call.count()) * row_packets(norm.hidden, call.dtype().size());
+                let fits = call.bytes() <= self.capacity_for(design) && packets <= self.base.ll_packets as usize;
+                fits.then_some(Stem::LlNorm)
+            }
+            Design::ZeroCopyOneShot => Some(Stem::ZeroCopyOneShotNorm),
+            _ => None,
+        }
+    }
+
+    /// Whether `design` carries `call`'s residual add and RMSNorm in its kernel (see [`SymmTuned::run_design`]).
+    pub fn carries_norm(&self, design: Design, call: &Call) -> bool {
+        self.norm_stem(design, call).is_some()
+    }
+
     /// The kernel `design` runs for `bytes` on `stream`: asking whether the stream captures costs a driver call,
     /// so only the sizes whose kernel depends on it ask.
     pub fn kernel_for(&self, design: Design, bytes: usize, stream: &Stream) -> Result<&'static str, CollectiveError> {
@@ -446,14 +496,16 @@ impl SymmTuned {
         (self.base.inputs, self.base.outputs)
     }
 
-    /// Runs any of the designs on `call` (what `auto` picks per size), as `Collective::run` runs its own.
+    /// Runs any of the designs on `call` (what `auto` picks per size), as `Collective::run` runs its own; a call with
+    /// the residual add and RMSNorm only on a design that [carries it](SymmTuned::carries_norm).
     /// Kernels that read only this rank's input (packets, the epoch one-shot) read the caller's input in place;
     /// the zero-copy kernels read every peer's input, so an input outside a registered buffer is copied in first
     /// (likewise for two-shot's output, which every peer writes). With `peers.deferred`, the zero-copy kernels read
     /// every rank's buffers from its table instead, and the call returns what the table must be filled with.
     ///
     /// # Safety
-    /// As [`Collective::run`], with `call` checked for no more than [`SymmTuned::capacity_for`] `design`; in
+    /// As [`Collective::run`], with `call` checked for no more than this communicator's capacity and of no more
+    /// bytes than [`SymmTuned::capacity_for`] `design` (the packet designs' areas are smaller than the buffers); in
     /// addition, `peers.inputs` / `outputs`, when given, are every rank's mapping of a buffer that every rank
     /// passes, at the same offset, to this same call; `peers.deferred`'s table
     /// is device memory of [`PEER_TABLE_BYTES`] that holds, whenever the stream runs the call, every rank's views
@@ -466,20 +518,37 @@ impl SymmTuned {
         peers: &PeerBuffers,
         stream: &Stream,
     ) -> Result<Option<DeferredUse>, CollectiveError> {
-        debug_assert!(call.capacity() <= self.capacity_for(design) && call.op() == Op::AllReduce, "the contract");
+        let fits = call.capacity() <= self.capacity && call.bytes() <= self.capacity_for(design);
+        debug_assert!(fits && call.op() == Op::AllReduce, "the contract");
         let (dtype, count, bytes) = (call.dtype(), call.count(), call.bytes());
         let mode = if design.depends_on_mode(bytes) { Mode::of(stream)? } else { Mode::Eager };
-        let stem = design.kernel(bytes, mode);
-        let s = stem as usize;
-        let plan = match self.fixed {
-            Some((asked, cap)) if design == self.design => asked.plan(bytes, cap),
-            _ => rule(self.kind, stem, bytes).plan(bytes, self.caps[s]),
-        };
         let bias = call.bias().map_or(0, |b| b.0);
         let mut params = TunedParams { count: count as u64, dtype: dtype.code(), bias, ..self.base };
+        let stem = match (call.norm(), self.norm_stem(design, call)) {
+            (None, _) => design.kernel(bytes, mode),
+            (Some(norm), Some(stem)) => {
+                let (residual, weight) = (norm.residual.0, norm.weight.0);
+                params = TunedParams { residual, weight, hidden: norm.hidden as u32, eps: norm.eps, ..params };
+                stem
+            }
+            (Some(_), None) => {
+                let what = format!("{} does not carry the residual add and RMSNorm of this call", design.method());
+                return Err(CollectiveError::BadArgs(what));
+            }
+        };
+        let s = stem as usize;
+        // Blocks of the norm's lanes own rows; `cap` of them fit.
+        let dims = |cap| match call.norm() {
+            Some(norm) => norm_dims(row_grid(norm.rows(count), cap)),
+            None => rule(self.kind, stem, bytes).plan(bytes, cap).dims(),
+        };
+        let own_dims = match (self.fixed, call.norm()) {
+            (Some((asked, cap)), None) if design == self.design => asked.plan(bytes, cap).dims(),
+            _ => dims(self.caps[s]),
+        };
         let me = self.base.rank as usize;
         let (input, output) = (call.input(), call.output());
-        let reads_peers = !matches!(stem, Stem::Ll | Stem::EpochOneShot);
+        let reads_peers = stem.reads_peers();
         let writes_peers = stem == Stem::ZeroCopyTwoShot;
         let deferred = peers.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
@@ -494,7 +563,8 @@ impl SymmTuned {
             params.inputs[me] = input.0;
             input_view = PeerView::Caller(input);
         } else if input != self.input.ptr() {
-            if self.copy_in == CopyIn::Fused && matches!(stem, Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot) {
+            let fuses = matches!(stem, Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot | Stem::ZeroCopyOneShotNorm);
+            if self.copy_in == CopyIn::Fused && fuses {
                 params.copy_from = input.0;
             } else {
                 // SAFETY: `input` holds `count` elements (the caller's contract), our registered input `capacity`.
@@ -517,7 +587,6 @@ impl SymmTuned {
         } else {
             params.outputs[me] = output.0;
         }
-        let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
         let d = DType::ALL.iter().position(|&t| t == dtype).expect("every dtype is in ALL");
         let used = DeferredUse {
             input: input_view,
@@ -528,12 +597,10 @@ impl SymmTuned {
         let kernel = match deferred {
             Some(def) => {
                 params.peer_table = def.table.0;
-                let plan = rule(self.kind, stem, bytes).plan(bytes, self.table_caps[s]);
-                let dims = LaunchDims { grid: plan.grid, block: plan.threads, shared_bytes: 0 };
                 let k = self.table_kernels[s * DType::ALL.len() + d].as_ref().expect("zero-copy stems have one");
-                (k, dims)
+                (k, dims(self.table_caps[s]))
             }
-            None => (&self.kernels[s * DType::ALL.len() + d], dims),
+            None => (&self.kernels[s * DType::ALL.len() + d], own_dims),
         };
         // SAFETY: every address in `params` is the caller's (its contract) or this communicator's own memory
         // mapped on every rank, each of at least the capacity the call was checked for; the peer table holds such addresses

@@ -35,6 +35,11 @@ pub struct TunedParams {
     pub status: u64,
     /// Allreduce: added to every sum after the ranks' inputs (car's `z`), or 0.
     pub bias: u64,
+    /// `symm_ll_norm` ([`collective_core::AddRmsNorm`]): the residual, written back as `r`.
+    pub residual: u64,
+    pub weight: u64,
+    pub hidden: u32,
+    pub eps: f32,
 }
 
 /// Bytes of one peer table (see [`TunedParams::peer_table`]).

@@ -101,4 +101,13 @@ ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, v
     ARX_NORM_FOR_OWN_ELEMENTS(j, hidden) E::store(out, base + j, (E::load(r, base + j) * inv) * E::load(weight, j));
 }
 
+// The whole epilogue of the row at `base` of a sum over `srcs`: r into the residual, then y from it into out (the
+// one-shot designs' and the unfused kernel's; every thread reads back only the elements it wrote).
+template <int DT>
+ARX_DEV void add_rms_norm_row(const u64* srcs, u32 world, void* residual, const void* weight, void* out, u64 base,
+                              u32 hidden, float eps) {
+    add_residual_row<DT>(srcs, world, residual, residual, base, hidden);
+    rms_norm_row<DT>(residual, 0, weight, out, base, hidden, eps);
+}
+
 #endif  // ARX_NORM_H

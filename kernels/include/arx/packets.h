@@ -45,6 +45,23 @@ struct LlPacket {
     }
 };
 
+// Polls slot j of every source's part of this rank's packet area `inbox` (sources `ll_packets` apart) and sums the
+// packets' elements in rank order with f32 accumulation (as sum_at) into acc[0 .. 4 / Elem<DT>::SIZE). When a wait
+// ends without its packet, `s.failed` says so and acc is meaningless.
+template <int DT>
+ARX_DEV void ll_poll_sum(const u64* inbox, u64 ll_packets, u64 j, u64 flag, u32 world, Spin& s, float* acc) {
+    const int per = 4 / Elem<DT>::SIZE;
+    u32 words[ARX_MAX_RANKS];
+#pragma unroll
+    for (u32 src = 0; src < ARX_MAX_RANKS; ++src)
+        if (src < world) words[src] = LlPacket::poll(inbox + src * ll_packets + j, flag, s, src);
+    for (int k = 0; k < per; ++k) acc[k] = payload<DT>(words[0], k);
+#pragma unroll
+    for (u32 src = 1; src < ARX_MAX_RANKS; ++src)
+        if (src < world)
+            for (int k = 0; k < per; ++k) acc[k] += payload<DT>(words[src], k);
+}
+
 // Writes one packet at `offset` (in packets) into the packet area of every rank in `areas`.
 ARX_DEV void ll_push(const u64* areas, u32 world, u64 offset, u32 data, u64 flag) {
     for (u32 d = 0; d < world; ++d) LlPacket::write((u64*)areas[d] + offset, data, flag);

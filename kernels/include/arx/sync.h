@@ -55,6 +55,19 @@ struct Spin {
 };
 ARX_DEV Spin spin_start(u64 timeout_ns, u64 status) { return Spin{0, timeout_ns, (u64*)status, 0, false}; }
 
+// Whether any thread of the block passes true; every thread calls it. A kernel whose threads wait apart (packets)
+// ends every thread at once when one wait failed, before a block sync that the ended threads would never reach.
+ARX_DEV bool block_any(bool x) {
+    __shared__ u32 s_any;
+    if (threadIdx.x == 0) s_any = 0;
+    __syncthreads();
+    if (x) s_any = 1;
+    __syncthreads();
+    bool any = s_any != 0;
+    __syncthreads();  // every thread has read it before a later call resets it
+    return any;
+}
+
 // Waits until the epoch word *p reaches `epoch`, then acquires what its writer released; false when the wait ended
 // without it (the communicator aborted, or the deadline passed: recorded as waiting for `peer`, `what`).
 ARX_DEV bool wait_epoch(const u64* p, u64 epoch, u64 timeout_ns, u64 status, u32 peer, u32 what) {

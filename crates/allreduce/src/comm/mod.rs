@@ -643,12 +643,12 @@ impl Communicator {
         let algo = match algo {
             Some(a) => a,
             None => match call.norm() {
-                Some(norm) => Engine::fused(bytes, norm.rows(call.count()), self.world()),
+                Some(norm) => self.engine.fused(&call, &norm),
                 None => self.engine.choose(bytes, residency, &state.streams[k].1)?,
             },
         };
         // Only a design that reads its peers' buffers in place needs their addresses deferred.
-        let slot = if deferring && self.engine.reads_peer_buffers(algo, bytes) {
+        let slot = if deferring && self.engine.reads_peer_buffers(algo, &call) {
             state.deferred_slot(&self.gpu, &call, &mut peers)
         } else {
             None

@@ -133,9 +133,10 @@ impl Communicator {
                     (input.ptr(), output.ptr())
                 };
                 for &count in counts {
+                    let call = self.call(Op::AllReduce, dtype, i, o, count)?;
                     for algorithm in Algorithm::CANDIDATES {
                         // A candidate that would run another's kernel at this size is that one, measured already.
-                        if self.engine.runs_as(algorithm, count * dtype.size()) != algorithm {
+                        if self.engine.runs_as(algorithm, &call) != algorithm {
                             continue;
                         }
                         let seed = check::agree_seed(&self.rdv)?;
@@ -145,7 +146,6 @@ impl Communicator {
                             0,
                             &dtype.encode(&values),
                         )?;
-                        let call = self.call(Op::AllReduce, dtype, i, o, count)?;
                         let algo = Some(algorithm);
                         // SAFETY: buffers of `capacity` bytes (ours, the registered ones, or our registrations);
                         // every rank runs the same sequence.
