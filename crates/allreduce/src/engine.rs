@@ -60,11 +60,32 @@ impl Engine {
         Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
     }
 
-    /// The fused design for `call` with the residual add and RMSNorm `norm`: the packets up to [`NORM_LL_MAX_BYTES`]
-    /// where the rows fit their area, car's two-shot from [`NORM_TWO_SHOT_BYTES`] when every rank has at least two
-    /// rows of its own, else car's one-shot. Norm calls have no tune tables yet; the car hand-over was measured on one
-    /// H200 with 8 ranks under MPS (`results/h200-mps/norm/`), where both car designs beat the unfused sequence at
-    /// every size measured.
+    /// The algorithm for `call` with the residual add and RMSNorm `norm` in `residency` on `stream`: the norm calls'
+    /// table of the call's mode (the stream asked whether it captures only where the two modes' tables disagree),
+    /// where one was found, else [`Engine::fused`].
+    pub fn choose_norm(
+        &self,
+        call: &Call,
+        norm: &AddRmsNorm,
+        residency: Residency,
+        stream: &Stream,
+    ) -> Result<Algorithm, CollectiveError> {
+        let pick = |mode| self.tables.norm(mode, residency).map(|t| t.pick(call.bytes()));
+        Ok(match (pick(Mode::Eager), pick(Mode::Graph)) {
+            (None, None) => self.fused(call, norm),
+            (Some(eager), Some(graph)) if eager == graph => eager,
+            (eager, graph) => {
+                let (this, other) = if stream.is_capturing()? { (graph, eager) } else { (eager, graph) };
+                this.or(other).expect("one mode has a table")
+            }
+        })
+    }
+
+    /// The fused design for `call` with the residual add and RMSNorm `norm` where no table was measured: the
+    /// packets up to [`NORM_LL_MAX_BYTES`] where the rows fit their area, car's two-shot from
+    /// [`NORM_TWO_SHOT_BYTES`] when every rank has at least two rows of its own, else car's one-shot. The car
+    /// hand-over was measured on one H200 with 8 ranks under MPS (`results/h200-mps/norm/`), where both car designs
+    /// beat the unfused sequence at every size measured.
     pub fn fused(&self, call: &Call, norm: &AddRmsNorm) -> Algorithm {
         let bytes = call.bytes();
         if bytes <= NORM_LL_MAX_BYTES && self.symm.carries_norm(Design::Ll, call) {

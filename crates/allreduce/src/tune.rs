@@ -68,6 +68,25 @@ impl fmt::Display for Algorithm {
 
 pub use collective_core::Residency;
 
+/// The calls a table chooses for: plain allreduces, or allreduces with the residual add and RMSNorm
+/// (`Call::with_add_rms_norm`), on which every candidate runs fused where its design carries the norm, else its
+/// allreduce and then the norm kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TableOp {
+    #[default]
+    AllReduce,
+    AddRmsNorm,
+}
+
+impl TableOp {
+    pub const ALL: [TableOp; 2] = [TableOp::AllReduce, TableOp::AddRmsNorm];
+
+    fn is_all_reduce(&self) -> bool {
+        *self == TableOp::AllReduce
+    }
+}
+
 /// Which machine, job shape and call kind a table was measured for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TableKey {
@@ -79,6 +98,9 @@ pub struct TableKey {
     pub ranks_per_device: usize,
     pub mode: Mode,
     pub residency: Residency,
+    /// Absent in the file for plain allreduces (the tables written before norm calls had their own).
+    #[serde(default, skip_serializing_if = "TableOp::is_all_reduce")]
+    pub op: TableOp,
 }
 
 impl TableKey {
@@ -89,14 +111,21 @@ impl TableKey {
         mode: Mode,
         residency: Residency,
     ) -> TableKey {
-        TableKey { driver: driver.to_string(), device: device.to_string(), world, ranks_per_device, mode, residency }
+        let (driver, device, op) = (driver.to_string(), device.to_string(), TableOp::AllReduce);
+        TableKey { driver, device, world, ranks_per_device, mode, residency, op }
+    }
+
+    /// The same key for the calls of `op`.
+    pub fn for_op(self, op: TableOp) -> TableKey {
+        TableKey { op, ..self }
     }
 
     /// The cache file's name (the device name through [`file_safe`]).
     pub fn file_name(&self) -> String {
         let device = file_safe(&self.device);
         let (w, d, m, r) = (self.world, self.ranks_per_device, self.mode.name(), self.residency.name());
-        format!("{}-{device}-w{w}-d{d}-{m}-{r}.json", self.driver)
+        let op = if self.op == TableOp::AddRmsNorm { "-norm" } else { "" };
+        format!("{}-{device}-w{w}-d{d}-{m}-{r}{op}.json", self.driver)
     }
 }
 
@@ -121,7 +150,11 @@ pub fn store_json(path: &Path, value: &impl Serialize) -> Result<(), Error> {
 impl fmt::Display for TableKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (d, w, m, r) = (&self.device, self.world, self.mode.name(), self.residency.name());
-        write!(f, "{} on {d}, {w} ranks ({} per device), {m}, {r} buffers", self.driver, self.ranks_per_device)
+        write!(f, "{} on {d}, {w} ranks ({} per device), {m}, {r} buffers", self.driver, self.ranks_per_device)?;
+        if self.op == TableOp::AddRmsNorm {
+            f.write_str(", allreduce + residual add + RMSNorm")?;
+        }
+        Ok(())
     }
 }
 
@@ -236,9 +269,10 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
 
 /// The table of `set` closest to `key`, and a sentence saying what was measured where it differs from what runs.
 /// Closeness, in order: the residency (a table of another residency picks designs for copies the call does not
-/// pay, or skips ones it does), the mode, the nearest world size, then the nearest sharing of a device.
+/// pay, or skips ones it does), the mode, the nearest world size, then the nearest sharing of a device. Only tables
+/// of the key's calls count (norm calls never follow a plain allreduce's table, nor the reverse): None without one.
 fn closest<'a>(set: &'a [TuneTable], key: &TableKey) -> Option<(&'a TuneTable, String)> {
-    let keyed = set.iter().filter_map(|t| Some((t, t.key.as_ref()?)));
+    let keyed = set.iter().filter_map(|t| Some((t, t.key.as_ref().filter(|k| k.op == key.op)?)));
     let (table, k) = keyed.min_by_key(|(_, k)| {
         let world = k.world.abs_diff(key.world);
         (k.residency != key.residency, k.mode != key.mode, world, k.ranks_per_device.abs_diff(key.ranks_per_device))
@@ -267,30 +301,52 @@ fn closest<'a>(set: &'a [TuneTable], key: &TableKey) -> Option<(&'a TuneTable, S
     Some((table, why))
 }
 
-/// One table per mode and residency: what the engine chooses from per call.
+/// One table per mode and residency for plain allreduces, and where one was found, for norm calls: what the engine
+/// chooses from per call.
 #[derive(Clone, Debug)]
 pub struct Tables {
     /// Indexed by `[mode as usize][residency as usize]`.
     tables: [[LoadedTable; 3]; 2],
+    norm: [[Option<LoadedTable>; 3]; 2],
 }
 
 impl Tables {
-    /// Each table by `find(mode, residency)`.
-    pub fn try_from_fn(mut find: impl FnMut(Mode, Residency) -> Result<LoadedTable, Error>) -> Result<Tables, Error> {
-        let mut row = |mode| -> Result<[LoadedTable; 3], Error> {
-            let [a, b, c] = Residency::ALL.map(|r| find(mode, r));
+    /// Each table by `find(op, mode, residency)`, which may find none for norm calls (their choice then falls back
+    /// to the engine's rule) but must for plain allreduces.
+    pub fn try_from_fn(
+        mut find: impl FnMut(TableOp, Mode, Residency) -> Result<Option<LoadedTable>, Error>,
+    ) -> Result<Tables, Error> {
+        let mut row = |op, mode| -> Result<[Option<LoadedTable>; 3], Error> {
+            let [a, b, c] = Residency::ALL.map(|r| find(op, mode, r));
             Ok([a?, b?, c?])
         };
-        Ok(Tables { tables: [row(Mode::Eager)?, row(Mode::Graph)?] })
+        let mut plain = |mode: Mode| -> Result<[LoadedTable; 3], Error> {
+            let missing = |r: Residency| {
+                Error::Tune(format!("no allreduce table for {} calls on {} buffers", mode.name(), r.name()))
+            };
+            let [a, b, c] = row(TableOp::AllReduce, mode)?;
+            let [ra, rb, rc] = Residency::ALL;
+            Ok([a.ok_or_else(|| missing(ra))?, b.ok_or_else(|| missing(rb))?, c.ok_or_else(|| missing(rc))?])
+        };
+        let tables = [plain(Mode::Eager)?, plain(Mode::Graph)?];
+        let norm = [row(TableOp::AddRmsNorm, Mode::Eager)?, row(TableOp::AddRmsNorm, Mode::Graph)?];
+        Ok(Tables { tables, norm })
     }
 
     pub fn get(&self, mode: Mode, residency: Residency) -> &LoadedTable {
         &self.tables[mode as usize][residency as usize]
     }
 
-    /// Every table with its mode and residency.
-    pub fn iter(&self) -> impl Iterator<Item = (Mode, Residency, &LoadedTable)> {
-        Mode::ALL.into_iter().flat_map(move |m| Residency::ALL.into_iter().map(move |r| (m, r, self.get(m, r))))
+    /// The norm calls' table of `mode` and `residency`, if one was found.
+    pub fn norm(&self, mode: Mode, residency: Residency) -> Option<&LoadedTable> {
+        self.norm[mode as usize][residency as usize].as_ref()
+    }
+
+    /// Every table found, with its calls, mode and residency.
+    pub fn iter(&self) -> impl Iterator<Item = (TableOp, Mode, Residency, &LoadedTable)> {
+        let all = Mode::ALL.into_iter().flat_map(|m| Residency::ALL.into_iter().map(move |r| (m, r)));
+        let plain = all.clone().map(move |(m, r)| (TableOp::AllReduce, m, r, self.get(m, r)));
+        plain.chain(all.filter_map(move |(m, r)| Some((TableOp::AddRmsNorm, m, r, self.norm(m, r)?))))
     }
 }
 
@@ -336,15 +392,13 @@ impl TuneTable {
 
     /// The table of a set for `key`: a set of one unkeyed table is that table for every key; otherwise the
     /// closest keyed one, and why it was taken.
-    pub fn pick(set: &[TuneTable], key: &TableKey) -> Result<(TuneTable, String), Error> {
+    pub fn pick(set: &[TuneTable], key: &TableKey) -> Option<(TuneTable, String)> {
         if let [one] = set {
             if one.key.is_none() {
-                return Ok((one.clone(), "one table for every call".into()));
+                return Some((one.clone(), "one table for every call".into()));
             }
         }
-        closest(set, key)
-            .map(|(t, why)| (t.clone(), why))
-            .ok_or_else(|| Error::Tune("a set with no keyed table".into()))
+        closest(set, key).map(|(t, why)| (t.clone(), why))
     }
 
     /// Writes the table to `path` (its directory created), through a temporary file so a concurrent reader never
@@ -397,8 +451,9 @@ impl TuneTable {
         Ok(TuneTable { key: Some(key), measured_on, entries })
     }
 
-    /// The table for `key`: the cached one if there is one, else the closest of the driver's built-in set.
-    pub fn find(key: &TableKey, driver: DriverKind, dir: Option<&Path>) -> Result<LoadedTable, Error> {
+    /// The table for `key`: the cached one if there is one, else the closest of the driver's built-in set of the
+    /// key's calls; None when neither has one.
+    pub fn find(key: &TableKey, driver: DriverKind, dir: Option<&Path>) -> Result<Option<LoadedTable>, Error> {
         if let Some(path) = dir.map(|d| d.join(key.file_name())).filter(|p| p.is_file()) {
             let table = TuneTable::load(&path)?;
             if table.key.as_ref() != Some(key) {
@@ -408,11 +463,11 @@ impl TuneTable {
                     table.key
                 )));
             }
-            return LoadedTable::new(table, TableSource::Cache(path));
+            return LoadedTable::new(table, TableSource::Cache(path)).map(Some);
         }
         let (set, what) = built_in(driver);
-        let (table, why) = TuneTable::pick(&set, key)?;
-        LoadedTable::new(table, TableSource::BuiltIn { what, used_for: key.to_string(), why })
+        let Some((table, why)) = TuneTable::pick(&set, key) else { return Ok(None) };
+        LoadedTable::new(table, TableSource::BuiltIn { what, used_for: key.to_string(), why }).map(Some)
     }
 }
 
@@ -574,16 +629,47 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let key = TableKey::new(DriverKind::Host, "host (2 cores)", (3, 3), Mode::Graph, Residency::CallerRegistered);
         assert_eq!(key.file_name(), "host-host__2_cores_-w3-d3-graph-caller_registered.json");
-        let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();
+        let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap().unwrap();
         assert!(matches!(found.source, TableSource::BuiltIn { .. }));
         let mut t = TuneTable::from_times(&[(64, Algorithm::Car2Shot, 1.0)], key.clone(), "here".into()).unwrap();
         t.store(&dir.path().join(key.file_name())).unwrap();
-        let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap();
+        let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap().unwrap();
         assert_eq!(found.source, TableSource::Cache(dir.path().join(key.file_name())));
         assert_eq!(found.pick(1 << 20), Algorithm::Car2Shot);
         // A file under the right name with another key is refused, not silently followed.
         t.key = Some(TableKey { world: 4, ..key.clone() });
         t.store(&dir.path().join(key.file_name())).unwrap();
         assert!(TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap_err().to_string().contains("keyed"));
+    }
+
+    #[test]
+    fn norm_calls_have_tables_of_their_own_and_never_borrow_a_plain_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = TableKey::new(DriverKind::Host, "host (2 cores)", (3, 3), Mode::Eager, Residency::Caller);
+        let norm = plain.clone().for_op(TableOp::AddRmsNorm);
+        assert_eq!(norm.file_name(), "host-host__2_cores_-w3-d3-eager-caller-norm.json");
+        assert!(norm.to_string().ends_with("residual add + RMSNorm"), "{norm}");
+        // A plain key's file reads as before (no `op`); a norm key's says so.
+        let plain_json = serde_json::to_string(&plain).unwrap();
+        assert!(!plain_json.contains("op"), "{plain_json}");
+        assert_eq!(serde_json::from_str::<TableKey>(&plain_json).unwrap(), plain);
+        let norm_json = serde_json::to_string(&norm).unwrap();
+        assert!(norm_json.contains("\"op\":\"add_rms_norm\""), "{norm_json}");
+        // The host's built-in set has plain tables only: a norm key finds none there, so the engine's rule runs.
+        assert!(TuneTable::find(&norm, DriverKind::Host, Some(dir.path())).unwrap().is_none());
+        let mut set =
+            vec![TuneTable::from_times(&[(64, Algorithm::Car1Shot, 1.0)], plain.clone(), "p".into()).unwrap()];
+        assert!(TuneTable::pick(&set, &norm).is_none());
+        // With one of each, each key takes its own, whatever else is closer.
+        let other = TableKey { world: 8, ..norm.clone() };
+        set.push(TuneTable::from_times(&[(64, Algorithm::SymmZc2Shot, 1.0)], other, "n".into()).unwrap());
+        assert_eq!(TuneTable::pick(&set, &plain).unwrap().0.entries[0].method, "car_1shot");
+        let (t, why) = TuneTable::pick(&set, &norm).unwrap();
+        assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("symm_zc_2shot", "measured with 8 ranks, not 3"));
+        // A norm table cached under its name is found there.
+        let t = TuneTable::from_times(&[(64, Algorithm::SymmLl, 1.0)], norm.clone(), "here".into()).unwrap();
+        t.store(&dir.path().join(norm.file_name())).unwrap();
+        let found = TuneTable::find(&norm, DriverKind::Host, Some(dir.path())).unwrap().unwrap();
+        assert_eq!(found.pick(64), Algorithm::SymmLl);
     }
 }

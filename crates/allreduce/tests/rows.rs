@@ -2,20 +2,15 @@
 //! residual add and RMSNorm on every algorithm, and the reduce-scatter split along the last dimension. On the host
 //! driver by default; `ARX_TEST_BACKEND=cuda` (or hip) and `ARX_TEST_RANKS=8` run them on a GPU node.
 
-use allreduce::{AddRmsNorm, Algorithm, CallError, DType, Op};
+use allreduce::tune::{TableKey, TableOp};
+use allreduce::{AddRmsNorm, Algorithm, CallError, Communicator, DType, Mode, Op, Options, Residency};
 use gpu::MemKind;
 use measure::check::{
-    add_rms_norm_reference, add_rms_norm_tolerance, agree_verdict, fingerprint, input_values, reference, tolerance,
+    add_rms_norm_tolerance, agree_verdict, fingerprint, input_values, reference, tolerance, NormCase,
 };
 
 mod common;
 use common::{as_job, backend, comm_on, ranks};
-
-/// `hidden` weights in [0.5, 1.5), rounded to `dtype`.
-fn shifted_weights(seed: u64, which: usize, hidden: usize, dtype: DType) -> Vec<f32> {
-    let w: Vec<f32> = input_values(seed, which, hidden, dtype).iter().map(|v| v + 0.5).collect();
-    dtype.decode(&dtype.encode(&w)).into_iter().map(|v| v as f32).collect()
-}
 
 /// The residual add and RMSNorm after the sum: fused in car's one-shot and two-shot, the packets (`symm_ll`, car's
 /// fused one-shot where the rows do not fit the packets) and the zero-copy one-shot, unfused (the design's allreduce,
@@ -41,14 +36,10 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
             }
             let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
             let x = dtype.encode(&input_values(seed, rank, count, dtype));
-            // The residual and the weight: every rank the same, as a model's are.
-            let res = input_values(seed, world, count, dtype);
-            // Weights near 1, as a model's are (weights near 0 would put y among fp16's subnormals, whose relative
-            // rounding no relative bound covers).
-            let w = shifted_weights(seed, world + 1, hidden, dtype);
+            // The residual and the weights near 1: every rank the same, as a model's are.
+            let NormCase { residual: res, weight: w, want_r, want_y } =
+                NormCase::new(seed, world, count, hidden, dtype, 1e-5);
             stream.upload(&weight, 0, &dtype.encode(&w)).unwrap();
-            let (want_r, want_y) =
-                add_rms_norm_reference(&reference(seed, world, count, dtype, 0, count), &res, &w, 1e-5);
             let tol = add_rms_norm_tolerance(dtype, world);
             let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
             // Every algorithm and auto, out of place and in place.
@@ -89,6 +80,86 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
             for p in &prints[1..] {
                 assert_eq!((p.1, p.2), (prints[0].1, prints[0].2), "{} and {} differ bitwise", p.0, prints[0].0);
             }
+        }
+    });
+}
+
+/// Norm calls follow the tables of their own calls, plain calls theirs: a file whose norm tables name the zero-copy
+/// two-shot (the unfused sequence) on caller buffers and whose plain tables name car's one-shot; the norm call's
+/// results are checked as every other's. Without norm tables the engine's rule runs, and the notes say so.
+#[test]
+fn norm_calls_follow_their_own_tables() {
+    as_job("norm_calls_follow_their_own_tables", ranks(3), |info| {
+        let (capacity, hidden, rows) = (1 << 20, 256, 5);
+        let world = info.world;
+        let dir = std::env::temp_dir().join(format!("arx-norm-tables-{}", info.job.as_str()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let set: Vec<allreduce::TuneTable> = [TableOp::AllReduce, TableOp::AddRmsNorm]
+            .into_iter()
+            .flat_map(|op| Mode::ALL.into_iter().flat_map(move |m| Residency::ALL.map(move |r| (op, m, r))))
+            .map(|(op, mode, r)| allreduce::TuneTable {
+                key: Some(TableKey::new(gpu::DriverKind::Host, "any", (world, world), mode, r).for_op(op)),
+                measured_on: "test".into(),
+                entries: vec![allreduce::tune::TuneEntry {
+                    max_bytes: None,
+                    method: if op == TableOp::AddRmsNorm { "symm_zc_2shot" } else { "car_1shot" }.into(),
+                }],
+            })
+            .collect();
+        let path = dir.join("with-norm.json");
+        if info.rank == 0 {
+            std::fs::write(&path, serde_json::to_string(&set).unwrap()).unwrap();
+        }
+        let plain_only = dir.join("plain.json");
+        if info.rank == 0 {
+            std::fs::write(&plain_only, serde_json::to_string(&set[..6]).unwrap()).unwrap();
+        }
+        // Without norm tables, the rule: the fused packets for a few rows.
+        for (file, want) in [(&path, Algorithm::SymmZc2Shot), (&plain_only, Algorithm::SymmLl)] {
+            // Rank 0 wrote the files before the communicator's set-up, which every rank passes together.
+            while !file.exists() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let opts = Options {
+                backend: backend(),
+                capacity_bytes: capacity,
+                tune_table: Some(file.clone()),
+                ..Options::default()
+            };
+            let comm = Communicator::new(info.clone(), opts).unwrap();
+            let gpu = comm.gpu().clone();
+            let stream = gpu.stream().unwrap();
+            let [input, output, residual, weight] = [0; 4].map(|_| gpu.alloc(capacity, MemKind::Device).unwrap());
+            let (dtype, count) = (DType::Bf16, rows * hidden);
+            let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
+            let case = NormCase::new(seed, world, count, hidden, dtype, 1e-5);
+            stream.upload(&input, 0, &dtype.encode(&input_values(seed, comm.rank(), count, dtype))).unwrap();
+            stream.upload(&residual, 0, &dtype.encode(&case.residual)).unwrap();
+            stream.upload(&weight, 0, &dtype.encode(&case.weight)).unwrap();
+            let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
+            // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+            let (ran, plain) = unsafe {
+                let call = comm.call(Op::AllReduce, dtype, input.ptr(), output.ptr(), count).unwrap();
+                let ran = comm.issue(call.with_add_rms_norm(norm).unwrap(), None, stream.handle()).unwrap();
+                let plain = comm.call(Op::AllReduce, dtype, output.ptr(), input.ptr(), count).unwrap();
+                (ran, comm.issue(plain, None, stream.handle()).unwrap())
+            };
+            stream.sync().unwrap();
+            assert_eq!((ran, plain), (want, Algorithm::Car1Shot), "{}", file.display());
+            let said = comm.notes().iter().any(|n| n.contains("residual add and RMSNorm"));
+            assert_eq!(said, file == &plain_only, "{:?}", comm.notes());
+            let (mut y, mut r) = (vec![0u8; count * 2], vec![0u8; count * 2]);
+            let tol = add_rms_norm_tolerance(dtype, world);
+            // The plain call only read y (its input): y and r are what the norm call wrote.
+            stream.download(&output, 0, &mut y).unwrap();
+            stream.download(&residual, 0, &mut r).unwrap();
+            for (part, got, want) in [("r", &r, &case.want_r), ("y", &y, &case.want_y)] {
+                let verdict = agree_verdict(comm.rendezvous(), got, dtype, want, tol, true, part);
+                assert_eq!(verdict.unwrap(), None, "{part} after {ran}");
+            }
+        }
+        if info.rank == 0 {
+            std::fs::remove_dir_all(&dir).unwrap();
         }
     });
 }

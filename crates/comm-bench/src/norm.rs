@@ -9,7 +9,7 @@ use allreduce::{AddRmsNorm, Algorithm, Communicator, DType, Op, Options};
 use clap::Args;
 use gpu::MemKind;
 use launch::RankInfo;
-use measure::check::{add_rms_norm_reference, add_rms_norm_tolerance, agree_verdict, fingerprint, input_values};
+use measure::check::{add_rms_norm_tolerance, agree_verdict, fingerprint, input_values, NormCase};
 use measure::timing::{median, Timer, TimingOptions};
 use std::time::Duration;
 
@@ -131,26 +131,22 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
         // Checks: fresh inputs for every method, the same for all of them, so the bits must agree.
         let seed = measure::check::agree_seed(rdv)?;
         let x = dtype.encode(&input_values(seed, rank, count, dtype));
-        let res = input_values(seed, world, count, dtype);
-        // Weights near 1, as a model's are (near 0, y would fall among fp16's subnormals).
-        let w: Vec<f32> = input_values(seed, world + 1, hidden, dtype).iter().map(|v| v + 0.5).collect();
-        let w: Vec<f32> = dtype.decode(&dtype.encode(&w)).into_iter().map(|v| v as f32).collect();
-        stream.upload(&weight, 0, &dtype.encode(&w))?;
-        let sum = measure::check::reference(seed, world, count, dtype, 0, count);
-        let (want_r, want_y) = add_rms_norm_reference(&sum, &res, &w, args.eps);
+        let case = NormCase::new(seed, world, count, hidden, dtype, args.eps);
+        let (res, want_r, want_y) = (&case.residual, &case.want_r, &case.want_y);
+        stream.upload(&weight, 0, &dtype.encode(&case.weight))?;
         let tol = add_rms_norm_tolerance(dtype, world);
         let mut prints = Vec::new();
         let mut ran = Vec::new();
         for (name, &wy) in args.methods.iter().zip(&ways) {
             stream.upload(&input, 0, &x)?;
-            stream.upload(&residual, 0, &dtype.encode(&res))?;
+            stream.upload(&residual, 0, &dtype.encode(res))?;
             stream.fill(&output, measure::check::POISON)?;
             ran.push(issue(wy, stream)?);
             stream.sync()?;
             let (mut y, mut r) = (vec![0u8; count * dtype.size()], vec![0u8; count * dtype.size()]);
             stream.download(&output, 0, &mut y)?;
             stream.download(&residual, 0, &mut r)?;
-            for (part, got, want) in [("r", &r, &want_r), ("y", &y, &want_y)] {
+            for (part, got, want) in [("r", &r, want_r), ("y", &y, want_y)] {
                 let when = format!("{name} {tokens}x{hidden}: {part}");
                 if let Some(failed) = agree_verdict(rdv, got, dtype, want, tol, true, &when)? {
                     return Err(BenchError::Config(failed));

@@ -1,5 +1,5 @@
 //! `comm-bench --tune FILE`: the library's own tune ([`allreduce::Communicator::tune_with`]) at the sweep's sizes
-//! and timing, every mode and residency; rank 0 prints each measurement and the tables, writes them to FILE as one
+//! and timing, every mode and residency, plain allreduces and (rows of 4096 up to the largest size) norm calls; rank 0 prints each measurement and the tables, writes them to FILE as one
 //! set (what `--tune_table` reads) and the library caches each under its key.
 
 use crate::config::SweepConfig;
@@ -13,16 +13,21 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
     let mut comm = Communicator::new(info.clone(), crate::run::options(cfg)?)?;
     let counts = cfg.counts(comm.gpu().info().size_align);
     allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(comm.gpu().kind(), &counts))?;
-    let req = TuneRequest { dtype: cfg.dtype, counts: Some(counts), timing: cfg.timing };
+    let req = TuneRequest { counts: Some(counts), timing: cfg.timing, ..TuneRequest::new(cfg.dtype) };
     let rank0 = comm.rank() == 0;
     if rank0 {
-        println!("# {:>5} {:>17} {:>10} {:>16} {:>10}", "mode", "residency", "count", "algorithm", "time(us)");
+        println!(
+            "# {:>5} {:>17} {:>5} {:>10} {:>16} {:>10}",
+            "mode", "residency", "call", "count", "algorithm", "time(us)"
+        );
     }
     // Each measurement as it is made, on rank 0: a tune takes minutes.
     let mut print = |m: &allreduce::Measured| {
         if rank0 {
             let t = m.ms.map_or_else(|| "failed".to_string(), |ms| format!("{:.2}", ms * 1e3));
-            println!("  {:>5} {:>17} {:>10} {:>16} {t:>10}", m.mode.name(), m.residency.name(), m.count, m.algorithm);
+            let call = if m.op == allreduce::tune::TableOp::AddRmsNorm { "norm" } else { "plain" };
+            let (mode, residency) = (m.mode.name(), m.residency.name());
+            println!("  {mode:>5} {residency:>17} {call:>5} {:>10} {:>16} {t:>10}", m.count, m.algorithm);
         }
     };
     let report = match comm.tune_with(&req, &mut print) {

@@ -60,6 +60,28 @@ pub fn add_rms_norm_tolerance(dtype: DType, world: usize) -> f64 {
     6.0 * tolerance(dtype, world + 1, false)
 }
 
+/// A norm call's own inputs beside every rank's `input_values(seed, rank, ..)`, the same on every rank, and the
+/// float64 reference of its results.
+pub struct NormCase {
+    /// The residual (the values a rank `world` would hold), rounded to the dtype.
+    pub residual: Vec<f32>,
+    /// `hidden` weights near 1, as a model's (near 0, y would fall among fp16's subnormals), rounded to the dtype.
+    pub weight: Vec<f32>,
+    pub want_r: Vec<f64>,
+    pub want_y: Vec<f64>,
+}
+
+impl NormCase {
+    pub fn new(seed: u64, world: usize, count: usize, hidden: usize, dtype: DType, eps: f32) -> NormCase {
+        let residual = input_values(seed, world, count, dtype);
+        let weight: Vec<f32> = input_values(seed, world + 1, hidden, dtype).iter().map(|v| v + 0.5).collect();
+        let weight = dtype.decode(&dtype.encode(&weight)).into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+        let sum = reference(seed, world, count, dtype, 0, count);
+        let (want_r, want_y) = add_rms_norm_reference(&sum, &residual, &weight, eps);
+        NormCase { residual, weight, want_r, want_y }
+    }
+}
+
 /// One rank's verdict on one run.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Verdict {

@@ -256,30 +256,39 @@ impl Communicator {
         let tables = match &opts.tune_table {
             Some(path) => {
                 let set = TuneTable::load_set(path)?;
-                Tables::try_from_fn(|mode, residency| {
-                    let key = TableKey::new(i.kind, &i.name, shape, mode, residency);
-                    LoadedTable::new(TuneTable::pick(&set, &key)?.0, TableSource::File(path.clone()))
+                Tables::try_from_fn(|op, mode, residency| {
+                    let key = TableKey::new(i.kind, &i.name, shape, mode, residency).for_op(op);
+                    let picked = TuneTable::pick(&set, &key);
+                    picked.map(|(t, _)| LoadedTable::new(t, TableSource::File(path.clone()))).transpose()
                 })?
             }
             None => {
                 let dir = opts.tune_dir.clone().or_else(tune::cache_dir);
-                Tables::try_from_fn(|mode, residency| {
-                    let key = TableKey::new(i.kind, &i.name, shape, mode, residency);
+                Tables::try_from_fn(|op, mode, residency| {
+                    let key = TableKey::new(i.kind, &i.name, shape, mode, residency).for_op(op);
                     TuneTable::find(&key, i.kind, dir.as_deref())
                 })?
             }
         };
         // Every rank follows the same tables, or they would run different kernels for one call.
-        let all: Vec<&TuneTable> = tables.iter().map(|t| &t.2.table).collect();
+        let all: Vec<&TuneTable> = tables.iter().map(|t| &t.3.table).collect();
         crate::agree(rdv, "tune tables", &serde_json::to_string(&all).expect("tables serialise"))?;
         // One note for the built-in set (deduplicated below), one per table measured for another job than this.
-        for (_, _, t) in tables.iter() {
+        for (_, _, _, t) in tables.iter() {
             if let TableSource::BuiltIn { what, used_for, why } = &t.source {
                 notes.push(format!("no tune table cached for this machine: using the built-in {what} (run tune)"));
                 if why != "its key matches" {
                     notes.push(format!("the table for {used_for} was {why}"));
                 }
             }
+        }
+        if Mode::ALL.iter().any(|&m| Residency::ALL.iter().any(|&r| tables.norm(m, r).is_none())) {
+            notes.push(
+                "no tune table for calls with the residual add and RMSNorm in some mode or residency: those take the \
+                 engine's rule (packets for a few rows, then car's fused one-shot, its two-shot from 1 MiB; \
+                 measured on one H200 under MPS); tune to measure them"
+                    .into(),
+            );
         }
         let no_atomics = placement.missing_peer_atomics();
         let pids = rdv.all_gather("pids", &(std::process::id() as i32).to_le_bytes())?;
@@ -643,7 +652,7 @@ impl Communicator {
         let algo = match algo {
             Some(a) => a,
             None => match call.norm() {
-                Some(norm) => self.engine.fused(&call, &norm),
+                Some(norm) => self.engine.choose_norm(&call, &norm, residency, &state.streams[k].1)?,
                 None => self.engine.choose(bytes, residency, &state.streams[k].1)?,
             },
         };

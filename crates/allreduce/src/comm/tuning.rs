@@ -3,13 +3,20 @@
 //! tables.
 
 use super::Communicator;
-use crate::tune::{Algorithm, Mode, Residency, TableKey, TuneTable};
+use crate::tune::{Algorithm, Mode, Residency, TableKey, TableOp, TuneTable};
 use crate::Error;
-use collective_core::{DType, Op};
+use collective_core::{AddRmsNorm, DType, Op};
 use gpu::{DeviceBuffer, MemKind};
-use measure::check;
+use measure::check::{self, NormCase};
 use measure::timing::{Timer, TimingOptions};
 use std::path::PathBuf;
+
+/// The buffers a tune measures on: its own, its registered ones, and the norm calls' residual and weight.
+struct TuneBuffers<'a> {
+    own: &'a [DeviceBuffer; 2],
+    shared: &'a [DeviceBuffer; 2],
+    norm: Option<(usize, &'a [DeviceBuffer; 2])>,
+}
 
 /// What [`Communicator::tune_with`] measures.
 #[derive(Clone, Debug)]
@@ -19,11 +26,21 @@ pub struct TuneRequest {
     pub counts: Option<Vec<usize>>,
     /// Calls per timing (`graph` is ignored: both modes are measured).
     pub timing: TimingOptions,
+    /// The row length at which calls with the residual add and RMSNorm are measured too, for their own tables
+    /// (None: not measured). Their sizes are 1, 4, 16, ... rows, as far as the capacity and the largest count go.
+    pub norm_hidden: Option<usize>,
 }
+
+/// The row length norm calls are tuned at by default: a mid-sized model's hidden size.
+pub const NORM_HIDDEN: usize = 4096;
+
+/// The eps of the norm calls a tune measures (it does not change their cost).
+const NORM_EPS: f32 = 1e-6;
 
 impl TuneRequest {
     pub fn new(dtype: DType) -> TuneRequest {
-        TuneRequest { dtype, counts: None, timing: TimingOptions { iters: 20, warmup: 5, repeats: 3, graph: false } }
+        let timing = TimingOptions { iters: 20, warmup: 5, repeats: 3, graph: false };
+        TuneRequest { dtype, counts: None, timing, norm_hidden: Some(NORM_HIDDEN) }
     }
 }
 
@@ -31,6 +48,7 @@ impl TuneRequest {
 /// its check (any rank, or bits that differ across ranks) and was not timed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Measured {
+    pub op: TableOp,
     pub mode: Mode,
     pub residency: Residency,
     pub count: usize,
@@ -74,16 +92,36 @@ impl Communicator {
         if let Some(&n) = counts.iter().find(|&&n| n == 0 || n > max) {
             return Err(Error::BadArgs(format!("tune at {n} elements: sizes run from 1 to the capacity's {max}")));
         }
+        // Norm calls: 1, 4, 16, ... rows, each within the capacity and the largest plain count.
+        let largest = counts.iter().max().copied().unwrap_or(0);
+        let norm_counts: Vec<usize> = match req.norm_hidden {
+            Some(0) => return Err(Error::BadArgs("norm_hidden must be at least 1".into())),
+            Some(h) => (0..).map(|e| h << (2 * e)).take_while(|&n| n <= largest.min(max)).collect(),
+            None => Vec::new(),
+        };
+        let sizes: Vec<(TableOp, usize)> = counts
+            .iter()
+            .map(|&c| (TableOp::AllReduce, c))
+            .chain(norm_counts.iter().map(|&c| (TableOp::AddRmsNorm, c)))
+            .collect();
         let timer = Timer::new(&self.gpu)?;
         let own = [self.gpu.alloc(self.capacity, MemKind::Device)?, self.gpu.alloc(self.capacity, MemKind::Device)?];
         let shared = [
             self.gpu.alloc(self.capacity, MemKind::Ipc { uncached: false })?,
             self.gpu.alloc(self.capacity, MemKind::Ipc { uncached: false })?,
         ];
+        let norm_bufs = match req.norm_hidden.filter(|_| !norm_counts.is_empty()) {
+            Some(h) => Some((
+                h,
+                [self.gpu.alloc(self.capacity, MemKind::Device)?, self.gpu.alloc(h * dtype.size(), MemKind::Device)?],
+            )),
+            None => None,
+        };
         // SAFETY: our own allocations, released below before they are freed.
         let ids =
             unsafe { [self.register(shared[0].ptr(), self.capacity)?, self.register(shared[1].ptr(), self.capacity)?] };
-        let result = self.measure_all(req, &counts, &timer, &own, &shared, progress);
+        let bufs = TuneBuffers { own: &own, shared: &shared, norm: norm_bufs.as_ref().map(|(h, b)| (*h, b)) };
+        let result = self.measure_all(req, &sizes, &timer, &bufs, progress);
         timer.stream.sync()?;
         self.forget_stream(timer.stream.handle());
         for id in ids {
@@ -92,21 +130,29 @@ impl Communicator {
         }
         let measured = result?;
         let mut tables = Vec::new();
-        for mode in Mode::ALL {
-            for residency in Residency::ALL {
-                let times: Vec<(usize, Algorithm, f64)> = measured
-                    .iter()
-                    .filter(|m| m.mode == mode && m.residency == residency)
-                    .filter_map(|m| Some((m.count * dtype.size(), m.algorithm, m.ms?)))
-                    .collect();
-                let key = TableKey::new(info.kind, &info.name, (self.world(), self.device_shared_by), mode, residency);
-                let on = format!("{key}, {dtype}, through Communicator::tune");
-                let table = TuneTable::from_times(&times, key.clone(), on)?;
-                let path = dir.join(key.file_name());
-                if self.rank() == 0 {
-                    table.store(&path)?;
+        for op in TableOp::ALL {
+            for mode in Mode::ALL {
+                for residency in Residency::ALL {
+                    let times: Vec<(usize, Algorithm, f64)> = measured
+                        .iter()
+                        .filter(|m| m.op == op && m.mode == mode && m.residency == residency)
+                        .filter_map(|m| Some((m.count * dtype.size(), m.algorithm, m.ms?)))
+                        .collect();
+                    if op == TableOp::AddRmsNorm && norm_counts.is_empty() {
+                        continue;
+                    }
+                    let shape = (self.world(), self.device_shared_by);
+                    let key = TableKey::new(info.kind, &info.name, shape, mode, residency).for_op(op);
+                    let rows = req.norm_hidden.filter(|_| op == TableOp::AddRmsNorm);
+                    let at = rows.map_or(String::new(), |h| format!(", rows of {h}"));
+                    let on = format!("{key}, {dtype}{at}, through Communicator::tune");
+                    let table = TuneTable::from_times(&times, key.clone(), on)?;
+                    let path = dir.join(key.file_name());
+                    if self.rank() == 0 {
+                        table.store(&path)?;
+                    }
+                    tables.push((table, path));
                 }
-                tables.push((table, path));
             }
         }
         self.rdv.barrier("tune tables stored")?;
@@ -117,10 +163,9 @@ impl Communicator {
     fn measure_all(
         &mut self,
         req: &TuneRequest,
-        counts: &[usize],
+        sizes: &[(TableOp, usize)],
         timer: &Timer,
-        own: &[DeviceBuffer; 2],
-        shared: &[DeviceBuffer; 2],
+        bufs: &TuneBuffers<'_>,
         progress: &mut dyn FnMut(&Measured),
     ) -> Result<Vec<Measured>, Error> {
         let dtype = req.dtype;
@@ -128,43 +173,72 @@ impl Communicator {
         for mode in Mode::ALL {
             let opts = TimingOptions { graph: mode == Mode::Graph, ..req.timing };
             for residency in Residency::ALL {
-                let (i, o) = {
-                    let (input, output) = self.residency_buffers(residency, own, shared);
-                    (input.ptr(), output.ptr())
-                };
-                for &count in counts {
-                    let call = self.call(Op::AllReduce, dtype, i, o, count)?;
+                let (input, output) = self.residency_buffers(residency, bufs.own, bufs.shared);
+                let (i, o) = (input.ptr(), output.ptr());
+                for &(op, count) in sizes {
+                    let norm = match (op, bufs.norm) {
+                        (TableOp::AddRmsNorm, Some((hidden, [residual, weight]))) => Some((
+                            AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: NORM_EPS },
+                            residual,
+                            weight,
+                        )),
+                        _ => None,
+                    };
+                    let plain = self.call(Op::AllReduce, dtype, i, o, count)?;
+                    let call = match &norm {
+                        Some((n, _, _)) => plain.with_add_rms_norm(*n)?,
+                        None => plain,
+                    };
                     for algorithm in Algorithm::CANDIDATES {
-                        // A candidate that would run another's kernel at this size is that one, measured already.
+                        // A candidate that would run another's kernel on this call is that one, measured already.
                         if self.engine.runs_as(algorithm, &call) != algorithm {
                             continue;
                         }
                         let seed = check::agree_seed(&self.rdv)?;
                         let values = check::input_values(seed, self.rank(), count, dtype);
-                        timer.stream.upload(
-                            self.residency_buffers(residency, own, shared).0,
-                            0,
-                            &dtype.encode(&values),
-                        )?;
+                        let (input, output) = self.residency_buffers(residency, bufs.own, bufs.shared);
+                        timer.stream.upload(input, 0, &dtype.encode(&values))?;
+                        let case = match &norm {
+                            Some((n, residual, weight)) => {
+                                let case = NormCase::new(seed, self.world(), count, n.hidden, dtype, n.eps);
+                                timer.stream.upload(residual, 0, &dtype.encode(&case.residual))?;
+                                timer.stream.upload(weight, 0, &dtype.encode(&case.weight))?;
+                                Some((case, *residual))
+                            }
+                            None => None,
+                        };
                         let algo = Some(algorithm);
-                        // SAFETY: buffers of `capacity` bytes (ours, the registered ones, or our registrations);
-                        // every rank runs the same sequence.
+                        // SAFETY: buffers of `capacity` bytes (ours, the registered ones, or our registrations; the
+                        // norm's residual and weight ours); every rank runs the same sequence.
                         unsafe { self.issue(call, algo, timer.stream.handle())? };
                         let mut got = vec![0u8; count * dtype.size()];
-                        timer.stream.download(self.residency_buffers(residency, own, shared).1, 0, &mut got)?;
-                        let want = check::reference(seed, self.world(), count, dtype, 0, count);
-                        let tol = check::tolerance(dtype, self.world(), false);
-                        let failed = check::agree_verdict(&self.rdv, &got, dtype, &want, tol, true, "tune")?.is_some();
+                        timer.stream.download(output, 0, &mut got)?;
+                        let failed = match &case {
+                            None => {
+                                let want = check::reference(seed, self.world(), count, dtype, 0, count);
+                                let tol = check::tolerance(dtype, self.world(), false);
+                                check::agree_verdict(&self.rdv, &got, dtype, &want, tol, true, "tune")?.is_some()
+                            }
+                            Some((case, residual)) => {
+                                let mut r = vec![0u8; count * dtype.size()];
+                                timer.stream.download(residual, 0, &mut r)?;
+                                let tol = check::add_rms_norm_tolerance(dtype, self.world());
+                                let rdv = &self.rdv;
+                                let r_bad = check::agree_verdict(rdv, &r, dtype, &case.want_r, tol, true, "tune r")?;
+                                let y_bad = check::agree_verdict(rdv, &got, dtype, &case.want_y, tol, true, "tune y")?;
+                                r_bad.is_some() || y_bad.is_some()
+                            }
+                        };
                         let ms = if failed {
                             None
                         } else {
                             let t = timer.time_calls(&opts, &self.rdv, |s| {
-                                // SAFETY: as above.
+                                // SAFETY: as above (the norm's residual takes each call's sum, as a model's does).
                                 unsafe { self.issue(call, algo, s.handle()) }.map(|_| ())
                             })?;
                             Some(t.median_ms())
                         };
-                        let m = Measured { mode, residency, count, algorithm, ms };
+                        let m = Measured { op, mode, residency, count, algorithm, ms };
                         progress(&m);
                         out.push(m);
                     }
