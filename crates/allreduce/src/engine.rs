@@ -5,12 +5,8 @@
 use crate::tune::{Algorithm, LoadedTable, Mode, Residency, Tables};
 use collective_core::{AddRmsNorm, Call, Collective, CollectiveError, Team};
 use gpu::{DeviceBuffer, DevicePtr, Stream};
-use symm::tuned::{DeferredUse, Design, PeerBuffers, SymmTuned, TunedOptions, LL_HANDOVER_GRAPH_BYTES};
+use symm::tuned::{DeferredUse, Design, PeerBuffers, SymmTuned, TunedOptions};
 
-/// Largest norm call the fused packets (`symm_ll_norm`) take (see [`Engine::fused`]): the plain allreduce's packet
-/// hand-over in a graph, the lower of its two, where packets still beat one barrier with either launch. 48 KiB is
-/// 3 tokens of hidden 8192 or 6 of 4096 in bf16. A guess from the plain tables until norm calls are measured.
-pub const NORM_LL_MAX_BYTES: usize = LL_HANDOVER_GRAPH_BYTES;
 /// Where the fused norm's two-shot takes over from its one-shot (see [`Engine::fused`]).
 pub const NORM_TWO_SHOT_BYTES: usize = 1 << 20;
 
@@ -81,16 +77,13 @@ impl Engine {
         })
     }
 
-    /// The fused design for `call` with the residual add and RMSNorm `norm` where no table was measured: the
-    /// packets up to [`NORM_LL_MAX_BYTES`] where the rows fit their area, car's two-shot from
-    /// [`NORM_TWO_SHOT_BYTES`] when every rank has at least two rows of its own, else car's one-shot. The car
-    /// hand-over was measured on one H200 with 8 ranks under MPS (`results/h200-mps/norm/`), where both car designs
-    /// beat the unfused sequence at every size measured.
+    /// The fused design for `call` with the residual add and RMSNorm `norm` where no table was measured: car's
+    /// two-shot from [`NORM_TWO_SHOT_BYTES`] when every rank has at least two rows of its own, else car's one-shot.
+    /// Measured on one H200 with 8 ranks under MPS (`results/h200-mps/norm/`): both beat the unfused sequence at
+    /// every size but one token of 8192 in a graph; the fused packets (one block per row) lost to car's one-shot at
+    /// 1 to 4 tokens, so the rule leaves them to a tune.
     pub fn fused(&self, call: &Call, norm: &AddRmsNorm) -> Algorithm {
-        let bytes = call.bytes();
-        if bytes <= NORM_LL_MAX_BYTES && self.symm.carries_norm(Design::Ll, call) {
-            Algorithm::SymmLl
-        } else if bytes >= NORM_TWO_SHOT_BYTES && norm.rows(call.count()) >= 2 * call.world() {
+        if call.bytes() >= NORM_TWO_SHOT_BYTES && norm.rows(call.count()) >= 2 * call.world() {
             Algorithm::Car2Shot
         } else {
             Algorithm::Car1Shot

@@ -114,8 +114,8 @@ fn norm_calls_follow_their_own_tables() {
         if info.rank == 0 {
             std::fs::write(&plain_only, serde_json::to_string(&set[..6]).unwrap()).unwrap();
         }
-        // Without norm tables, the rule: the fused packets for a few rows.
-        for (file, want) in [(&path, Algorithm::SymmZc2Shot), (&plain_only, Algorithm::SymmLl)] {
+        // Without norm tables, the rule: car's fused one-shot for a few rows.
+        for (file, want) in [(&path, Algorithm::SymmZc2Shot), (&plain_only, Algorithm::Car1Shot)] {
             // Rank 0 wrote the files before the communicator's set-up, which every rank passes together.
             while !file.exists() {
                 std::thread::sleep(std::time::Duration::from_millis(10));

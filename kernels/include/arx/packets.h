@@ -52,9 +52,24 @@ template <int DT>
 ARX_DEV void ll_poll_sum(const u64* inbox, u64 ll_packets, u64 j, u64 flag, u32 world, Spin& s, float* acc) {
     const int per = 4 / Elem<DT>::SIZE;
     u32 words[ARX_MAX_RANKS];
+    // Every pending source's slot is read in one pass, so the loads overlap: spinning source by source costs a
+    // memory round trip per source even when every packet is already there.
+    u32 pending = (1u << world) - 1u;
+    while (pending != 0) {
+        u32 missing = ARX_MAX_RANKS;  // the lowest source still missing, whom a failed wait names
 #pragma unroll
-    for (u32 src = 0; src < ARX_MAX_RANKS; ++src)
-        if (src < world) words[src] = LlPacket::poll(inbox + src * ll_packets + j, flag, s, src);
+        for (u32 src = 0; src < ARX_MAX_RANKS; ++src) {
+            u32 data;
+            if (!(pending >> src & 1u)) continue;
+            if (LlPacket::read(inbox + src * ll_packets + j, flag, data)) {
+                words[src] = data;
+                pending &= ~(1u << src);
+            } else if (missing == ARX_MAX_RANKS) {
+                missing = src;
+            }
+        }
+        if (pending != 0 && !s.check(missing, ARX_WAIT_PACKETS)) return;
+    }
     for (int k = 0; k < per; ++k) acc[k] = payload<DT>(words[0], k);
 #pragma unroll
     for (u32 src = 1; src < ARX_MAX_RANKS; ++src)
