@@ -86,13 +86,13 @@ ARX_DEV void ll_zero(const TunedParams& p, u64 epoch, u64 j) {
     for (u32 src = 0; src < ARX_MAX_RANKS; ++src) st_relaxed_sys(mine + src * p.ll_packets + j, 0);
 }
 
-// Zeroes the slots j >= from of this rank's area of `epoch`'s parity (j = from + first mod stride, every source)
-// when the flags wrap: symm_ll's thread reads exactly these (from = 0), the other designs none of them. Every design
-// calls it last: no peer writes this area again before this rank's next call, which follows this one.
-ARX_DEV void ll_clean(const TunedParams& p, u64 epoch, u64 from = 0) {
+// Zeroes the slots of this rank's area of `epoch`'s parity (j = first mod stride, every source) when the flags wrap:
+// the packet designs' threads read exactly these, the other designs none of them. Every design calls it last: no
+// peer writes this area again before this rank's next call, which follows this one.
+ARX_DEV void ll_clean(const TunedParams& p, u64 epoch) {
     if (!ll_wraps(epoch)) return;
     u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 j = from + (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride) ll_zero(p, epoch, j);
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride) ll_zero(p, epoch, j);
 }
 
 template <int DT> ARX_DEV void symm_ll(TunedParams p) {
@@ -158,50 +158,58 @@ template <int DT> ARX_DEV void store_row_packet(void* dst, u64 base, u32 hidden,
     if (q * per + 1 < hidden) ((u16*)dst)[i + 1] = (u16)(w >> 16);
 }
 
-// The packets of a row that this thread carries: the 4 of each 16-byte vector v = t, t + ARX_NORM_LANES, ... (those
-// before the row's end), so it holds exactly the elements arx/norm.h gives it in both of its paths.
-#define ARX_LL_FOR_OWN_PACKETS(q, hidden, ppr)                                           \
-    for (u64 v_ = threadIdx.x; v_ * Elem<DT>::VEC < (hidden); v_ += ARX_NORM_LANES) \
-        for (u64 q = 4 * v_; q < 4 * v_ + 4 && q < (ppr); ++q)
+// This rank's blocks meet: each tells the others it arrived on its own self-signal flag slot (block b, phase 0,
+// source = this rank: no peer writes it, and every barrier rewrites it before it waits), then waits for every block
+// of the grid. What a block stored before the call is visible to every block after it. False, in every thread of the
+// block, when a wait ended without its block (the deadline, or the communicator aborted).
+ARX_DEV bool local_blocks_barrier(const TunedParams& p, u64 epoch) {
+    __shared__ u32 s_failed;
+    u64* mine = (u64*)p.flags[p.rank];
+    if (threadIdx.x == 0) s_failed = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) st_release_sys(mine + (u64)blockIdx.x * ARX_PHASES * ARX_MAX_RANKS + p.rank, epoch);
+    for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+        if (!wait_epoch(mine + (u64)b * ARX_PHASES * ARX_MAX_RANKS + p.rank, epoch, p.timeout_ns, p.status, p.rank,
+                        ARX_WAIT_BLOCKS))
+            s_failed = 1;
+    __syncthreads();
+    return s_failed == 0;
+}
 
-// Allreduce + residual add + RMSNorm on symm_ll's protocol: blocks own whole rows (row_range), ARX_NORM_LANES threads.
-// Each thread pushes its packets of its block's rows to every rank, polls every source's, and writes their
-// rank-ordered sum, rounded, into the output; then the unfused norm's row pieces read it back from there, each
-// element in the thread that wrote it (no sync), so the bits are the unfused sequence's: r into the residual, y into
-// the output. Areas alternate by epoch parity, safe for symm_ll's reason.
+// Allreduce + residual add + RMSNorm on symm_ll's protocol, ARX_NORM_LANES threads per block. The exchange is
+// symm_ll's, spread over the whole grid (one packet per thread where the grid allows; packet slots in rows, ppr per
+// row, so no packet holds two rows' elements): push this rank's packets, poll every source's, store their
+// rank-ordered sum, rounded, into the output. Then this rank's blocks meet, and blocks that own whole rows
+// (row_range) read the sums back and run the unfused norm's row pieces: r into the residual, y into the output, so
+// the bits are the unfused sequence's. Areas alternate by epoch parity, safe for symm_ll's reason.
 template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
     u64 epoch = next_epoch(p.counters);
     u64 flag = ll_flag(epoch);
     u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
     u64 ppr = ll_row_packets<DT>(p.hidden);
+    u64 rows = p.count / p.hidden, n = rows * ppr;
     const void* in = (const void*)p.inputs[p.rank];
     void* out = (void*)p.outputs[p.rank];
-    Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
-    for (u64 row = mine.lo; row < mine.hi; ++row) {
-        ARX_LL_FOR_OWN_PACKETS(q, p.hidden, ppr)
-        ll_push(p.packets, p.world, area + p.rank * p.ll_packets + row * ppr + q,
-                row_packet<DT>(in, row * p.hidden, p.hidden, q), flag);
-    }
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 j = first; j < n; j += stride)
+        ll_push(p.packets, p.world, area + p.rank * p.ll_packets + j,
+                row_packet<DT>(in, j / ppr * p.hidden, p.hidden, j % ppr), flag);
     const u64* inbox = (const u64*)p.packets[p.rank] + area;
     Spin s = spin_start(p.timeout_ns, p.status);
-    for (u64 row = mine.lo; row < mine.hi; ++row) {
-        ARX_LL_FOR_OWN_PACKETS(q, p.hidden, ppr) {
-            float acc[2];
-            ll_poll_sum<DT>(inbox, p.ll_packets, row * ppr + q, flag, p.world, s, acc);
-            store_row_packet<DT>(out, row * p.hidden, p.hidden, q, pack_payload<DT>(acc));
-        }
+    for (u64 j = first; j < n && !s.failed; j += stride) {
+        float acc[2];
+        ll_poll_sum<DT>(inbox, p.ll_packets, j, flag, p.world, s, acc);
+        if (!s.failed) store_row_packet<DT>(out, j / ppr * p.hidden, p.hidden, j % ppr, pack_payload<DT>(acc));
     }
-    // The norm syncs the block: every thread ends, or none.
+    // The barrier syncs the block: every thread ends, or none.
     if (block_any(s.failed)) return;
-    if (ll_wraps(epoch))
-        for (u64 row = mine.lo; row < mine.hi; ++row) {
-            ARX_LL_FOR_OWN_PACKETS(q, p.hidden, ppr) ll_zero(p, epoch, row * ppr + q);
-        }
+    if (!local_blocks_barrier(p, epoch)) return;
     u64 sum[ARX_MAX_RANKS] = {p.outputs[p.rank]};
+    Range mine = row_range(Range{0, rows}, blockIdx.x, gridDim.x);
     for (u64 row = mine.lo; row < mine.hi; ++row)
         add_rms_norm_row<DT>(sum, 1, (void*)p.residual, (const void*)p.weight, out, row * p.hidden, p.hidden, p.eps);
-    // The slots past the rows, which nobody reads.
-    ll_clean(p, epoch, p.count / p.hidden * ppr);
+    ll_clean(p, epoch);
 }
 
 // The fused copy-in (`copy_from`): each block copies into this rank's registered input exactly the part that the

@@ -260,7 +260,7 @@ impl Car {
         let kernels = per_dtype(&module, stem)?;
         let barrier = module.kernel("car_barrier_only")?;
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
-        let cap = team.resident_cap(name, &kernels[&DType::Bf16], rule.threads)?;
+        let cap = team.resident_cap(name, kernels.values(), rule.threads)?;
         let rows_stem = match (variant, algo) {
             (Variant::Base, Algo::OneShot | Algo::TwoShot) => Some(format!("{stem}_norm")),
             (Variant::Base, Algo::ReduceScatter) => Some(format!("{stem}_cols")),
@@ -269,7 +269,7 @@ impl Car {
         let by_rows = match rows_stem {
             Some(rows_stem) => {
                 let kernels = per_dtype(&module, &rows_stem)?;
-                let cap = team.resident_cap(name, &kernels[&DType::Bf16], NORM_LANES as u32)?;
+                let cap = team.resident_cap(name, kernels.values(), NORM_LANES as u32)?;
                 Some((kernels, cap))
             }
             None => None,

@@ -150,11 +150,22 @@ impl<'a> Team<'a> {
         Ok(())
     }
 
-    /// Blocks of `kernel` (of `threads` threads) one rank may launch so that the blocks of every rank sharing a
-    /// device are resident at once: this device's occupancy over the ranks that share it, then the minimum over
-    /// all ranks, so that no block ever waits for a peer block that was never launched.
-    pub fn resident_cap(&self, name: &str, kernel: &Kernel, threads: u32) -> Result<usize, CollectiveError> {
-        let local = kernel.max_resident_blocks(threads, 0)? / self.ranks_per_device;
+    /// Blocks of any of `kernels` (of `threads` threads; a kernel's dtype variants, which differ in registers) one
+    /// rank may launch so that the blocks of every rank sharing a device are resident at once: the least occupancy
+    /// of the kernels on this device over the ranks that share it, then the minimum over all ranks, so that no block
+    /// ever waits for a peer block (or a block of its own grid) that was never launched.
+    pub fn resident_cap<'k>(
+        &self,
+        name: &str,
+        kernels: impl IntoIterator<Item = &'k Kernel>,
+        threads: u32,
+    ) -> Result<usize, CollectiveError> {
+        let mut least: Option<usize> = None;
+        for kernel in kernels {
+            let blocks = kernel.max_resident_blocks(threads, 0)?;
+            least = Some(least.map_or(blocks, |l| l.min(blocks)));
+        }
+        let local = least.unwrap_or(0) / self.ranks_per_device;
         let all = self.rdv.all_gather(&format!("{name} resident blocks"), &(local as u64).to_le_bytes())?;
         let cap = all.iter().map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as usize).min();
         match cap {

@@ -190,7 +190,9 @@ pub(crate) fn row_packets(hidden: usize, size: usize) -> usize {
     (hidden * size).div_ceil(4)
 }
 
-/// symm_ll's exchange of block b's rows, whose sum lands in the output, then the one-shot designs' epilogue over it.
+/// symm_ll's exchange, whose sum lands in the output, then the one-shot designs' epilogue over it. The kernel spreads
+/// the exchange over its grid (a packet per thread) and meets its blocks before the epilogue; the twin, which runs
+/// the blocks in turn, exchanges block b's rows, then normalises them: the same sums, the same bits.
 fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let c = call(l)?;
     let (p, size) = (&c.p, c.dtype.size());

@@ -362,7 +362,7 @@ impl SymmTuned {
                 kernels.push(module.kernel(&format!("{}_{dtype}", stem.name()))?);
             }
             let threads = stem.threads(gpu.kind());
-            caps.push(team.resident_cap(&format!("{name} {}", stem.name()), &kernels[first], threads)?);
+            caps.push(team.resident_cap(&format!("{name} {}", stem.name()), &kernels[first..], threads)?);
             let Some(table) = stem.table_name() else {
                 table_kernels.extend(DType::ALL.map(|_| None));
                 table_caps.push(0);
@@ -371,13 +371,13 @@ impl SymmTuned {
             for dtype in DType::ALL {
                 table_kernels.push(Some(module.kernel(&format!("{table}_{dtype}"))?));
             }
-            let k = table_kernels[first].as_ref().expect("pushed above");
-            table_caps.push(team.resident_cap(&format!("{name} {table}"), k, threads)?);
+            let of_stem = table_kernels[first..].iter().flatten();
+            table_caps.push(team.resident_cap(&format!("{name} {table}"), of_stem, threads)?);
         }
         let fixed = match opts.rule {
             Some(asked) => {
                 let first = design.kernel(0, Mode::Eager) as usize * DType::ALL.len();
-                let cap = team.resident_cap(name, &kernels[first], asked.threads)?;
+                let cap = team.resident_cap(name, &kernels[first..first + DType::ALL.len()], asked.threads)?;
                 asked.check_requested(name, cap, world)?;
                 Some((asked, cap))
             }
@@ -538,7 +538,13 @@ impl SymmTuned {
         };
         let s = stem as usize;
         // Blocks of the norm's lanes own rows; `cap` of them fit.
+        // Blocks of the norm's lanes; the fused packets spread their exchange over a packet per thread where the
+        // cap allows (and at least a block per row), the zero-copy one-shot's blocks own rows.
         let dims = |cap| match call.norm() {
+            Some(norm) if stem == Stem::LlNorm => {
+                let packets = norm.rows(count) * row_packets(norm.hidden, dtype.size());
+                norm_dims(row_grid(norm.rows(count).max(packets.div_ceil(NORM_LANES)), cap))
+            }
             Some(norm) => norm_dims(row_grid(norm.rows(count), cap)),
             None => rule(self.kind, stem, bytes).plan(bytes, cap).dims(),
         };
