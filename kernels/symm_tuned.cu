@@ -5,7 +5,8 @@
 //    pushes its packets to every peer, then polls its own packet area until each source's flag equals the epoch.
 //    Packet areas alternate by epoch parity: a peer writes area e%2 again only in call e+2, which it reaches only
 //    after this rank's packets of call e+1, sent after this rank finished reading call e.
-//  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h), blocks owning whole rows.
+//  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h): the exchange over the grid,
+//    then this rank's blocks meet and blocks owning whole rows normalise them.
 //  - symm_zc_1shot_norm: symm_zc_1shot carrying the residual add and RMSNorm, blocks owning whole rows.
 //  - symm_zc_1shot / symm_zc_2shot: no copy-in. Ranks read each other's registered inputs directly; two-shot pushes
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
@@ -134,7 +135,8 @@ template <int DT> ARX_DEV void symm_ll(TunedParams p) {
 }
 
 // symm_ll_norm's packet layout: row `row` in slots row * ppr ..., ppr = ll_row_packets, so that no packet holds two
-// rows' elements (blocks own whole rows); a row of an odd count of 2-byte elements ends in a half-filled packet.
+// rows' elements (the norm's blocks own whole rows); a row of an odd count of 2-byte elements ends in a half-filled
+// packet.
 // (== symm::host_tuned::row_packets)
 template <int DT> ARX_DEV u64 ll_row_packets(u32 hidden) { return div_ceil((u64)hidden * Elem<DT>::SIZE, 4); }
 
