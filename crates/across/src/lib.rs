@@ -16,7 +16,7 @@ pub use paths::{PathEntry, PathKey, PathTable};
 
 use allreduce::{Communicator, DType, Op, Options};
 use collective_core::{Call, CollectiveError};
-use gpu::{DeviceBuffer, DevicePtr, DriverKind, MemKind, Stream};
+use gpu::{BorrowedStreams, DeviceBuffer, DevicePtr, DriverKind, MemKind, Stream};
 use launch::{RankInfo, Topology};
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -106,8 +106,8 @@ pub struct Across {
     job: nccl::Nccl,
     /// A rank's shard of the largest allreduce, between the hierarchical path's steps.
     scratch: DeviceBuffer,
-    /// Caller streams seen so far, by raw handle (borrowed, never destroyed here).
-    streams: RefCell<Vec<(u64, Stream)>>,
+    /// Caller streams seen so far.
+    streams: RefCell<BorrowedStreams>,
     last: Cell<Option<Path>>,
     topology: Topology,
     capacity: usize,
@@ -410,15 +410,9 @@ impl Across {
     /// `raw` is a live stream of this rank's device context.
     unsafe fn on_stream(&self, raw: u64, f: impl FnOnce(&Stream) -> Result<(), CollectiveError>) -> Result<(), Error> {
         let mut streams = self.streams.borrow_mut();
-        let k = match streams.iter().position(|s| s.0 == raw) {
-            Some(k) => k,
-            None => {
-                // SAFETY: the caller's contract.
-                streams.push((raw, unsafe { self.local.gpu().borrow_stream(raw)? }));
-                streams.len() - 1
-            }
-        };
-        Ok(f(&streams[k].1)?)
+        // SAFETY: the caller's contract.
+        let k = unsafe { streams.position(self.local.gpu(), raw)? };
+        Ok(f(&streams[k])?)
     }
 }
 

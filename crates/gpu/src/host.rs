@@ -596,6 +596,29 @@ mod tests {
     }
 
     #[test]
+    fn borrowed_streams_are_found_again_by_handle_and_forgotten_on_request() {
+        let gpu = host();
+        let (one, two) = (gpu.stream().unwrap(), gpu.stream().unwrap());
+        let mut seen = crate::BorrowedStreams::default();
+        // SAFETY: both are live streams of this driver and outlive `seen`.
+        let (a, b, a_again) = unsafe {
+            (
+                seen.position(&gpu, one.handle()).unwrap(),
+                seen.position(&gpu, two.handle()).unwrap(),
+                seen.position(&gpu, one.handle()).unwrap(),
+            )
+        };
+        assert_eq!((a, b, a_again), (0, 1, 0));
+        assert_eq!((seen[a].handle(), seen[b].handle()), (one.handle(), two.handle()));
+        seen.forget(one.handle());
+        assert_eq!(seen[0].handle(), two.handle());
+        // SAFETY: as above.
+        assert_eq!(unsafe { seen.position(&gpu, one.handle()) }.unwrap(), 1, "borrowed afresh");
+        // SAFETY: not a stream: the host driver refuses it without using it.
+        assert!(unsafe { seen.position(&gpu, u64::MAX) }.is_err());
+    }
+
+    #[test]
     fn borrowed_streams_run_work_and_are_only_forgotten_on_drop() {
         let gpu = host();
         let own = gpu.stream().unwrap();

@@ -453,6 +453,40 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Streams a caller created, each borrowed ([`Gpu::borrow_stream`]) the first time it is seen and found again by its
+/// raw handle; never destroyed here. Indexed by what [`BorrowedStreams::position`] returned, so a holder can keep the
+/// index while it borrows its other state.
+#[derive(Default)]
+pub struct BorrowedStreams(Vec<(u64, Stream)>);
+
+impl BorrowedStreams {
+    /// The index of the caller's stream `raw` on `gpu`, borrowing it the first time.
+    ///
+    /// # Safety
+    /// As [`Gpu::borrow_stream`]: `raw` is a live stream of `gpu`'s context that outlives its use here (or is
+    /// [forgotten](BorrowedStreams::forget) first).
+    pub unsafe fn position(&mut self, gpu: &Gpu, raw: u64) -> Result<usize> {
+        if let Some(k) = self.0.iter().position(|s| s.0 == raw) {
+            return Ok(k);
+        }
+        // SAFETY: the caller's contract.
+        self.0.push((raw, unsafe { gpu.borrow_stream(raw)? }));
+        Ok(self.0.len() - 1)
+    }
+
+    /// Forgets `raw` (the caller is about to destroy it), so a later stream that reuses its handle is borrowed afresh.
+    pub fn forget(&mut self, raw: u64) {
+        self.0.retain(|s| s.0 != raw);
+    }
+}
+
+impl std::ops::Index<usize> for BorrowedStreams {
+    type Output = Stream;
+    fn index(&self, k: usize) -> &Stream {
+        &self.0[k].1
+    }
+}
+
 /// An ordered queue of device work: created here, or borrowed with [`Gpu::borrow_stream`].
 pub struct Stream {
     gpu: Gpu,

@@ -13,7 +13,7 @@ use crate::placement::{decode_links, encode_links, Placement, RankDevice};
 use crate::tune::{self, Algorithm, LoadedTable, Mode, Residency, TableKey, TableSource, Tables, TuneTable};
 use crate::Error;
 use collective_core::{AddRmsNorm, Call, DType, Op, Team, MAX_RANKS};
-use gpu::{Backend, DeviceBuffer, DevicePtr, Gpu, Stream};
+use gpu::{Backend, BorrowedStreams, DeviceBuffer, DevicePtr, Gpu, Stream};
 use ipc::{Rendezvous, RendezvousOptions};
 use launch::RankInfo;
 pub use register::CAPTURE_SLOTS;
@@ -136,8 +136,8 @@ struct CallState {
     /// The graph capture being recorded, and the peer tables of its calls.
     capture: Option<Capture>,
     peer_tables: PeerTables,
-    /// Caller streams seen so far, by raw handle (borrowed, never destroyed here).
-    streams: Vec<(u64, Stream)>,
+    /// Caller streams seen so far.
+    streams: BorrowedStreams,
     /// Where the host-slice calls stage slices that are not 16-byte aligned.
     scratch: Option<DeviceBuffer>,
 }
@@ -522,7 +522,7 @@ impl Communicator {
         let mut state = self.state.borrow_mut();
         let k = state.caller_stream(&self.gpu, stream)?;
         // SAFETY: the caller's contract; the allreduce before it on this stream wrote the sum into the output.
-        unsafe { self.engine.enqueue_norm(&call, &state.streams[k].1) }.map_err(|e| self.poisoned_by(e.into()))?;
+        unsafe { self.engine.enqueue_norm(&call, &state.streams[k]) }.map_err(|e| self.poisoned_by(e.into()))?;
         Ok(algo)
     }
 
@@ -585,7 +585,7 @@ impl Communicator {
     /// Forgets `raw`, a stream this communicator was called on that the caller is about to destroy, so a later
     /// stream that reuses its handle is borrowed afresh.
     pub fn forget_stream(&self, raw: u64) {
-        self.state.borrow_mut().streams.retain(|s| s.0 != raw);
+        self.state.borrow_mut().streams.forget(raw);
     }
 
     /// The peers' addresses of `ptr` when it lies in a registered buffer.
@@ -616,7 +616,7 @@ impl Communicator {
         let mut state = self.state.borrow_mut();
         let k = state.caller_stream(&self.gpu, stream)?;
         // SAFETY: the caller's contract; the call was checked for this communicator's capacity.
-        unsafe { car.enqueue(&call, &state.streams[k].1)? };
+        unsafe { car.enqueue(&call, &state.streams[k])? };
         Ok(runs)
     }
 
@@ -642,7 +642,7 @@ impl Communicator {
         let deferring = state.capture.is_some()
             && peers.inputs.is_none()
             && !registered_input
-            && state.streams[k].1.is_capturing()?;
+            && state.streams[k].is_capturing()?;
         let residency = match () {
             _ if registered_input => Residency::Registered,
             _ if peers.inputs.is_some() || deferring => Residency::CallerRegistered,
@@ -652,8 +652,8 @@ impl Communicator {
         let algo = match algo {
             Some(a) => a,
             None => match call.norm() {
-                Some(norm) => self.engine.choose_norm(&call, &norm, residency, &state.streams[k].1)?,
-                None => self.engine.choose(bytes, residency, &state.streams[k].1)?,
+                Some(norm) => self.engine.choose_norm(&call, &norm, residency, &state.streams[k])?,
+                None => self.engine.choose(bytes, residency, &state.streams[k])?,
             },
         };
         // Only a design that reads its peers' buffers in place needs their addresses deferred.
@@ -664,7 +664,7 @@ impl Communicator {
         };
         // SAFETY: the caller's contract, which is run_algorithm's; a deferred call's table holds the registered
         // buffers' addresses until end_graph_capture fills it.
-        let used = unsafe { self.engine.run_algorithm(algo, &call, &peers, &state.streams[k].1)? };
+        let used = unsafe { self.engine.run_algorithm(algo, &call, &peers, &state.streams[k])? };
         if let (Some(used), Some((slot, input, output))) = (used, slot) {
             let capture = state.capture.as_mut().expect("deferring");
             capture.calls.push(DeferredCall { slot, bytes, used, input, output });
@@ -676,13 +676,8 @@ impl Communicator {
 impl CallState {
     /// The caller's stream, borrowed once and remembered by handle.
     fn caller_stream(&mut self, gpu: &Gpu, raw: u64) -> Result<usize, Error> {
-        if let Some(k) = self.streams.iter().position(|s| s.0 == raw) {
-            return Ok(k);
-        }
         // SAFETY: the caller's contract on `issue`: `raw` is a live stream of this device's context.
-        let s = unsafe { gpu.borrow_stream(raw)? };
-        self.streams.push((raw, s));
-        Ok(self.streams.len() - 1)
+        Ok(unsafe { self.streams.position(gpu, raw)? })
     }
 
     /// A peer table for a call captured on unregistered buffers, and the exports of its input and output (taken
