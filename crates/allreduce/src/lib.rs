@@ -28,7 +28,9 @@ pub mod placement;
 pub mod tune;
 
 pub use collective_core::{AddRmsNorm, Call, CallError, DType, Op, MAX_HIDDEN};
-pub use comm::{AbortHandle, Communicator, Failure, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS};
+pub use comm::{
+    AbortHandle, Communicator, Failure, Measured, Options, TuneReport, TuneRequest, CAPTURE_SLOTS, NORM_HIDDEN,
+};
 pub use gpu::{Backend, DevicePtr, DriverKind};
 pub use launch::RankInfo;
 pub use placement::Placement;

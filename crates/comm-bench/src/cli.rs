@@ -164,6 +164,10 @@ pub struct BenchArgs {
     /// Measure auto's candidates and write the fastest per size to this file (a tune table).
     #[arg(long)]
     pub tune: Option<PathBuf>,
+    /// With --tune: the row length at which calls with the residual add and RMSNorm are measured for their own
+    /// tables (your model's hidden size); 0 measures none (a tune then takes about 60% of the time).
+    #[arg(long = "tune_hidden", alias = "tune-hidden", default_value_t = allreduce::NORM_HIDDEN as u64)]
+    pub tune_hidden: u64,
     /// The tune table `auto` follows [default: the built-in one].
     #[arg(long = "tune_table", alias = "tune-table")]
     pub tune_table: Option<PathBuf>,
@@ -301,6 +305,7 @@ impl BenchArgs {
             timeout: self.timeout_s.map(Duration::from_secs_f64),
             setup_timeout: self.setup_timeout_s.map(Duration::from_secs_f64),
             tune_table: self.tune_table.clone(),
+            tune_hidden: Some(self.tune_hidden as usize).filter(|&h| h > 0),
         }
     }
 

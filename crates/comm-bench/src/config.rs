@@ -72,6 +72,8 @@ pub struct SweepConfig {
     pub setup_timeout: Option<Duration>,
     /// The one table `auto` follows, instead of the cached or built-in ones.
     pub tune_table: Option<PathBuf>,
+    /// The row length a tune measures norm calls at (`TuneRequest::norm_hidden`); None: no norm tables.
+    pub tune_hidden: Option<usize>,
     /// Ranks in all that run kernels on each device (`Options::device_shared_by`).
     pub device_shared_by: Option<usize>,
 }
@@ -113,7 +115,7 @@ impl SweepConfig {
         let t = &self.timing;
         format!(
             "driver={driver}\nop={}\ndtype={}\nsizes={counts:?}\nmethods={}\nnum_iters={}\nnum_warmup_iters={}\n\
-             repeats={}\ngraph={}\ncar_uncached={}\nreport={}\n",
+             repeats={}\ngraph={}\ncar_uncached={}\nreport={}\ntune_hidden={:?}\n",
             self.op,
             self.dtype,
             self.methods.join(","),
@@ -122,7 +124,8 @@ impl SweepConfig {
             t.repeats,
             t.graph,
             self.car_uncached,
-            self.report.name()
+            self.report.name(),
+            self.tune_hidden
         )
     }
 }

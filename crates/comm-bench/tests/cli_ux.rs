@@ -181,7 +181,21 @@ fn tune_prints_its_table_by_size_range() {
     assert!(t.contains("message size (bytes)  algorithm") && t.contains("eager"), "{t}");
     // One line per size range, the last open-ended (one range when one algorithm won both sizes).
     assert!(t.contains(" and above  "), "{t}");
-    assert!(table.exists());
+    // Plain tables and, rows of 4096 fitting the largest size, norm calls' own: every mode and residency of each.
+    let set: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    let norm = set.iter().filter(|t| t["key"]["op"] == "add_rms_norm").count();
+    assert_eq!((set.len(), norm), (12, 6), "{t}");
+    assert!(t.contains(" norm ") && t.contains("allreduce + residual add + RMSNorm"), "{t}");
+    // --tune_hidden 0: plain tables only.
+    let o = Command::new(BIN)
+        .args(QUICK)
+        .args(["--num_ranks", "2", "--counts", "1024", "--tune_hidden", "0", "--tune", table.to_str().unwrap()])
+        .env("ALLREDUCE_TUNE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let set: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    assert!(set.len() == 6 && set.iter().all(|t| t["key"].get("op").is_none()), "{set:?}");
 }
 
 #[test]

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use symm::tuned::{Deferred, PeerBuffers};
-pub use tuning::{Measured, TuneReport, TuneRequest};
+pub use tuning::{Measured, TuneReport, TuneRequest, NORM_HIDDEN};
 use watch::Watch;
 pub use watch::{AbortHandle, Failure};
 
