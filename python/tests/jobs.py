@@ -277,6 +277,10 @@ def facts():
     assert comm.end_graph_capture() == 0
     expect(ar.ArgumentError, comm.end_graph_capture, "without begin_graph_capture")
     assert comm.last_algorithm is None
+    # A tune stores plain tables and, rows of norm_hidden fitting the sizes, the norm calls' own (none with 0).
+    files = comm.tune(counts=[1024, 2048], norm_hidden=1024)
+    assert len(files) == 12 and sum(str(f).endswith("-norm.json") for f in files) == 6, files
+    assert len(comm.tune(counts=[1024], norm_hidden=0)) == 6
     with comm:
         comm.all_reduce(np.ones(10, np.float32))
     assert comm.closed

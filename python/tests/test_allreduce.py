@@ -46,8 +46,8 @@ def test_prepared_calls_match_the_plain_ones():
     run_job(3, "prepared")
 
 
-def test_a_communicator_describes_itself_and_closes():
-    run_job(2, "facts")
+def test_a_communicator_describes_itself_and_closes(tmp_path):
+    run_job(2, "facts", env={"ALLREDUCE_TUNE_DIR": str(tmp_path)})
 
 
 def test_every_bad_argument_raises_its_error():
