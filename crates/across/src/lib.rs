@@ -83,6 +83,19 @@ struct ReadyBlob {
     paths: Option<PathTable>,
 }
 
+/// Every rank's `mine` (JSON through `exchange`), in rank order; a blob that does not parse names its rank.
+fn gather_json<T: serde::Serialize + serde::de::DeserializeOwned>(
+    exchange: &mut dyn Exchange,
+    what: &str,
+    mine: &T,
+) -> Result<Vec<T>, Error> {
+    let all = exchange.all_gather(&serde_json::to_vec(mine).expect("a blob serialises"))?;
+    all.iter()
+        .enumerate()
+        .map(|(r, b)| serde_json::from_slice(b).map_err(|e| Error::Setup(format!("rank {r}'s {what} blob: {e}"))))
+        .collect()
+}
+
 fn hostname() -> String {
     nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
 }
@@ -180,13 +193,7 @@ impl Across {
         if let Err(e) = made {
             mine.error = Some(e.to_string());
         }
-        let sent = serde_json::to_vec(&mine).expect("a blob serialises");
-        let all = exchange.all_gather(&sent)?;
-        let blobs: Vec<SetupBlob> = all
-            .iter()
-            .enumerate()
-            .map(|(r, b)| serde_json::from_slice(b).map_err(|e| Error::Setup(format!("rank {r}'s set-up blob: {e}"))))
-            .collect::<Result<_, _>>()?;
+        let blobs = gather_json(exchange, "set-up", &mine)?;
         if let Some((r, why)) = blobs.iter().enumerate().find_map(|(r, b)| b.error.as_ref().map(|e| (r, e))) {
             return Err(Error::Unsupported(format!("rank {r} cannot run NCCL/RCCL across nodes: {why}")));
         }
@@ -227,12 +234,7 @@ impl Across {
             },
             _ => {}
         }
-        let all = exchange.all_gather(&serde_json::to_vec(&ready).expect("a blob serialises"))?;
-        let ready: Vec<ReadyBlob> = all
-            .iter()
-            .enumerate()
-            .map(|(r, b)| serde_json::from_slice(b).map_err(|e| Error::Setup(format!("rank {r}'s ready blob: {e}"))))
-            .collect::<Result<_, _>>()?;
+        let ready = gather_json(exchange, "ready", &ready)?;
         if let Some((r, why)) = ready.iter().enumerate().find_map(|(r, b)| b.error.as_ref().map(|e| (r, e))) {
             return Err(Error::Setup(format!("rank {r}: {why}")));
         }
