@@ -77,23 +77,16 @@ ARX_DEV void load_peer_table(const TunedParams& p, u64* in, u64* out) {
     }
 }
 
-// Whether the packet flags wrap before the area of `epoch`'s parity is used again (call epoch + 2): then this call
-// zeroes the area once it is done with it.
-ARX_DEV bool ll_wraps(u64 epoch) { return ll_flag(epoch + 2) <= ll_flag(epoch); }
-
-// Zeroes slot j of every source in this rank's area of `epoch`'s parity.
-ARX_DEV void ll_zero(const TunedParams& p, u64 epoch, u64 j) {
-    u64* mine = (u64*)p.packets[p.rank] + (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
-    for (u32 src = 0; src < ARX_MAX_RANKS; ++src) st_relaxed_sys(mine + src * p.ll_packets + j, 0);
-}
-
-// Zeroes the slots of this rank's area of `epoch`'s parity (j = first mod stride, every source) when the flags wrap:
-// the packet designs' threads read exactly these, the other designs none of them. Every design calls it last: no
-// peer writes this area again before this rank's next call, which follows this one.
+// Zeroes the slots of this rank's area of `epoch`'s parity (j = first mod stride, every source) when the flags wrap
+// before the area's next use (call epoch + 2): the packet designs' threads read exactly these, the other designs none
+// of them. Every design calls it last: no peer writes this area again before this rank's next call, which follows
+// this one.
 ARX_DEV void ll_clean(const TunedParams& p, u64 epoch) {
-    if (!ll_wraps(epoch)) return;
+    if (ll_flag(epoch + 2) > ll_flag(epoch)) return;
+    u64* mine = (u64*)p.packets[p.rank] + (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
     u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride) ll_zero(p, epoch, j);
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride)
+        for (u32 src = 0; src < ARX_MAX_RANKS; ++src) st_relaxed_sys(mine + src * p.ll_packets + j, 0);
 }
 
 template <int DT> ARX_DEV void symm_ll(TunedParams p) {

@@ -130,7 +130,9 @@ impl Communicator {
         }
         let measured = result?;
         let mut tables = Vec::new();
-        for op in TableOp::ALL {
+        // Norm calls' tables only where norm calls were measured.
+        let ops = if norm_counts.is_empty() { &TableOp::ALL[..1] } else { &TableOp::ALL[..] };
+        for &op in ops {
             for mode in Mode::ALL {
                 for residency in Residency::ALL {
                     let times: Vec<(usize, Algorithm, f64)> = measured
@@ -138,9 +140,6 @@ impl Communicator {
                         .filter(|m| m.op == op && m.mode == mode && m.residency == residency)
                         .filter_map(|m| Some((m.count * dtype.size(), m.algorithm, m.ms?)))
                         .collect();
-                    if op == TableOp::AddRmsNorm && norm_counts.is_empty() {
-                        continue;
-                    }
                     let shape = (self.world(), self.device_shared_by);
                     let key = TableKey::new(info.kind, &info.name, shape, mode, residency).for_op(op);
                     let rows = req.norm_hidden.filter(|_| op == TableOp::AddRmsNorm);
