@@ -42,7 +42,7 @@ for mode in eager graph; do
     flag=(); [ "$mode" = graph ] && flag=(--graph)
     step "cb_$mode" "$here/comm-bench" --backend cuda --num_ranks "$ranks" --counts 1024 --methods auto \
         --num_iters 200 --repeats 15 --export_csv --output_dir "$out/cb_$mode" "${flag[@]}"
-    step "py_$mode" "${launch[@]}" "${bench[@]}" --counts 1024 --methods py,py_inplace,py+reg,py_op --num_iters 200 \
+    step "py_$mode" "${launch[@]}" "${bench[@]}" --counts 1024 --methods py,py_inplace,py+reg,py_op,py_torch_op --num_iters 200 \
         --num_warmup_iters 20 --repeats 15 --output "$out/py_$mode.json" "${flag[@]}"
 done
 step overhead "$python" "$here/gpu_python_check.py" overhead "$out"

@@ -12,8 +12,10 @@ Methods: ``py`` (``all_reduce(x, out=y)``), ``py_inplace`` (``all_reduce(x)``), 
 registered buffers, through DLPack), ``py_prepared`` (``prepare_all_reduce(x, out=y)`` once, then the prepared
 call), ``py_capture`` (``--graph`` only: ``py`` captured inside ``comm.graph_capture()``, so replays read and write
 the tensors in place on every rank), ``py_register`` (``--graph`` only: ``py`` on tensors passed to
-``comm.register`` before the capture), ``py_op`` (GPU drivers only: the torch operator
-``torch.ops.allreduce_rs.all_reduce_out(x, group, y)``, what a compiled model calls eagerly), ``py_rs``
+``comm.register`` before the capture), ``py_op`` (GPU drivers only: ``allreduce_rs.ops.all_reduce_out(x,
+group, y)``, the operator's function, which skips torch's dispatcher when called eagerly), ``py_torch_op`` (GPU
+drivers only: ``torch.ops.allreduce_rs.all_reduce_out(x, group, y)`` through the dispatcher, as a graph compiled
+without CUDA graphs calls it), ``py_rs``
 (``reduce_scatter``; ``--op reduce_scatter``). In graph mode each
 output (but an in-place one, which each replay sums again) is checked again after the timed replays. ``--output FILE``
 writes the rows as JSON in comm-bench's row format (method, count, bytes, status, time_ms, repeats_ms, issue_us).
@@ -32,7 +34,7 @@ ALLREDUCE_METHODS = ["py", "py_inplace", "py+reg", "py_prepared"]
 # Graph mode only: the capture registered with every peer when it ends; the same tensors registered before capture.
 GRAPH_METHODS = ["py_capture", "py_register"]
 # GPU drivers only (torch tensors): the torch operator of allreduce_rs.ops.
-TORCH_METHODS = ["py_op"]
+TORCH_METHODS = ["py_op", "py_torch_op"]
 
 
 def comm_bench_sizes(min_exp: float, max_exp: float, steps: int, align: int) -> List[int]:
@@ -217,13 +219,16 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
         def call():
             comm.all_reduce(x, out=y)
 
-        if method == "py_op":
+        if method in TORCH_METHODS:
+            import torch
+
             from . import ops
 
             group = ops.register(comm, "bench")
+            op = ops.all_reduce_out if method == "py_op" else torch.ops.allreduce_rs.all_reduce_out
 
             def call():
-                ops.all_reduce_out(x, group, y)
+                op(x, group, y)
 
         if method == "py_prepared":
             call = comm.prepare_all_reduce(x, out=y)

@@ -22,6 +22,11 @@ inside the kernel (car's ``z``): what a row-parallel Linear's bias needs, with n
 (in place), then RMSNorm of every row of ``weight.numel()`` elements into a new tensor, with the same bits whichever
 design runs it (fused in car's kernels, or the allreduce and then a norm kernel).
 
+The functions of this module call the operators; called eagerly on plain tensors (no tracing, compiling, mode,
+transform, profiler or gradient in play) they run the operators' implementation directly, without torch's
+dispatcher, whose Python-kernel call costs more than the rest of the call (``torch.ops.allreduce_rs.*`` called
+directly still pays it). Compiled graphs hold the operators.
+
 They run the communicator's calls (bfloat16, float16 or float32 tensors of its device; on a GPU, on torch's current
 stream), and are collective like them: every rank runs the same operators in the same order. A graph that torch
 compiles the same way on every rank keeps that order. Tensors of any layout are taken: one that is not contiguous
@@ -220,22 +225,53 @@ for _schema, _impl, _fake in [
     torch.library.register_fake(f"allreduce_rs::{_name}", _fake, lib=_LIB)
 
 
+def _undispatched(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether an eager call may run its implementation without going through torch's dispatcher, which costs
+    several microseconds per call for a kernel written in Python (results/h200-mps/call-path): only plain tensors,
+    outside tracing, compiling, dispatch and function modes (FakeTensor, make_fx, torch.set_default_device ...),
+    functorch transforms and the profiler (which records the operator by name), and with no gradient asked for (the
+    operators have no autograd formula, and the dispatcher says so). Then the operator would run the same
+    implementation on the same tensors: same bits, same refusals."""
+    c = torch._C
+    if (
+        torch.compiler.is_compiling()
+        or c._len_torch_dispatch_stack()
+        or c._len_torch_function_stack()
+        or c._are_functorch_transforms_active()
+        or c._autograd._profiler_enabled()
+    ):
+        return False
+    grad = torch.is_grad_enabled()
+    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
+
+
+_OPS = torch.ops.allreduce_rs
+
+
 def all_reduce(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The sum of ``x`` over every rank of ``group``'s communicator, in a new contiguous tensor
-    (``torch.ops.allreduce_rs.all_reduce``)."""
-    return torch.ops.allreduce_rs.all_reduce(x, group, bias)
+    (``torch.ops.allreduce_rs.all_reduce``; eager calls on plain tensors skip the dispatcher, see the module)."""
+    if _undispatched(x, bias):
+        return _all_reduce(x, group, bias)
+    return _OPS.all_reduce.default(x, group, bias)
 
 
 def all_reduce_(x: torch.Tensor, group: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sums ``x`` over every rank in place and returns it (``torch.ops.allreduce_rs.all_reduce_``)."""
-    torch.ops.allreduce_rs.all_reduce_(x, group, bias)
+    if _undispatched(x, bias):
+        _all_reduce_inplace(x, group, bias)
+    else:
+        _OPS.all_reduce_.default(x, group, bias)
     return x
 
 
 def all_reduce_out(x: torch.Tensor, group: str, out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Writes the sum of ``x`` over every rank into ``out`` (x's shape and dtype, memory disjoint from x's) and
     returns it (``torch.ops.allreduce_rs.all_reduce_out``)."""
-    torch.ops.allreduce_rs.all_reduce_out(x, group, out, bias)
+    if _undispatched(x, out, bias):
+        _all_reduce_out(x, group, out, bias)
+    else:
+        _OPS.all_reduce_out.default(x, group, out, bias)
     return out
 
 
@@ -251,7 +287,9 @@ def reduce_scatter(x: torch.Tensor, group: str, split_last_dim: bool = False) ->
     Raises:
         ArgumentError: the dimension to split does not divide by the world size (or ``x`` is 0-dimensional).
     """
-    return torch.ops.allreduce_rs.reduce_scatter(x, group, split_last_dim)
+    if _undispatched(x):
+        return _reduce_scatter(x, group, split_last_dim)
+    return _OPS.reduce_scatter.default(x, group, split_last_dim)
 
 
 def all_reduce_add_rms_norm(
@@ -264,7 +302,9 @@ def all_reduce_add_rms_norm(
     Raises:
         ArgumentError: ``residual`` is not ``x``'s shape and dtype, or ``weight`` not one row of ``x``.
     """
-    return torch.ops.allreduce_rs.all_reduce_add_rms_norm(x, group, residual, weight, eps)
+    if _undispatched(x, residual, weight):
+        return _all_reduce_add_rms_norm(x, group, residual, weight, eps)
+    return _OPS.all_reduce_add_rms_norm.default(x, group, residual, weight, eps)
 
 
 __all__ = [

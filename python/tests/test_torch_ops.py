@@ -42,6 +42,33 @@ def test_ops_register_with_their_schemas_and_only_when_imported():
     ], p.stdout
 
 
+def test_eager_calls_skip_the_dispatcher_only_where_no_one_would_see_the_operator():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from allreduce_rs.ops import _undispatched
+
+    x, w = torch.ones(4), torch.ones(4, requires_grad=True)
+    assert _undispatched(x) and _undispatched(x, None)
+    with torch.no_grad():
+        assert _undispatched(w)
+    with torch.inference_mode():
+        assert _undispatched(torch.ones(4))
+    assert not _undispatched(x, w), "a tensor that asks for gradients"
+    assert not _undispatched(torch.nn.Parameter(torch.ones(4), requires_grad=False)), "a tensor subclass"
+    with TorchDispatchMode():
+        assert not _undispatched(x), "a dispatch mode"
+    with FakeTensorMode() as fake:
+        assert not _undispatched(fake.from_tensor(x)), "fake tensors"
+    with torch.device("cpu"):
+        assert not _undispatched(x), "a function mode"
+    with torch.autograd.profiler.profile():
+        assert not _undispatched(x), "the profiler"
+    assert not torch.func.vmap(lambda t: torch.tensor(float(_undispatched(t))))(torch.ones(2, 3)).any()
+    assert torch.compile(lambda t: t + float(_undispatched(t)), fullgraph=True, backend="eager")(x).eq(1).all()
+    assert _undispatched(x), "after every mode has ended"
+
+
 def test_every_op_sums_like_the_plain_call_on_every_dtype_and_shape():
     run_job(3, "values", script=TORCH_JOBS)
 

@@ -88,6 +88,15 @@ def values():
             same_bits(ops.all_reduce_out(x, group, out, b), with_bias, f"{what}: all_reduce_out with a bias")
             with torch.inference_mode():
                 same_bits(ops.all_reduce(x, group), plain, f"{what}: all_reduce in inference mode")
+            # The operators through torch's dispatcher (what compiled graphs call) give the functions' bits.
+            lib = torch.ops.allreduce_rs
+            same_bits(lib.all_reduce(x, group, b), with_bias, f"{what}: torch.ops all_reduce")
+            inplace = x.clone()
+            lib.all_reduce_(inplace, group)
+            same_bits(inplace, plain, f"{what}: torch.ops all_reduce_")
+            out = torch.full_like(x, float("nan"))
+            lib.all_reduce_out(x, group, out)
+            same_bits(out, plain, f"{what}: torch.ops all_reduce_out")
             if len(shape) > 1:
                 xt, want = x.transpose(0, -1), plain.transpose(0, -1)
                 same_bits(ops.all_reduce(xt, group), want, f"{what}: all_reduce of a transposed view")
@@ -125,8 +134,35 @@ def values():
             if dim == 0 and not transposed:
                 flat = comm.reduce_scatter(x, torch.empty(x.numel() // world, dtype=dtype))
                 same_bits(shard.flatten(), flat, f"{what}: and the plain reduce_scatter")
+    # Under a dispatch mode the functions go through the operators (a trace records them), with the same bits.
+    seed = calls.seed()
+    x = inputs(seed, rank, (world * 4, 3), torch.float32)
+    plain = comm.all_reduce(x, out=torch.empty_like(x))
+    with Recording() as seen:
+        y = ops.all_reduce(x, group)
+        ops.all_reduce_(x.clone(), group)
+        ops.all_reduce_out(x, group, torch.empty_like(x))
+        ops.reduce_scatter(x, group)
+        ops.all_reduce_add_rms_norm(x, group, x.clone(), x[0].clone())
+    names = ["all_reduce", "all_reduce_", "all_reduce_out", "reduce_scatter", "all_reduce_add_rms_norm"]
+    assert seen == [f"allreduce_rs.{n}.default" for n in names], seen
+    same_bits(y, plain, "all_reduce under a dispatch mode")
     comm.close()
     return rank
+
+
+class Recording(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that lists the allreduce_rs operators it sees, as a tracer would record them."""
+
+    def __enter__(self):
+        super().__enter__()
+        self.seen = []
+        return self.seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "allreduce_rs":
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def opcheck():
