@@ -225,6 +225,18 @@ for _schema, _impl, _fake in [
     torch.library.register_fake(f"allreduce_rs::{_name}", _fake, lib=_LIB)
 
 
+# What _undispatched asks on every eager call, looked up once (each lookup costs as much as the check).
+_MODES = (
+    torch.compiler.is_compiling,
+    torch._C._len_torch_dispatch_stack,
+    torch._C._len_torch_function_stack,
+    torch._C._are_functorch_transforms_active,
+    torch._C._autograd._profiler_enabled,
+)
+_GRAD_ENABLED = torch.is_grad_enabled
+_TENSOR = torch.Tensor
+
+
 def _undispatched(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether an eager call may run its implementation without going through torch's dispatcher, which costs
     several microseconds per call for a kernel written in Python (results/h200-mps/call-path): only plain tensors,
@@ -232,17 +244,14 @@ def _undispatched(*tensors: Optional[torch.Tensor]) -> bool:
     functorch transforms and the profiler (which records the operator by name), and with no gradient asked for (the
     operators have no autograd formula, and the dispatcher says so). Then the operator would run the same
     implementation on the same tensors: same bits, same refusals."""
-    c = torch._C
-    if (
-        torch.compiler.is_compiling()
-        or c._len_torch_dispatch_stack()
-        or c._len_torch_function_stack()
-        or c._are_functorch_transforms_active()
-        or c._autograd._profiler_enabled()
-    ):
-        return False
-    grad = torch.is_grad_enabled()
-    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
+    for active in _MODES:
+        if active():
+            return False
+    grad = _GRAD_ENABLED()
+    for t in tensors:
+        if t is not None and (type(t) is not _TENSOR or (grad and t.requires_grad)):
+            return False
+    return True
 
 
 _OPS = torch.ops.allreduce_rs
