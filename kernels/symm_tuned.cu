@@ -6,7 +6,7 @@
 //    Packet areas alternate by epoch parity: a peer writes area e%2 again only in call e+2, which it reaches only
 //    after this rank's packets of call e+1, sent after this rank finished reading call e.
 //  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h): the exchange over the grid,
-//    then this rank's blocks meet and blocks owning whole rows normalise them.
+//    then the block that stores a row's last sums normalises it (a counter per row; no block waits for another).
 //  - symm_zc_1shot_norm: symm_zc_1shot carrying the residual add and RMSNorm, blocks owning whole rows.
 //  - symm_zc_1shot / symm_zc_2shot: no copy-in. Ranks read each other's registered inputs directly; two-shot pushes
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
@@ -31,7 +31,7 @@ struct TunedParams {
     u64 packets[ARX_MAX_RANKS];  // every rank's packet area: u64 [2 parities][ARX_MAX_RANKS sources][ll_packets]
     u64 flags[ARX_MAX_RANKS];    // every rank's epoch flags: u64 [ARX_MAX_BLOCKS][2 phases][ARX_MAX_RANKS]
     u64 staging[ARX_MAX_RANKS];  // every rank's staging buffer: two halves of half_bytes, by epoch parity
-    u64 counters;                // this rank's per-block epoch counters
+    u64 counters;                // this rank's per-block epoch counters, then symm_ll_norm's row counters (u32)
     u64 count;
     u64 ll_packets;              // packets per source and parity
     u64 half_bytes;
@@ -153,31 +153,26 @@ template <int DT> ARX_DEV void store_row_packet(void* dst, u64 base, u32 hidden,
     if (q * per + 1 < hidden) ((u16*)dst)[i + 1] = (u16)(w >> 16);
 }
 
-// This rank's blocks meet: each tells the others it arrived on its own self-signal flag slot (block b, phase 0,
-// source = this rank: no peer writes it, and every barrier rewrites it before it waits), then waits for every block
-// of the grid. What a block stored before the call is visible to every block after it. False, in every thread of the
-// block, when a wait ended without its block (the deadline, or the communicator aborted).
-ARX_DEV bool local_blocks_barrier(const TunedParams& p, u64 epoch) {
-    __shared__ u32 s_failed;
-    u64* mine = (u64*)p.flags[p.rank];
-    if (threadIdx.x == 0) s_failed = 0;
-    __syncthreads();
-    if (threadIdx.x == 0) st_release_sys(mine + (u64)blockIdx.x * ARX_PHASES * ARX_MAX_RANKS + p.rank, epoch);
-    for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x)
-        if (!wait_epoch(mine + (u64)b * ARX_PHASES * ARX_MAX_RANKS + p.rank, epoch, p.timeout_ns, p.status, p.rank,
-                        ARX_WAIT_BLOCKS))
-            s_failed = 1;
-    __syncthreads();
-    return s_failed == 0;
+// How many of the packets [lo, hi) fall to block b of `threads` threads in a grid of `stride` threads, where thread
+// t of block b takes the packets j with j % stride == b * threads + t (the exchange's loop).
+ARX_DEV u64 block_packets_below(u64 x, u64 b, u64 threads, u64 stride) {
+    u64 rest = x % stride, a = b * threads;
+    return x / stride * threads + (rest > a ? (rest - a < threads ? rest - a : threads) : 0);
+}
+ARX_DEV u64 block_packets_in(u64 lo, u64 hi, u64 b, u64 threads, u64 stride) {
+    return block_packets_below(hi, b, threads, stride) - block_packets_below(lo, b, threads, stride);
 }
 
 // Allreduce + residual add + RMSNorm on symm_ll's protocol, ARX_NORM_LANES threads per block. The exchange is
 // symm_ll's, spread over the whole grid (one packet per thread where the grid allows; packet slots in rows, ppr per
 // row, so no packet holds two rows' elements): push this rank's packets, poll every source's, store their
-// rank-ordered sum, rounded, into the output. Then this rank's blocks meet, and blocks that own whole rows
-// (row_range) read the sums back and run the unfused norm's row pieces: r into the residual, y into the output, so
-// the bits are the unfused sequence's. Areas alternate by epoch parity, safe for symm_ll's reason.
+// rank-ordered sum, rounded, into the output. No block waits for another: each counts the packets it stored per row
+// on the row's counter (this rank's, after the epoch counters, zero between calls), and the block whose count
+// completes a row (the last to store into it) reads the row's sums back, runs the unfused norm's row pieces (r into
+// the residual, y into the output, so the bits are the unfused sequence's) and zeroes the counter. Areas alternate by
+// epoch parity, safe for symm_ll's reason.
 template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
+    __shared__ bool s_last[ARX_NORM_LANES];
     u64 epoch = next_epoch(p.counters);
     u64 flag = ll_flag(epoch);
     u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
@@ -197,13 +192,32 @@ template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
         ll_poll_sum<DT>(inbox, p.ll_packets, j, flag, p.world, s, acc);
         if (!s.failed) store_row_packet<DT>(out, j / ppr * p.hidden, p.hidden, j % ppr, pack_payload<DT>(acc));
     }
-    // The barrier syncs the block: every thread ends, or none.
+    // A block that failed counts nothing, so its rows are never normalised (the call fails and poisons the
+    // communicator, whose counters are not used again).
     if (block_any(s.failed)) return;
-    if (!local_blocks_barrier(p, epoch)) return;
+    u32* row_count = (u32*)(p.counters + ARX_MAX_BLOCKS * sizeof(u64));
     u64 sum[ARX_MAX_RANKS] = {p.outputs[p.rank]};
-    Range mine = row_range(Range{0, rows}, blockIdx.x, gridDim.x);
-    for (u64 row = mine.lo; row < mine.hi; ++row)
-        add_rms_norm_row<DT>(sum, 1, (void*)p.residual, (const void*)p.weight, out, row * p.hidden, p.hidden, p.eps);
+    for (u64 r0 = 0; r0 < rows; r0 += blockDim.x) {
+        u64 row = r0 + threadIdx.x;
+        u64 mine = row < rows ? block_packets_in(row * ppr, (row + 1) * ppr, blockIdx.x, blockDim.x, stride) : 0;
+        bool last = false;
+        if (mine) {
+            // Release: the block's sums (every thread's, ordered before this one by block_any's barrier) before the
+            // count; acquire: every other block's sums of the row, each released so before it counted, before the
+            // reads, which the barrier below orders after this for every thread of the block.
+            fence_acq_rel_gpu();
+            last = add_relaxed_gpu(&row_count[row], (u32)mine) + mine == ppr;
+            fence_acq_rel_gpu();
+            if (last) row_count[row] = 0;
+        }
+        s_last[threadIdx.x] = last;
+        __syncthreads();
+        for (u64 k = 0; k < blockDim.x && r0 + k < rows; ++k)
+            if (s_last[k])
+                add_rms_norm_row<DT>(sum, 1, (void*)p.residual, (const void*)p.weight, out, (r0 + k) * p.hidden,
+                                     p.hidden, p.eps);
+        __syncthreads();
+    }
     ll_clean(p, epoch);
 }
 

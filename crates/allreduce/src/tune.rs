@@ -259,7 +259,9 @@ const BUILT_IN_HOST: &str = include_str!("../tables/host.json");
 pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let (text, what) = match driver {
         DriverKind::Cuda => {
-            (BUILT_IN_CUDA, "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink)")
+            let what = "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink); calls \
+                        with the residual add and RMSNorm with 8 ranks only";
+            (BUILT_IN_CUDA, what)
         }
         DriverKind::Hip => (BUILT_IN_HIP, "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table"),
         DriverKind::Host => (BUILT_IN_HOST, "host: measured with 2 and 3 ranks on 2 shared cores (results/host-tune)"),

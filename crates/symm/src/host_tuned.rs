@@ -191,7 +191,7 @@ pub(crate) fn row_packets(hidden: usize, size: usize) -> usize {
 }
 
 /// symm_ll's exchange, whose sum lands in the output, then the one-shot designs' epilogue over it. The kernel spreads
-/// the exchange over its grid (a packet per thread) and meets its blocks before the epilogue; the twin, which runs
+/// the exchange over its grid (a packet per thread) and the block that completes a row runs its epilogue; the twin, which runs
 /// the blocks in turn, exchanges block b's rows, then normalises them: the same sums, the same bits.
 fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let c = call(l)?;

@@ -36,6 +36,11 @@ ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
                                          __HIP_MEMORY_SCOPE_SYSTEM);
     return expected;
 }
+// Device-scope (agent) ordering and counting among one rank's blocks.
+ARX_DEV void fence_acq_rel_gpu() { __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, "agent"); }
+ARX_DEV u32 add_relaxed_gpu(u32* p, u32 v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 ARX_DEV u64 ld_relaxed_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
 ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
 // A 16-byte store into staging that peers read: non-temporal, so the copy does not fill this GPU's caches with lines
@@ -65,6 +70,13 @@ ARX_DEV u64 ld_acquire_sys(const u64* p) {
     u64 v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
+}
+// Device-scope ordering and counting among one rank's blocks.
+ARX_DEV void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+ARX_DEV u32 add_relaxed_gpu(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
 }
 // Single-copy-atomic 8-byte moves with no ordering: what flag-and-data packets and polls need.
 ARX_DEV u64 ld_relaxed_sys(const u64* p) {
