@@ -214,14 +214,19 @@ class Communicator:
         :meth:`registered_input`."""
 
     def tune(
-        self, dtype: Optional[DTypeLike] = None, counts: Optional[List[int]] = None, norm_hidden: int = 4096
+        self,
+        dtype: Optional[DTypeLike] = None,
+        counts: Optional[List[int]] = None,
+        norm_hidden: int = 4096,
+        norm_only: bool = False,
     ) -> List[str]:
         """Measures every algorithm at ``counts`` [comm_bench.py's sizes up to the capacity], eagerly and in graph
         replays, on each residency (your tensors, the registered buffers, registered tensors), each checked against
         a float64 reference first, and stores the fastest per size as this machine's tables in the tune cache,
         where later communicators find them. Calls with the residual add and RMSNorm get tables of their own,
-        measured at rows of ``norm_hidden`` elements (your model's hidden size; 0: not measured). Collective.
-        Returns the files written (rank 0 writes them)."""
+        measured at rows of ``norm_hidden`` elements (your model's hidden size; 0: not measured); with
+        ``norm_only`` those alone (no plain table is measured or written). Collective. Returns the files written
+        (rank 0 writes them)."""
 
     def begin_graph_capture(self) -> None:
         """Begins recording a graph capture on your own tensors (prefer :meth:`graph_capture`): calls captured until

@@ -292,18 +292,21 @@ impl PyCommunicator {
     /// registered tensors), checked first, and stores the fastest per size in the tune cache, where later
     /// communicators find them. `counts`: the element counts to measure [default: comm_bench.py's sizes up to the
     /// capacity]. Calls with the residual add and RMSNorm get tables of their own, measured at rows of
-    /// `norm_hidden` elements (your model's hidden size; 0: not measured). Collective. Returns the files written.
-    #[pyo3(signature = (dtype = None, counts = None, norm_hidden = allreduce::NORM_HIDDEN))]
+    /// `norm_hidden` elements (your model's hidden size; 0: not measured); `norm_only` measures those alone.
+    /// Collective. Returns the files written.
+    #[pyo3(signature = (dtype = None, counts = None, norm_hidden = allreduce::NORM_HIDDEN, norm_only = false))]
     fn tune(
         &self,
         py: Python<'_>,
         dtype: Option<&Bound<'_, PyAny>>,
         counts: Option<Vec<usize>>,
         norm_hidden: usize,
+        norm_only: bool,
     ) -> PyResult<Vec<PathBuf>> {
         let mut req = TuneRequest::new(dtype.map_or(Ok(DType::Bf16), args::dtype_of)?);
         req.counts = counts;
         req.norm_hidden = Some(norm_hidden).filter(|&h| h > 0);
+        req.plain = !norm_only;
         self.with(|state| {
             let comm = &mut state.comm;
             let report = py.detach(move || comm.tune_with(&req, &mut |_| {})).map_err(from_error)?;

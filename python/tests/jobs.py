@@ -281,6 +281,9 @@ def facts():
     files = comm.tune(counts=[1024, 2048], norm_hidden=1024)
     assert len(files) == 12 and sum(str(f).endswith("-norm.json") for f in files) == 6, files
     assert len(comm.tune(counts=[1024], norm_hidden=0)) == 6
+    files = comm.tune(counts=[1024], norm_hidden=512, norm_only=True)
+    assert len(files) == 6 and all(str(f).endswith("-norm.json") for f in files), files
+    expect(ar.ArgumentError, lambda: comm.tune(counts=[1024], norm_hidden=0, norm_only=True), "norm calls only")
     with comm:
         comm.all_reduce(np.ones(10, np.float32))
     assert comm.closed

@@ -168,6 +168,10 @@ pub struct BenchArgs {
     /// tables (your model's hidden size); 0 measures none (a tune then takes about 60% of the time).
     #[arg(long = "tune_hidden", alias = "tune-hidden", default_value_t = allreduce::NORM_HIDDEN as u64)]
     pub tune_hidden: u64,
+    /// With --tune: norm calls only (their tables re-measured without the plain allreduces', about 40% of a whole
+    /// tune); needs --tune_hidden of at least 1.
+    #[arg(long = "tune_norm_only", alias = "tune-norm-only")]
+    pub tune_norm_only: bool,
     /// The tune table `auto` follows [default: the built-in one].
     #[arg(long = "tune_table", alias = "tune-table")]
     pub tune_table: Option<PathBuf>,
@@ -306,6 +310,7 @@ impl BenchArgs {
             setup_timeout: self.setup_timeout_s.map(Duration::from_secs_f64),
             tune_table: self.tune_table.clone(),
             tune_hidden: Some(self.tune_hidden as usize).filter(|&h| h > 0),
+            tune_norm_only: self.tune_norm_only,
         }
     }
 

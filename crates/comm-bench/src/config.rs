@@ -74,6 +74,8 @@ pub struct SweepConfig {
     pub tune_table: Option<PathBuf>,
     /// The row length a tune measures norm calls at (`TuneRequest::norm_hidden`); None: no norm tables.
     pub tune_hidden: Option<usize>,
+    /// A tune of norm calls only (`TuneRequest::plain` false).
+    pub tune_norm_only: bool,
     /// Ranks in all that run kernels on each device (`Options::device_shared_by`).
     pub device_shared_by: Option<usize>,
 }
@@ -115,7 +117,7 @@ impl SweepConfig {
         let t = &self.timing;
         format!(
             "driver={driver}\nop={}\ndtype={}\nsizes={counts:?}\nmethods={}\nnum_iters={}\nnum_warmup_iters={}\n\
-             repeats={}\ngraph={}\ncar_uncached={}\nreport={}\ntune_hidden={:?}\n",
+             repeats={}\ngraph={}\ncar_uncached={}\nreport={}\ntune_hidden={:?}\ntune_norm_only={}\n",
             self.op,
             self.dtype,
             self.methods.join(","),
@@ -125,7 +127,8 @@ impl SweepConfig {
             t.graph,
             self.car_uncached,
             self.report.name(),
-            self.tune_hidden
+            self.tune_hidden,
+            self.tune_norm_only
         )
     }
 }

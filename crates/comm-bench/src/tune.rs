@@ -1,6 +1,6 @@
 //! `comm-bench --tune FILE`: the library's own tune ([`allreduce::Communicator::tune_with`]) at the sweep's sizes
-//! and timing, every mode and residency, plain allreduces and (rows of `--tune_hidden`, up to the largest size) norm
-//! calls; rank 0 prints each measurement and the tables, writes them to FILE as one
+//! and timing, every mode and residency, plain allreduces (not with `--tune_norm_only`) and (rows of `--tune_hidden`,
+//! up to the largest size) norm calls; rank 0 prints each measurement and the tables, writes them to FILE as one
 //! set (what `--tune_table` reads) and the library caches each under its key.
 
 use crate::config::SweepConfig;
@@ -14,7 +14,13 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
     let mut comm = Communicator::new(info.clone(), crate::run::options(cfg)?)?;
     let counts = cfg.counts(comm.gpu().info().size_align);
     allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(comm.gpu().kind(), &counts))?;
-    let req = TuneRequest { counts: Some(counts), timing: cfg.timing, norm_hidden: cfg.tune_hidden, dtype: cfg.dtype };
+    let req = TuneRequest {
+        counts: Some(counts),
+        timing: cfg.timing,
+        norm_hidden: cfg.tune_hidden,
+        dtype: cfg.dtype,
+        plain: !cfg.tune_norm_only,
+    };
     let rank0 = comm.rank() == 0;
     if rank0 {
         println!(

@@ -196,6 +196,23 @@ fn tune_prints_its_table_by_size_range() {
     assert!(o.status.success(), "{}", text(&o));
     let set: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
     assert!(set.len() == 6 && set.iter().all(|t| t["key"].get("op").is_none()), "{set:?}");
+    // --tune_norm_only: norm tables only (rows of 512 up to 1024 elements); with no row to measure, refused.
+    let tune = |extra: &[&str]| {
+        let args = ["--num_ranks", "2", "--counts", "1024", "--tune_norm_only", "--tune", table.to_str().unwrap()];
+        Command::new(BIN)
+            .args(QUICK)
+            .args(args)
+            .args(extra)
+            .env("ALLREDUCE_TUNE_DIR", dir.path().join("cache"))
+            .output()
+    };
+    let o = tune(&["--tune_hidden", "512"]).unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let set: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    assert!(set.len() == 6 && set.iter().all(|t| t["key"]["op"] == "add_rms_norm"), "{set:?}");
+    assert!(!text(&o).contains(" plain "), "{}", text(&o));
+    let o = tune(&["--tune_hidden", "0"]).unwrap();
+    assert!(!o.status.success() && text(&o).contains("norm calls only"), "{}", text(&o));
 }
 
 #[test]

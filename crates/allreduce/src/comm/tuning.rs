@@ -29,6 +29,9 @@ pub struct TuneRequest {
     /// The row length at which calls with the residual add and RMSNorm are measured too, for their own tables
     /// (None: not measured). Their sizes are 1, 4, 16, ... rows, as far as the capacity and the largest count go.
     pub norm_hidden: Option<usize>,
+    /// Whether plain allreduces are measured (and their tables written); false: norm calls only, whose sizes the
+    /// counts still bound (a norm table re-measured without the time of the plain ones).
+    pub plain: bool,
 }
 
 /// The row length norm calls are tuned at by default: a mid-sized model's hidden size.
@@ -40,7 +43,7 @@ const NORM_EPS: f32 = 1e-6;
 impl TuneRequest {
     pub fn new(dtype: DType) -> TuneRequest {
         let timing = TimingOptions { iters: 20, warmup: 5, repeats: 3, graph: false };
-        TuneRequest { dtype, counts: None, timing, norm_hidden: Some(NORM_HIDDEN) }
+        TuneRequest { dtype, counts: None, timing, norm_hidden: Some(NORM_HIDDEN), plain: true }
     }
 }
 
@@ -99,8 +102,16 @@ impl Communicator {
             Some(h) => (0..).map(|e| h << (2 * e)).take_while(|&n| n <= largest.min(max)).collect(),
             None => Vec::new(),
         };
+        if !req.plain && norm_counts.is_empty() {
+            return Err(Error::BadArgs(format!(
+                "a tune of norm calls only measures rows of norm_hidden ({:?}) up to the largest count ({largest}): \
+                 none fit",
+                req.norm_hidden
+            )));
+        }
         let sizes: Vec<(TableOp, usize)> = counts
             .iter()
+            .filter(|_| req.plain)
             .map(|&c| (TableOp::AllReduce, c))
             .chain(norm_counts.iter().map(|&c| (TableOp::AddRmsNorm, c)))
             .collect();
@@ -130,9 +141,12 @@ impl Communicator {
         }
         let measured = result?;
         let mut tables = Vec::new();
-        // Norm calls' tables only where norm calls were measured.
-        let ops = if norm_counts.is_empty() { &TableOp::ALL[..1] } else { &TableOp::ALL[..] };
-        for &op in ops {
+        // Tables only for the calls measured.
+        let ops = TableOp::ALL.into_iter().filter(|&op| match op {
+            TableOp::AllReduce => req.plain,
+            TableOp::AddRmsNorm => !norm_counts.is_empty(),
+        });
+        for op in ops {
             for mode in Mode::ALL {
                 for residency in Residency::ALL {
                     let times: Vec<(usize, Algorithm, f64)> = measured
