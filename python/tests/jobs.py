@@ -29,6 +29,8 @@ ALGORITHMS = [
     "symm_zc_2shot_ll",
     "symm_zc_2shot",
 ]
+# What a packet design asked for beyond its area runs instead (and last_algorithm reports).
+STAND_IN = {"symm_ll": "symm_zc_1shot", "symm_zc_2shot_ll": "symm_zc_2shot"}
 
 
 class Calls:
@@ -106,7 +108,7 @@ def sums():
             for algo in ALGORITHMS:
                 out = np.full(count, np.nan, dtype)
                 comm.all_reduce(x, out=out, algorithm=algo)
-                assert comm.last_algorithm == algo
+                assert comm.last_algorithm in (algo, STAND_IN.get(algo)), (algo, comm.last_algorithm)
                 bits = bits or out.tobytes()
                 assert out.tobytes() == bits, f"{dtype.name} x {count}: {algo} differs from {ALGORITHMS[0]}"
             check_sum(out, reference(seed, world, count, dtype), dtype, world, f"{dtype.name} x {count}")

@@ -166,10 +166,10 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
         if rank == 0 {
             for ((name, us), algo) in args.methods.iter().zip(&times).zip(&ran) {
                 let vs = unfused.map_or(String::new(), |u| format!("{:.2}x", u / us));
-                let label = if matches!(way(name)?, Way::Auto | Way::Unfused) {
-                    format!("{name} ({algo})")
-                } else {
-                    name.clone()
+                // What ran, where the name does not say it (a fused design whose rows exceed it stands in).
+                let label = match way(name)? {
+                    Way::Fused(a) if a == *algo => name.clone(),
+                    _ => format!("{name} ({algo})"),
                 };
                 println!("{tokens:>8} {:>10} {label:<30} {us:>10.2} {vs:>12}", count * dtype.size());
             }

@@ -271,3 +271,23 @@ fn compare_overlays_a_comm_bench_py_csv_and_our_json_with_ratios() {
     let o = Command::new(BIN).args(["plot", bad.to_str().unwrap()]).output().unwrap();
     assert!(!o.status.success() && text(&o).contains("bad.csv: line 1: expected comm_bench.py's CSV"), "{}", text(&o));
 }
+
+#[test]
+fn norm_checks_every_method_and_names_what_ran() {
+    let o = Command::new(BIN)
+        .args(["norm", "--backend", "host", "--num_ranks", "2", "--hidden", "8192", "--tokens", "1,16"])
+        .args(["--methods", "fused_ll,fused_1shot,unfused,auto", "-n", "2", "-w", "0", "--repeats", "1"])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let row = |tokens: &str, method: &str| {
+        let cells = |l: &str| l.trim_start_matches("[rank 0]").split_whitespace().next() == Some(tokens);
+        t.lines().find(|l| cells(l) && l.contains(method)).map(str::to_string)
+    };
+    // One row of 16 KiB fits the fused packets; 16 rows (256 KiB) do not, and car's fused one-shot stands in.
+    let one = row("1", "fused_ll").unwrap_or_else(|| panic!("{t}"));
+    assert!(!one.contains('('), "{one}");
+    assert!(row("16", "fused_ll (car_1shot)").is_some(), "{t}");
+    assert!(row("16", "unfused (").is_some() && row("16", "auto (").is_some(), "{t}");
+}
