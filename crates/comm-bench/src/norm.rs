@@ -1,15 +1,21 @@
 //! `comm-bench norm`: the allreduce followed by the residual add and RMSNorm (`Communicator::all_reduce_add_rms_norm`),
 //! fused designs against the unfused sequence (our allreduce, then the norm kernel) in one run, per token count at
 //! one hidden size. Every method is checked first, like every op of the sweep: fresh inputs, a poisoned output, r
-//! and y against the float64 reference, the same bits on every rank and from every method; then timed on the
-//! one timing path (`measure::timing`).
+//! and y against the float64 reference, the same bits on every rank and from every method; then consecutive calls
+//! on changing inputs and residuals, each call's r folded into the device-side checksum (eagerly or replayed, as
+//! timed); then timed on the one timing path (`measure::timing`).
 
+use crate::checksum::Checksum;
+use crate::run::VARIANTS;
 use crate::BenchError;
-use allreduce::{AddRmsNorm, Algorithm, Communicator, DType, Op, Options};
+use allreduce::{AddRmsNorm, Algorithm, Call, Communicator, DType, Op, Options};
 use clap::Args;
 use gpu::MemKind;
 use launch::RankInfo;
-use measure::check::{add_rms_norm_tolerance, agree_verdict, fingerprint, input_values, NormCase};
+use measure::check::{
+    add_rms_norm_tolerance, agree_verdict, checksum, fingerprint, input_values, variant_input, variant_sum,
+    variant_value, NormCase,
+};
 use measure::timing::{median, Timer, TimingOptions};
 use std::time::Duration;
 
@@ -101,6 +107,10 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     let ways: Vec<Way> = args.methods.iter().map(|m| way(m)).collect::<Result<_, _>>()?;
     let [input, output, residual, weight] = [0; 4].map(|_| gpu.alloc(capacity, MemKind::Device));
     let (input, output, residual, weight) = (input?, output?, residual?, weight?);
+    let alloc = || gpu.alloc(capacity, MemKind::Device);
+    let variants: Vec<_> = (0..2 * VARIANTS).map(|_| alloc()).collect::<Result<_, _>>()?;
+    let (variant_inputs, variant_residuals) = variants.split_at(VARIANTS);
+    let sums = Checksum::new(gpu)?;
     let timer = Timer::new(gpu)?;
     let stream = &timer.stream;
     let timing = TimingOptions {
@@ -117,8 +127,11 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     for &tokens in &args.tokens {
         let count = tokens as usize * hidden;
         let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: args.eps };
-        let call = comm.call(Op::AllReduce, dtype, input.ptr(), output.ptr(), count)?.with_add_rms_norm(norm)?;
-        let issue = |w: Way, s: &gpu::Stream| -> Result<Algorithm, BenchError> {
+        let on = |x: gpu::DevicePtr| -> Result<Call, BenchError> {
+            Ok(comm.call(Op::AllReduce, dtype, x, output.ptr(), count)?.with_add_rms_norm(norm)?)
+        };
+        let call = on(input.ptr())?;
+        let issue_on = |w: Way, call: Call, s: &gpu::Stream| -> Result<Algorithm, BenchError> {
             // SAFETY: our own buffers of `capacity` bytes, live for the sweep; every rank issues the same calls.
             Ok(unsafe {
                 match w {
@@ -128,6 +141,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                 }
             })
         };
+        let issue = |w: Way, s: &gpu::Stream| issue_on(w, call, s);
         // Checks: fresh inputs for every method, the same for all of them, so the bits must agree.
         let seed = measure::check::agree_seed(rdv)?;
         let x = dtype.encode(&input_values(seed, rank, count, dtype));
@@ -156,6 +170,52 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
         }
         if let Some(p) = prints.iter().find(|p| (p.1, p.2) != (prints[0].1, prints[0].2)) {
             return Err(BenchError::Config(format!("{tokens}x{hidden}: {} and {} differ bitwise", p.0, prints[0].0)));
+        }
+        // Consecutive calls: variant k's inputs and residual (small integers, the residual the same on every rank,
+        // so r = residual + sum is exact), the residual reset from its variant before each call, r folded after it.
+        let bytes = count * dtype.size();
+        for k in 0..VARIANTS {
+            stream.upload(&variant_inputs[k], 0, &variant_input(rank, count, k as u64, dtype))?;
+            let res: Vec<f32> = (0..count).map(|i| variant_value(world, i, k as u64)).collect();
+            stream.upload(&variant_residuals[k], 0, &dtype.encode(&res))?;
+        }
+        let calls: Vec<Call> = variant_inputs.iter().map(|v| on(v.ptr())).collect::<Result<_, _>>()?;
+        // r of variant k: the residual is the inputs of a rank past the last.
+        let per_variant: Vec<u64> =
+            (0..VARIANTS as u64).map(|k| checksum(&variant_sum(world + 1, 0, count, k))).collect();
+        for (name, &wy) in args.methods.iter().zip(&ways) {
+            let burst = |s: &gpu::Stream| -> Result<(), BenchError> {
+                for c in 0..2 * VARIANTS {
+                    let k = c % VARIANTS;
+                    // SAFETY: our own buffers of `capacity` bytes, each holding `count` elements.
+                    unsafe { s.copy(residual.ptr(), variant_residuals[k].ptr(), bytes)? };
+                    issue_on(wy, calls[k], s)?;
+                    sums.fold(s, &residual, count, dtype)?;
+                }
+                Ok(())
+            };
+            sums.reset(stream)?;
+            let replays = if args.graph {
+                stream.begin_capture()?;
+                let captured = burst(stream);
+                let graph = stream.end_capture()?;
+                captured?;
+                (0..2).try_for_each(|_| stream.replay(&graph))?;
+                2
+            } else {
+                burst(stream)?;
+                1
+            };
+            let want = (0..2 * VARIANTS).map(|c| per_variant[c % VARIANTS]).fold(0u64, u64::wrapping_add);
+            let right = sums.total(stream)? == want.wrapping_mul(replays);
+            let verdicts = rdv.all_gather("norm burst", &[u8::from(right)])?;
+            if let Some(r) = verdicts.iter().position(|v| v[..] != [1]) {
+                return Err(BenchError::Config(format!(
+                    "{name} {tokens}x{hidden}: {} consecutive calls: rank {r}'s checksum of r is wrong (a stale or \
+                     torn read, or a row normalised before its sums were in)",
+                    2 * VARIANTS as u64 * replays
+                )));
+            }
         }
         let mut times = Vec::new();
         for &wy in &ways {

@@ -43,7 +43,7 @@ pub(crate) fn options(cfg: &SweepConfig) -> Result<Options, BenchError> {
 }
 
 /// Input variants the calls after the first check rotate among: consecutive calls always see different data.
-const VARIANTS: usize = 3;
+pub(crate) const VARIANTS: usize = 3;
 
 /// A rank's benchmark buffers (input and input variants at full capacity, the output at the op's), its timer and
 /// its device-side checksum.
