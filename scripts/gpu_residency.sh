@@ -7,13 +7,15 @@
 #         buffers (OUT_DIR/tune.json, the set the built-in CUDA tables come from).
 # sweep:  comm-bench eager and graph on caller buffers and registered ones (the `+reg` rows): auto against car,
 #         torch's two-shot and the tuned designs; the summary flags every size where auto is >5% off the fastest.
+# norm:   the norm tables alone (`comm-bench --tune --tune_norm_only`, OUT_DIR/tune-norm.json), then `comm-bench norm`
+#         at hidden 4096 and 8192, eager and graph, on those tables: auto against fused and unfused.
 # python: the Python package on torch tensors: graph_capture() checked, and the graph sweep with py_capture (caller
 #         tensors registered at capture) beside py and py+reg.
 # With fewer GPUs than ranks the ranks run under MPS.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: gpu_residency.sh OUT_DIR tune|sweep|python [comm-bench args...]}
-what=${2:?usage: gpu_residency.sh OUT_DIR tune|sweep|python [comm-bench args...]}
+out=${1:?usage: gpu_residency.sh OUT_DIR tune|sweep|norm|python [comm-bench args...]}
+what=${2:?usage: gpu_residency.sh OUT_DIR tune|sweep|norm|python [comm-bench args...]}
 shift 2
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -38,6 +40,16 @@ sweep)
         step "sweep_$mode" "${bench[@]}" --methods "$methods" --export_csv --output_dir "$out/$mode" "${flag[@]}" "$@"
     done
     ;;
+norm)
+    step tune_norm "${bench[@]}" --tune "$out/tune-norm.json" --tune_norm_only "$@"
+    for hidden in 4096 8192; do
+        for mode in eager graph; do
+            flag=(); [ "$mode" = graph ] && flag=(--graph)
+            step "norm_${hidden}_$mode" "$here/comm-bench" norm --backend cuda --num_ranks "$ranks" --hidden "$hidden" \
+                -n 50 --repeats 5 "${flag[@]}"
+        done
+    done
+    ;;
 python)
     python=${PYTHON:-python3}
     site=$(mktemp -d /tmp/allreduce-rs-site.XXXXXX)
@@ -50,7 +62,7 @@ python)
         --methods py,py+reg,py_capture --output "$out/py_graph.json" "$@"
     ;;
 *)
-    echo "unknown step $what: tune, sweep or python" >&2
+    echo "unknown step $what: tune, sweep, norm or python" >&2
     exit 2
     ;;
 esac
