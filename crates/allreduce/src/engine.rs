@@ -80,8 +80,8 @@ impl Engine {
     /// The fused design for `call` with the residual add and RMSNorm `norm` where no table was measured: car's
     /// two-shot from [`NORM_TWO_SHOT_BYTES`] when every rank has at least two rows of its own, else car's one-shot.
     /// Measured on one H200 with 8 ranks under MPS (`results/h200-mps/norm/`): both beat the unfused sequence at
-    /// every size but one token of 8192 in a graph; the fused packets (one block per row) lost to car's one-shot at
-    /// 1 to 4 tokens, so the rule leaves them to a tune.
+    /// every size but one token of 8192 in a graph; the fused packets beat car's one-shot only at one token
+    /// (`results/h200-mps/norm/last-block`), so the rule leaves them to a tune.
     pub fn fused(&self, call: &Call, norm: &AddRmsNorm) -> Algorithm {
         if call.bytes() >= NORM_TWO_SHOT_BYTES && norm.rows(call.count()) >= 2 * call.world() {
             Algorithm::Car2Shot

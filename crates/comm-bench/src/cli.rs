@@ -170,7 +170,7 @@ pub struct BenchArgs {
     pub tune_hidden: u64,
     /// With --tune: norm calls only (their tables re-measured without the plain allreduces', about 40% of a whole
     /// tune); needs --tune_hidden of at least 1.
-    #[arg(long = "tune_norm_only", alias = "tune-norm-only")]
+    #[arg(long = "tune_norm_only", alias = "tune-norm-only", requires = "tune")]
     pub tune_norm_only: bool,
     /// The tune table `auto` follows [default: the built-in one].
     #[arg(long = "tune_table", alias = "tune-table")]
@@ -246,6 +246,9 @@ impl BenchArgs {
     pub fn validate(&self) -> Result<(), String> {
         if self.tune.is_some() && self.op != Op::AllReduce {
             return Err("--tune measures allreduce methods; drop --op".into());
+        }
+        if self.tune_norm_only && self.tune_hidden == 0 {
+            return Err("--tune_norm_only measures norm calls only: --tune_hidden 0 leaves nothing to measure".into());
         }
         if let Some(path) = &self.tune_table {
             allreduce::TuneTable::load(path).map_err(|e| e.to_string())?;

@@ -213,6 +213,9 @@ fn tune_prints_its_table_by_size_range() {
     assert!(!text(&o).contains(" plain "), "{}", text(&o));
     let o = tune(&["--tune_hidden", "0"]).unwrap();
     assert!(!o.status.success() && text(&o).contains("norm calls only"), "{}", text(&o));
+    assert!(!text(&o).contains("[rank"), "refused before any rank starts: {}", text(&o));
+    let o = comm_bench(&["--num_ranks", "2", "--tune_norm_only"]);
+    assert!(!o.status.success() && text(&o).contains("--tune"), "{}", text(&o));
 }
 
 #[test]

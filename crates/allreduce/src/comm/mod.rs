@@ -285,8 +285,8 @@ impl Communicator {
         if Mode::ALL.iter().any(|&m| Residency::ALL.iter().any(|&r| tables.norm(m, r).is_none())) {
             notes.push(
                 "no tune table for calls with the residual add and RMSNorm in some mode or residency: those take the \
-                 engine's rule (packets for a few rows, then car's fused one-shot, its two-shot from 1 MiB; \
-                 measured on one H200 under MPS); tune to measure them"
+                 engine's rule (car's fused one-shot, its two-shot from 1 MiB; measured on one H200 under MPS); \
+                 tune to measure them"
                     .into(),
             );
         }
