@@ -12,6 +12,8 @@
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
 //    one per block and phase) replace torch's CAS handshake. Phase 0: inputs ready; phase 1: this block's reads of
 //    every input and its pushes are done, so the caller may reuse its input and read its output once the kernel ends.
+//  - symm_zc_2shot_push: symm_zc_2shot with a copy-in pushed: each rank writes each shard of its input into a slot of
+//    the shard's owner's staging, which sums locally; every remote access is a write.
 //  - symm_epoch_1shot: car's one-shot protocol on symmetric memory (copy-in fused per block into a staging half
 //    chosen by epoch parity, one epoch-flag barrier): one barrier instead of two, for the sizes between the two.
 //  - *_table: the zero-copy kernels with every rank's input and output read from a device table (`peer_table`)
@@ -291,6 +293,37 @@ template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, con
     ll_clean(p, epoch);
 }
 
+// symm_zc_2shot_push: zc_2shot with the input (copy_from, wherever it lies) pushed, so every remote access is a write
+// (on AMD xGMI remote writes have been measured far faster than remote reads). Block b copies its part of every shard s
+// of the input into rank s's
+// staging half of this epoch's parity, in slot `rank` (slots of `shard` elements); past phase 0 it sums its part of
+// this rank's shard from the slots of its own staging and pushes the sums into every rank's output as zc_2shot does.
+// A peer writes this half again only in call e + 2, past the phase-0 barrier of call e + 1, which this block reaches
+// only after this call's reads; symm_epoch_1shot, the other user of the halves, keeps the same parity rule.
+template <int DT> ARX_DEV void zc_2shot_push(const TunedParams& p, const u64* in, const u64* out) {
+    typedef Elem<DT> E;
+    u64 epoch = next_epoch(p.counters);
+    u64 half = (epoch & 1) * p.half_bytes;
+    u64 shard = shard_elems(p.count, p.world, E::VEC);
+    const void* src = p.copy_from ? (const void*)p.copy_from : (const void*)pick(in, p.rank);
+    // Slot q of a rank's half, viewed so that element i of shard s (which starts at lo) sits at index i; unsigned
+    // wrap-around keeps the address right when q * shard < lo.
+    for (u32 s = 0; s < p.world; ++s) {
+        Range r = shard_range(p.count, shard, s);
+        u64 slot = pick(p.staging, s) + half + ((u64)p.rank * shard - r.lo) * E::SIZE;
+        copy_range<DT, true>(src, (void*)slot, block_range(r, blockIdx.x, gridDim.x, E::VEC));
+    }
+    if (!tuned_barrier(p, 0, epoch)) return;
+    Range mine = shard_range(p.count, shard, p.rank);
+    u64 own = pick(p.staging, p.rank) + half;
+    u64 slots[ARX_MAX_RANKS];
+#pragma unroll
+    for (u32 q = 0; q < ARX_MAX_RANKS; ++q) slots[q] = q < p.world ? own + ((u64)q * shard - mine.lo) * E::SIZE : 0;
+    reduce_push<DT>(p.world, slots, out, block_range(mine, blockIdx.x, gridDim.x, E::VEC), (const void*)p.bias);
+    if (!tuned_barrier(p, 1, epoch)) return;
+    ll_clean(p, epoch);
+}
+
 template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
     typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
@@ -375,6 +408,7 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
 ARX_ZC_ENTRIES(symm_zc_1shot, zc_1shot)
 ARX_ZC_ENTRIES(symm_zc_1shot_norm, zc_1shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot, zc_2shot)
+ARX_ZC_ENTRIES(symm_zc_2shot_push, zc_2shot_push)
 ARX_ZC_ENTRIES(symm_zc_2shot_ll, zc_2shot_ll)
 
 ARX_INSTANTIATE(symm_ll, TunedParams)
@@ -387,4 +421,6 @@ ARX_INSTANTIATE(symm_zc_1shot_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot_norm, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot_norm_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_table, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_push, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_push_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll_table, TunedParams)

@@ -139,7 +139,10 @@ impl Engine {
     /// Whether `algo` on `call` reads its peers' buffers in place (the zero-copy designs), so that a call captured
     /// on unregistered buffers needs their addresses deferred to a peer table.
     pub fn reads_peer_buffers(&self, algo: Algorithm, call: &Call) -> bool {
-        matches!(self.runs_as(algo, call), Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotLl)
+        matches!(
+            self.runs_as(algo, call),
+            Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotPush | Algorithm::SymmZc2ShotLl
+        )
     }
 
     /// Runs `algo` (an allreduce candidate) on `call`; with `peers.deferred`, what its peer table must hold (None:
@@ -163,6 +166,7 @@ impl Engine {
             Algorithm::SymmEpoch1Shot => Design::EpochOneShot,
             Algorithm::SymmZc2ShotLl => Design::ZeroCopyTwoShotLl,
             Algorithm::SymmZc2Shot => Design::ZeroCopyTwoShot,
+            Algorithm::SymmZc2ShotPush => Design::ZeroCopyTwoShotPush,
             Algorithm::CarReduceScatter | Algorithm::CarAllGather => {
                 return Err(CollectiveError::BadArgs(format!("{algo} is not an allreduce")))
             }

@@ -21,6 +21,8 @@ pub enum Algorithm {
     SymmZc1Shot,
     SymmZc2ShotLl,
     SymmZc2Shot,
+    /// `SymmZc2Shot` whose copy-in of an input no peer maps is pushed into the shard owners' staging.
+    SymmZc2ShotPush,
     /// Reduce-scatter: car's first half of two-shot (the one reduce-scatter the communicator runs).
     CarReduceScatter,
     /// All-gather: car's copy-in and copies out (the one all-gather the communicator runs).
@@ -29,7 +31,7 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// The allreduce algorithms a tune table may name.
-    pub const CANDIDATES: [Algorithm; 7] = [
+    pub const CANDIDATES: [Algorithm; 8] = [
         Algorithm::Car1Shot,
         Algorithm::Car2Shot,
         Algorithm::SymmLl,
@@ -37,6 +39,7 @@ impl Algorithm {
         Algorithm::SymmZc1Shot,
         Algorithm::SymmZc2ShotLl,
         Algorithm::SymmZc2Shot,
+        Algorithm::SymmZc2ShotPush,
     ];
 
     /// The method name comm-bench knows it by.
@@ -49,6 +52,7 @@ impl Algorithm {
             Algorithm::SymmZc1Shot => "symm_zc_1shot",
             Algorithm::SymmZc2ShotLl => "symm_zc_2shot_ll",
             Algorithm::SymmZc2Shot => "symm_zc_2shot",
+            Algorithm::SymmZc2ShotPush => "symm_zc_2shot_push",
             Algorithm::CarReduceScatter => "car_rs",
             Algorithm::CarAllGather => "car_ag",
         }

@@ -92,6 +92,7 @@ pub const METHODS: &[Method] = &[
     tuned_row("symm_epoch_1shot", Design::EpochOneShot, Staging::Vmm, Default),
     tuned_row("symm_zc_1shot", Design::ZeroCopyOneShot, Staging::Vmm, Default),
     tuned_row("symm_zc_2shot", Design::ZeroCopyTwoShot, Staging::Vmm, Default),
+    tuned_row("symm_zc_2shot_push", Design::ZeroCopyTwoShotPush, Staging::Vmm, Default),
     tuned_row("symm_zc_2shot_ll", Design::ZeroCopyTwoShotLl, Staging::Vmm, Default),
     row("nccl_symm", AR, None, Kind::Nccl { symmetric: true }, Default),
     row("car_rs", RS, Some("fbgemm_rs"), Kind::Car(CarRs, V::Base), Default),
@@ -184,6 +185,7 @@ const BASELINES: &[&str] = &[
     "symm_epoch_1shot",
     "symm_zc_1shot",
     "symm_zc_2shot",
+    "symm_zc_2shot_push",
     "symm_zc_2shot_ll",
     "symm_ll",
 ];

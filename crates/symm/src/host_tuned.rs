@@ -36,6 +36,12 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_2shot_bf16", zc_two_shot),
     ("symm_zc_2shot_fp16", zc_two_shot),
     ("symm_zc_2shot_fp32", zc_two_shot),
+    ("symm_zc_2shot_push_bf16", zc_two_shot_push),
+    ("symm_zc_2shot_push_fp16", zc_two_shot_push),
+    ("symm_zc_2shot_push_fp32", zc_two_shot_push),
+    ("symm_zc_2shot_push_table_bf16", zc_two_shot_push_table),
+    ("symm_zc_2shot_push_table_fp16", zc_two_shot_push_table),
+    ("symm_zc_2shot_push_table_fp32", zc_two_shot_push_table),
     ("symm_zc_2shot_ll_bf16", zc_two_shot_ll),
     ("symm_zc_2shot_ll_fp16", zc_two_shot_ll),
     ("symm_zc_2shot_ll_fp32", zc_two_shot_ll),
@@ -264,23 +270,27 @@ fn ll_clean_slots(p: &TunedParams, rank: usize, epoch: u64, slots: impl Iterator
     }
 }
 
-/// The zero-copy designs: one-shot, two-shot, or one-shot with the residual add and RMSNorm (blocks own rows).
+/// The zero-copy designs: one-shot, two-shot, two-shot with its input pushed into the shard owners' staging, or
+/// one-shot with the residual add and RMSNorm (blocks own rows).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Zc {
     OneShot,
     TwoShot,
+    TwoShotPush,
     OneShotNorm,
 }
 
 fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
-    let two_shot = kind == Zc::TwoShot;
+    let two_shot = matches!(kind, Zc::TwoShot | Zc::TwoShotPush);
     let name = match kind {
         Zc::OneShot => "symm_zc_1shot",
         Zc::TwoShot => "symm_zc_2shot",
+        Zc::TwoShotPush => "symm_zc_2shot_push",
         Zc::OneShotNorm => "symm_zc_1shot_norm",
     };
+    let shard = shard_elems(count, c.world, vec);
     let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
     let norm = norm_of(p);
     for b in 0..c.grid {
@@ -289,8 +299,8 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         // Block b's part of shard s (one-shot: of the whole message; with the norm: its rows' elements): what block b
         // of every rank reads.
         let part = |s: usize| match kind {
-            Zc::TwoShot => {
-                let (lo, hi) = shard_range(count, shard_elems(count, c.world, vec), s);
+            Zc::TwoShot | Zc::TwoShotPush => {
+                let (lo, hi) = shard_range(count, shard, s);
                 block_range(lo, hi, b, c.grid, vec)
             }
             Zc::OneShot => block_range(0, count, b, c.grid, vec),
@@ -299,7 +309,21 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
                 (lo * norm.hidden, hi * norm.hidden)
             }
         };
-        if p.copy_from != 0 {
+        // The pushed copy-in's slot of rank `q` in rank `owner`'s staging half of this epoch, at element `i` of the
+        // owner's shard: where the kernel's view of the slot puts it.
+        let slot = |owner: usize, q: usize, i: usize| {
+            let first = shard_range(count, shard, owner).0;
+            (p.staging[owner] + (epoch & 1) * p.half_bytes) as usize + (q * shard + i - first) * size
+        };
+        if kind == Zc::TwoShotPush {
+            let src = if p.copy_from != 0 { p.copy_from } else { p.inputs[c.rank] } as *const u8;
+            for s in 0..c.world {
+                let (lo, hi) = part(s);
+                // SAFETY: the input holds `count` elements; rank s's staging half holds every rank's slot of shard
+                // s, which block b of rank s read last before the previous call's last barrier.
+                unsafe { HostElem::copy(c.dtype, src.add(lo * size), slot(s, c.rank, lo) as *mut u8, 0, hi - lo) };
+            }
+        } else if p.copy_from != 0 {
             for s in if two_shot { 0..c.world } else { 0..1 } {
                 let (lo, hi) = part(s);
                 // SAFETY: the caller's input and our registered input hold `count` elements; no peer still reads
@@ -314,6 +338,12 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
             let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
             // SAFETY: registered inputs, the output and the residual hold `count` elements, the weight `hidden`.
             unsafe { add_rms_norm(c.dtype, &inputs, &norm, mine, (lo / norm.hidden, hi / norm.hidden)) };
+        } else if kind == Zc::TwoShotPush {
+            // Every rank's slot of this rank's shard, and the bias, from element lo on.
+            let slots = (0..c.world).map(|q| slot(c.rank, q, lo) as u64);
+            let from_lo = sum_sources(slots, if p.bias == 0 { 0 } else { p.bias + (lo * size) as u64 });
+            // SAFETY: the slots and the bias hold the shard's elements from lo on, the output `count` elements.
+            unsafe { HostElem::reduce(c.dtype, &from_lo, 0, hi - lo, mine.add(lo * size)) };
         } else {
             // SAFETY: registered inputs and outputs hold `count` elements.
             unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };
@@ -358,6 +388,12 @@ fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, Zc::TwoShot)
+}
+fn zc_two_shot_push(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call(l)?, Zc::TwoShotPush)
+}
+fn zc_two_shot_push_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call_from_table(l)?, Zc::TwoShotPush)
 }
 fn zc_one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, Zc::OneShotNorm)

@@ -63,6 +63,9 @@ pub enum Design {
     EpochOneShot,
     ZeroCopyOneShot,
     ZeroCopyTwoShot,
+    /// Zero-copy two-shot whose copy-in is pushed: every rank writes each shard of its input, wherever it lies, into
+    /// the shard owner's staging, which sums locally, so every remote access is a write.
+    ZeroCopyTwoShotPush,
     /// Zero-copy two-shot whose second phase is flag-and-data packets: one barrier.
     ZeroCopyTwoShotLl,
     /// `Ll` up to the hand-over of the call's [`Mode`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
@@ -87,6 +90,7 @@ impl Design {
             Design::EpochOneShot => "symm_epoch_1shot",
             Design::ZeroCopyOneShot => "symm_zc_1shot",
             Design::ZeroCopyTwoShot => "symm_zc_2shot",
+            Design::ZeroCopyTwoShotPush => "symm_zc_2shot_push",
             Design::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Design::OneShotTuned => "symm_1shot_tuned",
             Design::TwoShotTuned => "symm_2shot_tuned",
@@ -107,6 +111,7 @@ impl Design {
             Design::EpochOneShot => Stem::EpochOneShot,
             Design::ZeroCopyOneShot => Stem::ZeroCopyOneShot,
             Design::ZeroCopyTwoShot => Stem::ZeroCopyTwoShot,
+            Design::ZeroCopyTwoShotPush => Stem::ZeroCopyTwoShotPush,
             Design::ZeroCopyTwoShotLl => Stem::ZeroCopyTwoShotLl,
             Design::OneShotTuned | Design::TwoShotTuned if bytes <= ll_handover_bytes(mode) => Stem::Ll,
             Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => Stem::EpochOneShot,
@@ -125,6 +130,8 @@ enum Stem {
     EpochOneShot,
     ZeroCopyOneShot,
     ZeroCopyTwoShot,
+    /// `ZeroCopyTwoShot` with the input (`copy_from`) pushed into the shard owners' staging.
+    ZeroCopyTwoShotPush,
     ZeroCopyTwoShotLl,
     /// `Ll` with the residual add and RMSNorm: blocks of [`NORM_LANES`] threads own whole rows.
     LlNorm,
@@ -133,11 +140,12 @@ enum Stem {
 }
 
 impl Stem {
-    const ALL: [Stem; 7] = [
+    const ALL: [Stem; 8] = [
         Stem::Ll,
         Stem::EpochOneShot,
         Stem::ZeroCopyOneShot,
         Stem::ZeroCopyTwoShot,
+        Stem::ZeroCopyTwoShotPush,
         Stem::ZeroCopyTwoShotLl,
         Stem::LlNorm,
         Stem::ZeroCopyOneShotNorm,
@@ -150,6 +158,7 @@ impl Stem {
             Stem::EpochOneShot => "symm_epoch_1shot",
             Stem::ZeroCopyOneShot => "symm_zc_1shot",
             Stem::ZeroCopyTwoShot => "symm_zc_2shot",
+            Stem::ZeroCopyTwoShotPush => "symm_zc_2shot_push",
             Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Stem::LlNorm => "symm_ll_norm",
             Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
@@ -177,6 +186,7 @@ impl Stem {
             Stem::ZeroCopyOneShot => Some("symm_zc_1shot_table"),
             Stem::ZeroCopyOneShotNorm => Some("symm_zc_1shot_norm_table"),
             Stem::ZeroCopyTwoShot => Some("symm_zc_2shot_table"),
+            Stem::ZeroCopyTwoShotPush => Some("symm_zc_2shot_push_table"),
             Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
         }
     }
@@ -255,7 +265,7 @@ pub fn method_name(design: Design, staging: Staging, copy_in: CopyIn) -> Option<
         (Design::EpochOneShot, Staging::Ipc) => "symm_epoch_1shot_ipc",
         (Design::ZeroCopyOneShot, Staging::Ipc) => "symm_zc_1shot_ipc",
         (Design::ZeroCopyTwoShot, Staging::Ipc) => "symm_zc_2shot_ipc",
-        (Design::Ll | Design::ZeroCopyTwoShotLl, Staging::Ipc) => return None,
+        (Design::Ll | Design::ZeroCopyTwoShotLl | Design::ZeroCopyTwoShotPush, Staging::Ipc) => return None,
         (Design::OneShotTuned, Staging::Ipc) => "symm_1shot_tuned_ipc",
         (Design::TwoShotTuned, Staging::Ipc) => "symm_2shot_tuned_ipc",
     })
@@ -312,11 +322,14 @@ impl SymmTuned {
         let data = opts.capacity_bytes.next_multiple_of(256);
         let ll_packets = LL_MAX_BYTES.min(data).div_ceil(4);
         let ipc = opts.staging == Staging::Ipc;
+        // A staging half holds a message, or the pushed two-shot's slots: a shard of whole lines per rank, up to a
+        // line per rank more than the message.
+        let half = data + MAX_RANKS * LINE_BYTES;
         // The sync area: packets, then (VMM staging) the epoch flags; with IPC staging the flags follow the staging
         // halves in the IPC allocation.
-        let flags_at = if ipc { 2 * data } else { packet_bytes(ll_packets) };
+        let flags_at = if ipc { 2 * half } else { packet_bytes(ll_packets) };
         let sync_bytes = packet_bytes(ll_packets) + if ipc { 0 } else { FLAG_SLOTS * 8 };
-        let staging_bytes = 2 * data + if ipc { FLAG_SLOTS * 8 } else { 0 };
+        let staging_bytes = 2 * half + if ipc { FLAG_SLOTS * 8 } else { 0 };
         let (input, output) = (gpu.vmm_create(data)?, gpu.vmm_create(data)?);
         let (sync, sync_sharing) = team.polled(sync_bytes, Sharing::Vmm)?;
         let (staging, staging_sharing) = if ipc {
@@ -348,7 +361,7 @@ impl SymmTuned {
             staging: peers.column(3),
             counters: counters.ptr().0,
             ll_packets: ll_packets as u64,
-            half_bytes: data as u64,
+            half_bytes: half as u64,
             timeout_ns: team.timeout_ns(),
             rank: rank as u32,
             world: world as u32,
@@ -559,13 +572,17 @@ impl SymmTuned {
         let me = self.base.rank as usize;
         let (input, output) = (call.input(), call.output());
         let reads_peers = stem.reads_peers();
-        let writes_peers = stem == Stem::ZeroCopyTwoShot;
+        let writes_peers = matches!(stem, Stem::ZeroCopyTwoShot | Stem::ZeroCopyTwoShotPush);
         let deferred = peers.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
         let in_place = input == output;
         let mut copy_out = false;
         let (mut input_view, mut output_view) = (PeerView::Registered, None);
-        if !reads_peers {
+        if stem == Stem::ZeroCopyTwoShotPush {
+            // Pushed wherever the input lies (no peer reads it), so that ranks whose inputs lie in different places
+            // still run one protocol.
+            params.copy_from = input.0;
+        } else if !reads_peers {
             params.inputs[me] = input.0;
         } else if let (Some(p), false) = (peers.inputs, in_place) {
             params.inputs = p;

@@ -411,7 +411,10 @@ impl Communicator {
     /// - every rank makes the same calls, with the same counts and dtypes, in the same order, each rank either
     ///   capturing or not;
     /// - where the input or output lies in a buffer passed to [`Communicator::register`], every rank's lies in
-    ///   its own buffer of that registration, at the same offset.
+    ///   its own buffer of that registration, at the same offset;
+    /// - where one rank's input is its [registered input](Communicator::registered_input), every rank's is (`auto`
+    ///   picks by where the buffers lie, and ranks that pick different designs of one flag protocol would read
+    ///   buffers their peers never wrote).
     pub unsafe fn issue(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
         call.checked_for(self.world(), self.capacity)?;
         if let Some(f) = self.watch.failure() {
