@@ -294,7 +294,9 @@ fn registered_caller_buffers_are_read_in_place() {
             let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
             let dtype = DType::Bf16;
             let want = reference(seed, world, count, dtype, 0, count);
-            for algo in [Algorithm::SymmZc1Shot, Algorithm::SymmZc2Shot, Algorithm::SymmZc2ShotLl] {
+            let zero_copy =
+                [Algorithm::SymmZc1Shot, Algorithm::SymmZc2ShotPush, Algorithm::SymmZc2Shot, Algorithm::SymmZc2ShotLl];
+            for algo in zero_copy {
                 stream.fill(&mine, 0xFF).unwrap_or(());
                 stream.upload(&mine, 0, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
                 // SAFETY: registered ranges at the same offsets on every rank.
@@ -589,7 +591,13 @@ fn graph_capture_registers_the_callers_buffers() {
         let gpu = comm.gpu().clone();
         let stream = gpu.stream().unwrap();
         let dtype = DType::F32;
-        let algos = [Algorithm::SymmZc1Shot, Algorithm::SymmZc2Shot, Algorithm::SymmZc2ShotLl, Algorithm::Car1Shot];
+        let algos = [
+            Algorithm::SymmZc1Shot,
+            Algorithm::SymmZc2Shot,
+            Algorithm::SymmZc2ShotPush,
+            Algorithm::SymmZc2ShotLl,
+            Algorithm::Car1Shot,
+        ];
         let counts = [1usize, 4099, 20_000];
         // One shareable buffer per call (input, then output), and one private one whose call must copy.
         let calls: Vec<(Algorithm, usize)> = algos.iter().flat_map(|&a| counts.map(|n| (a, n))).collect();
@@ -614,7 +622,7 @@ fn graph_capture_registers_the_callers_buffers() {
         let graph = stream.end_capture().unwrap();
         // SAFETY: the buffers live as long as the communicator; no replay before this returns.
         let deferred = unsafe { comm.end_graph_capture().unwrap() };
-        assert_eq!(deferred, 3 * counts.len() + 1, "every zero-copy call was deferred, car's none");
+        assert_eq!(deferred, 4 * counts.len() + 1, "every zero-copy call was deferred, car's none");
         let notes = comm.notes().join("\n");
         assert!(notes.contains("cannot be shared") && notes.matches("graph capture").count() == 2, "{notes}");
         for what in ["input", "output"] {
