@@ -326,7 +326,7 @@ class Check:
             xin = torch.from_dlpack(self.comm.registered_input(dtype, n))
             xout = torch.from_dlpack(self.comm.registered_output(dtype, n))
             assert xin.device == torch.device(self.device) and xin.dtype == self.dtypes[dtype] and xin.numel() == n
-            for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll", None]:
+            for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_push", "symm_zc_2shot_ll", None]:
                 seed = self.next_seed()
                 xin.copy_(self.inputs(seed, self.rank, n, dtype))
                 xout.fill_(float("nan"))
@@ -342,7 +342,7 @@ class Check:
         mine = torch.empty(3 * n, dtype=torch.bfloat16, device=self.device)
         index = self.comm.register(mine)
         print(f"registered a torch tensor as registration {index}", flush=True)
-        for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_ll", None]:
+        for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_push", "symm_zc_2shot_ll", None]:
             seed = self.next_seed()
             mine[n : 2 * n].copy_(self.inputs(seed, self.rank, n, "bf16"))
             mine[2 * n :].fill_(float("nan"))
