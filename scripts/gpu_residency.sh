@@ -2,12 +2,12 @@
 # The caller-buffer runs on a GPU node, from what `cargo xtask bundle` put into dist/ (nothing is built here):
 #   gpu_residency.sh OUT_DIR tune|sweep|python [comm-bench args...]
 # tune:   the communicator's tests on the GPU driver (each residency's table, graph capture on the caller's buffers
-#         registered when it ends, every algorithm's bits), the cudarc example (its own graph on its own buffers),
+#         registered when it ends, every algorithm's bits on caller, registered and caller-registered buffers), the cudarc example (its own graph on its own buffers),
 #         and `comm-bench --tune`: every candidate, eager and graph, on caller, registered and caller-registered
 #         buffers (OUT_DIR/tune.json, the set the built-in CUDA tables come from).
 # sweep:  comm-bench eager and graph on caller buffers and registered ones (the `+reg` rows): auto against car,
 #         torch's two-shot and the tuned designs; the summary flags every size where auto is >5% off the fastest.
-# norm:   the norm tables alone (`comm-bench --tune --tune_norm_only`, OUT_DIR/tune-norm.json), then `comm-bench norm`
+# norm:   the rows tests (every design's fused norm, same bits), the norm tables alone (`comm-bench --tune --tune_norm_only`, OUT_DIR/tune-norm.json), then `comm-bench norm`
 #         at hidden 4096 and 8192, eager and graph, on those tables: auto against fused and unfused.
 # python: the Python package on torch tensors: graph_capture() checked, and the graph sweep with py_capture (caller
 #         tensors registered at capture) beside py and py+reg.
@@ -30,7 +30,8 @@ case $what in
 tune)
     step communicator_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/communicator_tests" \
         --test-threads 1 each_residency_follows_its_own_table graph_capture_registers_the_callers_buffers \
-        ranks_that_captured_different_calls_are_refused_on_every_rank registered_caller_buffers_are_read_in_place
+        ranks_that_captured_different_calls_are_refused_on_every_rank registered_caller_buffers_are_read_in_place \
+        every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover
     step cuda_example "$here/comm-bench" launch -n "$ranks" -- "$here/cuda_graph_allreduce"
     step tune "${bench[@]}" --tune "$out/tune.json" "$@"
     ;;
@@ -41,6 +42,7 @@ sweep)
     done
     ;;
 norm)
+    step rows_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/rows_tests" --test-threads 1
     step tune_norm "${bench[@]}" --tune "$out/tune-norm.json" --tune_norm_only "$@"
     for hidden in 4096 8192; do
         for mode in eager graph; do
