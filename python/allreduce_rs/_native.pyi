@@ -202,7 +202,9 @@ class Communicator:
     def registered_input(self, dtype: Optional[DTypeLike] = None, count: Optional[int] = None) -> "RegisteredBuffer":
         """The communicator's registered input buffer, ``count`` elements of ``dtype`` [bf16; the whole buffer], as a
         DLPack exporter: ``x = torch.from_dlpack(comm.registered_input(torch.bfloat16, n))``. Writing the input
-        there and passing ``x`` (from its start) saves the zero-copy algorithms their copy-in. On the host driver
+        there and passing ``x`` (from its start) saves the zero-copy algorithms their copy-in. Collective use: where
+        one rank passes its registered input, every rank must pass its own (the algorithm is chosen by where the
+        input lies, and ranks that chose differently would read buffers their peers never wrote). On the host driver
         ``numpy.from_dlpack`` takes fp16 and fp32 views (view a bf16 buffer as fp16, then
         ``.view(ml_dtypes.bfloat16)``).
 
