@@ -323,6 +323,11 @@ fn run(l: &HostLaunch<'_>, name: &str, kind: CarKernel, knobs: Knobs) -> Result<
                 let sums = if knobs.sum_in_input { inputs } else { &views[..] };
                 call.reduce(inputs, (lo, hi), at(sums[call.rank], lo));
                 call.barrier(b, 1, epoch)?;
+                if knobs.sum_in_input && call.rank != 0 {
+                    // The slow peer the bug needs, every call rather than when the scheduler happens to make one:
+                    // rank 0 gathers at once and moves on to its next memcpy while the others still gather from it.
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
                 for (s, &view) in sums.iter().enumerate() {
                     call.copy(view, p.output, sub(s));
                 }
