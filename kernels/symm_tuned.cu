@@ -305,7 +305,7 @@ template <int DT> ARX_DEV void zc_2shot_push(const TunedParams& p, const u64* in
     u64 epoch = next_epoch(p.counters);
     u64 half = (epoch & 1) * p.half_bytes;
     u64 shard = shard_elems(p.count, p.world, E::VEC);
-    const void* src = p.copy_from ? (const void*)p.copy_from : (const void*)pick(in, p.rank);
+    const void* src = (const void*)p.copy_from;  // always the caller's input: run_design sets it for this kernel
     // Slot q of a rank's half, viewed so that element i of shard s (which starts at lo) sits at index i; unsigned
     // wrap-around keeps the address right when q * shard < lo.
     for (u32 s = 0; s < p.world; ++s) {

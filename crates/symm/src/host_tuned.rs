@@ -290,6 +290,9 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         Zc::TwoShotPush => "symm_zc_2shot_push",
         Zc::OneShotNorm => "symm_zc_1shot_norm",
     };
+    if kind == Zc::TwoShotPush && p.copy_from == 0 {
+        return Err(format!("{name} launched without the input it pushes (copy_from 0)").into());
+    }
     let shard = shard_elems(count, c.world, vec);
     let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
     let norm = norm_of(p);
@@ -316,7 +319,7 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
             (p.staging[owner] + (epoch & 1) * p.half_bytes) as usize + (q * shard + i - first) * size
         };
         if kind == Zc::TwoShotPush {
-            let src = if p.copy_from != 0 { p.copy_from } else { p.inputs[c.rank] } as *const u8;
+            let src = p.copy_from as *const u8;
             for s in 0..c.world {
                 let (lo, hi) = part(s);
                 // SAFETY: the input holds `count` elements; rank s's staging half holds every rank's slot of shard
