@@ -148,9 +148,10 @@ class Communicator:
         """The allreduce serving stacks follow with a residual add and RMSNorm, in one call: ``residual += sum of
         tensor over every rank`` (in place), then each row of ``weight.numel()`` elements of the residual normalised,
         ``residual / sqrt(mean(residual**2) + eps) * weight``, into ``out`` (default: ``tensor``). Returns ``(y,
-        residual)``. car's designs do it in their kernel; the others run their allreduce, then a norm kernel: every
-        rank and every algorithm gives the same bits. Tensors as :meth:`all_reduce`'s, all of one dtype, 16-byte
-        aligned; the element count a whole number of rows.
+        residual)``. The designs that carry the norm do it in their kernel, the others run their allreduce, then a
+        norm kernel; ``algorithm="unfused:<name>"`` forces that sequence after any design (``auto`` chooses between
+        the two by the norm calls' tune table): every rank and every algorithm gives the same bits. Tensors as
+        :meth:`all_reduce`'s, all of one dtype, 16-byte aligned; the element count a whole number of rows.
 
         Raises:
             ArgumentError: as :meth:`all_reduce`, and a residual of another dtype or size or read-only, a weight of
@@ -306,7 +307,8 @@ class Communicator:
 
     @property
     def last_algorithm(self) -> Optional[str]:
-        """The algorithm the last call ran (``car_rs`` for reduce-scatter, ``car_ag`` for all-gather), None before the
+        """The algorithm the last call ran (``car_rs`` for reduce-scatter, ``car_ag`` for all-gather; after
+        :meth:`all_reduce_add_rms_norm`, ``unfused:<name>`` where the norm ran after the allreduce), None before the
         first."""
 
     @property

@@ -3,17 +3,27 @@
 use crate::comm_core::PyCommunicator;
 use crate::comm_core::Request;
 use crate::errors::ArgumentError;
-use allreduce::Algorithm;
+use allreduce::{Algorithm, Choice};
 use collective_core::Op;
 use pyo3::prelude::*;
 
-/// The algorithm called `name`, when given: one of the allreduce candidates.
-pub(crate) fn algorithm_named(name: Option<&str>) -> PyResult<Option<Algorithm>> {
+/// The algorithm called `name`, when given: one of the allreduce candidates, or on a call with the residual add and
+/// RMSNorm (`norm`) also the unfused sequence after one (`unfused:<name>`).
+pub(crate) fn algorithm_named(name: Option<&str>, norm: bool) -> PyResult<Option<Choice>> {
     name.map(|name| {
-        Algorithm::from_name(name).filter(|a| Algorithm::CANDIDATES.contains(a)).ok_or_else(|| {
-            let names: Vec<&str> = Algorithm::CANDIDATES.iter().map(|a| a.name()).collect();
-            ArgumentError::new_err(format!("algorithm {name:?}: not one of {}", names.join(", ")))
-        })
+        let names: Vec<&str> = Algorithm::CANDIDATES.iter().map(|a| a.name()).collect();
+        match Choice::from_name(name) {
+            Some(c) if c.unfused && !norm => Err(ArgumentError::new_err(format!(
+                "algorithm {name:?}: the unfused sequence is for all_reduce_add_rms_norm; here one of {}",
+                names.join(", ")
+            ))),
+            Some(c) => Ok(c),
+            None => Err(ArgumentError::new_err(format!(
+                "algorithm {name:?}: not one of {}{}",
+                names.join(", "),
+                if norm { format!(", nor one of them after {:?}", Choice::UNFUSED) } else { String::new() }
+            ))),
+        }
     })
     .transpose()
 }
@@ -61,7 +71,7 @@ impl PreparedCall {
             Op::AllReduce => "all_reduce",
             op => op.name(),
         };
-        let algo = self.req.algo.map_or("auto".to_string(), |a| a.name().to_string());
+        let algo = self.req.algo.map_or("auto".to_string(), |a| a.to_string());
         let (count, dtype) = (self.req.input.count, self.req.input.dtype);
         format!("PreparedCall({what}, {count} elements of {dtype}, algorithm={algo})")
     }

@@ -7,7 +7,7 @@ use crate::comm_core::{PyCommunicator, Request, State};
 use crate::errors::{from_error, AllreduceError, ArgumentError};
 use crate::placement::PyPlacement;
 use crate::registered::{registered, RegisteredBuffer, Which};
-use allreduce::{AddRmsNorm, Algorithm, DType, DevicePtr, Mode, Options, Residency, TuneRequest};
+use allreduce::{AddRmsNorm, DType, DevicePtr, Mode, Options, Residency, TuneRequest};
 use collective_core::Op;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -117,7 +117,7 @@ impl PyCommunicator {
         stream: Option<&Bound<'py, PyAny>>,
         algorithm: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let algo = algorithm_named(algorithm)?;
+        let algo = algorithm_named(algorithm, false)?;
         let (input, output) = self.reach.all_reduce_args(tensor, out)?;
         let bias = self.bias_arg(&input, bias)?;
         let handle = self.reach.stream_handle(py, stream)?;
@@ -143,7 +143,7 @@ impl PyCommunicator {
         stream: Option<&Bound<'py, PyAny>>,
         algorithm: Option<&str>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let algo = algorithm_named(algorithm)?;
+        let algo = algorithm_named(algorithm, true)?;
         let (input, output) = self.reach.all_reduce_args(tensor, out)?;
         let (res, w) = (args::describe(residual, "residual")?, args::describe(weight, "weight")?);
         for (arg, what) in [(&res, "residual"), (&w, "weight")] {
@@ -228,7 +228,7 @@ impl PyCommunicator {
         bias: Option<&Bound<'_, PyAny>>,
         algorithm: Option<&str>,
     ) -> PyResult<PreparedCall> {
-        let algo = algorithm_named(algorithm)?;
+        let algo = algorithm_named(algorithm, false)?;
         let (input, output) = slf.get().reach.all_reduce_args(tensor, out)?;
         let bias = slf.get().bias_arg(&input, bias)?;
         PreparedCall::new(slf, slf.get().request(Op::AllReduce, algo, input, output, bias)?)
@@ -453,10 +453,11 @@ impl PyCommunicator {
     fn device_name(&self) -> &str {
         &self.device_name
     }
-    /// The algorithm the last call ran (None before the first).
+    /// The algorithm the last call ran (None before the first); after a call with the residual add and RMSNorm,
+    /// `unfused:<algorithm>` where the norm ran after its allreduce.
     #[getter]
-    fn last_algorithm(&self) -> PyResult<Option<&'static str>> {
-        self.with(|state| Ok(state.comm.last_algorithm().map(Algorithm::name)))
+    fn last_algorithm(&self) -> PyResult<Option<String>> {
+        self.with(|state| Ok(state.comm.last_choice().map(|c| c.to_string())))
     }
     /// What set-up decided on the caller's behalf (drivers passed over, built-in tables in use).
     #[getter]

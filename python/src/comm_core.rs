@@ -5,7 +5,7 @@
 use crate::args::{self, Arg};
 use crate::errors::{from_error, AllreduceError, ArgumentError};
 use crate::reach::Reach;
-use allreduce::{Algorithm, Call, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
+use allreduce::{Algorithm, Call, Choice, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
 use collective_core::{Op, VEC_BYTES};
 use pyo3::prelude::*;
 use std::sync::atomic::AtomicUsize;
@@ -105,7 +105,7 @@ impl PyCommunicator {
     pub(crate) fn request(
         &self,
         op: Op,
-        algo: Option<Algorithm>,
+        algo: Option<Choice>,
         input: Arg,
         output: Option<Arg>,
         bias: Option<Arg>,
@@ -178,7 +178,12 @@ impl PyCommunicator {
             // the stream they were made on (the current stream, unless the caller passed another and recorded it,
             // as for any side-stream work). That every rank makes the same calls is the caller's part, as with
             // torch.distributed.
-            let algo = unsafe { state.comm.issue(call, req.algo, handle) }.map_err(from_error)?;
+            let issued = match req.algo {
+                // SAFETY (both arms): as above.
+                Some(choice) => unsafe { state.comm.issue_as(call, choice, handle) }.map(|c| c.algorithm),
+                None => unsafe { state.comm.issue(call, None, handle) },
+            };
+            let algo = issued.map_err(from_error)?;
             // A recorded capture's calls may read these tensors in place from every peer at each replay: kept alive
             // with the communicator, as end_graph_capture requires.
             if state.comm.recording_graph_capture() {
@@ -194,7 +199,7 @@ impl PyCommunicator {
 /// for the host driver's slice calls on unaligned arrays, which stage them and check the call they make).
 pub(crate) struct Request {
     pub(crate) op: Op,
-    pub(crate) algo: Option<Algorithm>,
+    pub(crate) algo: Option<Choice>,
     pub(crate) input: Arg,
     pub(crate) output: Option<Arg>,
     /// An allreduce's bias, added to every sum after the ranks' inputs.

@@ -128,8 +128,8 @@ def sums():
 
 def norms():
     """all_reduce_add_rms_norm: rows that do not divide among the ranks, odd row lengths, every dtype, in place and
-    out of place, every algorithm forced and auto; r and y against float64, the same bits on every rank and from every
-    algorithm; then the refusals."""
+    out of place, every algorithm forced (fused where its design carries the norm, and the unfused sequence after it)
+    and auto; r and y against float64, the same bits on every rank and from every algorithm; then the refusals."""
     comm = host_comm()
     rank, world = comm.rank, comm.world_size
     calls = Calls()
@@ -144,11 +144,13 @@ def norms():
             inv = 1.0 / np.sqrt((r64**2).mean(axis=1, keepdims=True) + 1e-5)
             y64 = r64 * inv * w.astype(np.float64)
             bits = None
-            for algo in ALGORITHMS + [None]:
+            for algo in ALGORITHMS + [f"unfused:{a}" for a in ALGORITHMS] + [None]:
                 res = res0.copy()
                 out = np.full_like(x, np.nan)
                 y, r = comm.all_reduce_add_rms_norm(x, res, w, 1e-5, out=out, algorithm=algo)
                 assert y is out and r is res
+                if algo and algo.startswith("unfused:"):
+                    assert comm.last_algorithm.startswith("unfused:"), (algo, comm.last_algorithm)
                 what = f"{dtype.name} {rows}x{hidden} {algo or 'auto'}"
                 for part, got, want in [("r", r, r64), ("y", y, y64)]:
                     got = got.astype(np.float64)
@@ -167,6 +169,8 @@ def norms():
     expect(A, lambda: comm.all_reduce_add_rms_norm(x, res[:32], w[:8], 1e-5), "residual")
     expect(A, lambda: comm.all_reduce_add_rms_norm(x, res.astype(np.float16), w[:8], 1e-5), "residual: fp16")
     expect(A, lambda: comm.all_reduce_add_rms_norm(x, x, w[:8], 1e-5), "residual", "overlaps")
+    expect(A, lambda: comm.all_reduce_add_rms_norm(x, res, w[:8], 1e-5, algorithm="unfused:car_rs"), "unfused:")
+    expect(A, lambda: comm.all_reduce(x, algorithm="unfused:car_1shot"), "for all_reduce_add_rms_norm")
     comm.close()
     return rank
 
@@ -282,10 +286,10 @@ def facts():
     assert comm.last_algorithm is None
     # A tune stores plain tables and, rows of norm_hidden fitting the sizes, the norm calls' own (none with 0).
     files = comm.tune(counts=[1024, 2048], norm_hidden=1024)
-    assert len(files) == 12 and sum(str(f).endswith("-norm.json") for f in files) == 6, files
+    assert len(files) == 12 and sum(str(f).endswith("-rms_norm.json") for f in files) == 6, files
     assert len(comm.tune(counts=[1024], norm_hidden=0)) == 6
     files = comm.tune(counts=[1024], norm_hidden=512, norm_only=True)
-    assert len(files) == 6 and all(str(f).endswith("-norm.json") for f in files), files
+    assert len(files) == 6 and all(str(f).endswith("-rms_norm.json") for f in files), files
     expect(ar.ArgumentError, lambda: comm.tune(counts=[1024], norm_hidden=0, norm_only=True), "norm calls only")
     with comm:
         comm.all_reduce(np.ones(10, np.float32))

@@ -1,8 +1,8 @@
 //! The engine behind [`crate::Communicator`] and comm-bench's `auto`: car's one-shot and two-shot and the tuned
-//! symmetric-memory designs, built once, and per call the algorithm the tune table of the call's mode and residency
+//! symmetric-memory designs, built once, and per call the choice the tune table of the call's mode and residency
 //! names.
 
-use crate::tune::{Algorithm, LoadedTable, Mode, Residency, Tables};
+use crate::tune::{Algorithm, Choice, LoadedTable, Mode, Residency, Tables};
 use collective_core::{AddRmsNorm, Call, Collective, CollectiveError, Team};
 use gpu::{DeviceBuffer, DevicePtr, Stream};
 use symm::tuned::{DeferredUse, Design, PeerBuffers, SymmTuned, TunedOptions};
@@ -48,15 +48,15 @@ impl Engine {
         &self.symm
     }
 
-    /// The algorithm for a message of `bytes` in `residency` on `stream`: the stream is asked whether it captures
+    /// The choice for a message of `bytes` in `residency` on `stream`: the stream is asked whether it captures
     /// only when the two modes' tables disagree at this size (the query is a driver call).
-    pub fn choose(&self, bytes: usize, residency: Residency, stream: &Stream) -> Result<Algorithm, CollectiveError> {
+    pub fn choose(&self, bytes: usize, residency: Residency, stream: &Stream) -> Result<Choice, CollectiveError> {
         let pick = |mode| self.tables.get(mode, residency).pick(bytes);
         let (eager, graph) = (pick(Mode::Eager), pick(Mode::Graph));
         Ok(if eager == graph || !stream.is_capturing()? { eager } else { graph })
     }
 
-    /// The algorithm for `call` with the residual add and RMSNorm `norm` in `residency` on `stream`: the norm calls'
+    /// The choice for `call` with the residual add and RMSNorm `norm` in `residency` on `stream`: the norm calls'
     /// table of the call's mode (the stream asked whether it captures only where the two modes' tables disagree),
     /// where one was found, else [`Engine::fused`].
     pub fn choose_norm(
@@ -65,7 +65,7 @@ impl Engine {
         norm: &AddRmsNorm,
         residency: Residency,
         stream: &Stream,
-    ) -> Result<Algorithm, CollectiveError> {
+    ) -> Result<Choice, CollectiveError> {
         let pick = |mode| self.tables.norm(mode, residency).map(|t| t.pick(call.bytes()));
         Ok(match (pick(Mode::Eager), pick(Mode::Graph)) {
             (None, None) => self.fused(call, norm),
@@ -82,12 +82,12 @@ impl Engine {
     /// Measured on one H200 with 8 ranks under MPS (`results/h200-mps/norm/`): both beat the unfused sequence at
     /// every size but one token of 8192 in a graph; the fused packets beat car's one-shot only at one token
     /// (`results/h200-mps/norm/last-block`), so the rule leaves them to a tune.
-    pub fn fused(&self, call: &Call, norm: &AddRmsNorm) -> Algorithm {
-        if call.bytes() >= NORM_TWO_SHOT_BYTES && norm.rows(call.count()) >= 2 * call.world() {
+    pub fn fused(&self, call: &Call, norm: &AddRmsNorm) -> Choice {
+        Choice::of(if call.bytes() >= NORM_TWO_SHOT_BYTES && norm.rows(call.count()) >= 2 * call.world() {
             Algorithm::Car2Shot
         } else {
             Algorithm::Car1Shot
-        }
+        })
     }
 
     /// Enqueues the unfused norm of `call` over its output, where an allreduce before it on `stream` wrote the sum.
@@ -118,68 +118,83 @@ impl Engine {
         }
     }
 
-    /// The algorithm that runs when `algo` is asked for on `call`: packets carry no more than their area, so
-    /// larger messages take the zero-copy design of the same shape, and norm calls whose rows do not fit the fused
-    /// packets car's fused one-shot. A norm call on a design that does not carry it (only car's, the packets and the
-    /// zero-copy one-shot do) runs that design's allreduce, then the norm kernel.
-    pub fn runs_as(&self, algo: Algorithm, call: &Call) -> Algorithm {
+    /// What runs when `choice` is asked for on `call`: packets carry no more than their area, so larger messages
+    /// take the zero-copy design of the same shape, and norm calls whose rows do not fit the fused packets car's fused
+    /// one-shot; a norm call on a design that does not carry the norm ([`SymmTuned::carries_norm`]) runs unfused.
+    /// On a plain call, never `unfused`.
+    pub fn runs_as(&self, choice: Choice, call: &Call) -> Choice {
         let bytes = call.bytes();
-        match algo {
-            Algorithm::SymmLl if call.norm().is_some() && !self.symm.carries_norm(Design::Ll, call) => {
-                Algorithm::Car1Shot
+        let norm = call.norm().is_some();
+        let unfused = norm && choice.unfused;
+        let algorithm = match choice.algorithm {
+            Algorithm::SymmLl if norm && !unfused && !self.symm.carries_norm(Design::Ll, call) => {
+                return Choice::of(Algorithm::Car1Shot)
             }
             Algorithm::SymmLl if bytes > self.symm.capacity_for(Design::Ll) => Algorithm::SymmZc1Shot,
             Algorithm::SymmZc2ShotLl if bytes > self.symm.capacity_for(Design::ZeroCopyTwoShotLl) => {
                 Algorithm::SymmZc2Shot
             }
             a => a,
-        }
+        };
+        let carried = match Engine::design(algorithm) {
+            Some(design) => self.symm.carries_norm(design, call),
+            None => true, // car's one-shot and two-shot carry the norm at every size
+        };
+        Choice { algorithm, unfused: unfused || (norm && !carried) }
     }
 
-    /// Whether `algo` on `call` reads its peers' buffers in place (the zero-copy designs), so that a call captured
-    /// on unregistered buffers needs their addresses deferred to a peer table.
-    pub fn reads_peer_buffers(&self, algo: Algorithm, call: &Call) -> bool {
-        matches!(
-            self.runs_as(algo, call),
-            Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotPush | Algorithm::SymmZc2ShotLl
-        )
-    }
-
-    /// Runs `algo` (an allreduce candidate) on `call`; with `peers.deferred`, what its peer table must hold (None:
-    /// the algorithm reads no peer's buffers in place, so the table is unused).
-    ///
-    /// # Safety
-    /// As [`SymmTuned::run_design`], with `call` checked for no more than the engine's capacity.
-    pub unsafe fn run_algorithm(
-        &self,
-        algo: Algorithm,
-        call: &Call,
-        peers: &PeerBuffers,
-        stream: &Stream,
-    ) -> Result<Option<DeferredUse>, CollectiveError> {
-        let design = match self.runs_as(algo, call) {
-            // SAFETY (both car arms): the caller's contract.
-            Algorithm::Car1Shot => return unsafe { self.car_1shot.enqueue(call, stream) }.map(|_| None),
-            Algorithm::Car2Shot => return unsafe { self.car_2shot.enqueue(call, stream) }.map(|_| None),
+    /// The tuned design of `algorithm`; None for car's.
+    fn design(algorithm: Algorithm) -> Option<Design> {
+        Some(match algorithm {
             Algorithm::SymmLl => Design::Ll,
             Algorithm::SymmZc1Shot => Design::ZeroCopyOneShot,
             Algorithm::SymmEpoch1Shot => Design::EpochOneShot,
             Algorithm::SymmZc2ShotLl => Design::ZeroCopyTwoShotLl,
             Algorithm::SymmZc2Shot => Design::ZeroCopyTwoShot,
             Algorithm::SymmZc2ShotPush => Design::ZeroCopyTwoShotPush,
-            Algorithm::CarReduceScatter | Algorithm::CarAllGather => {
-                return Err(CollectiveError::BadArgs(format!("{algo} is not an allreduce")))
+            Algorithm::Car1Shot | Algorithm::Car2Shot | Algorithm::CarReduceScatter | Algorithm::CarAllGather => {
+                return None
             }
-        };
-        if call.norm().is_some() && !self.symm.carries_norm(design, call) {
-            // The unfused sequence: the design's allreduce, then the norm over its result, in stream order.
+        })
+    }
+
+    /// Whether `choice` on `call` reads its peers' buffers in place (the zero-copy designs), so that a call captured
+    /// on unregistered buffers needs their addresses deferred to a peer table.
+    pub fn reads_peer_buffers(&self, choice: Choice, call: &Call) -> bool {
+        matches!(
+            self.runs_as(choice, call).algorithm,
+            Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotPush | Algorithm::SymmZc2ShotLl
+        )
+    }
+
+    /// Runs `choice` (of an allreduce candidate) on `call`, as [`Engine::runs_as`] says; with `peers.deferred`,
+    /// what its peer table must hold (None: the algorithm reads no peer's buffers in place, so the table is unused).
+    ///
+    /// # Safety
+    /// As [`SymmTuned::run_design`], with `call` checked for no more than the engine's capacity.
+    pub unsafe fn run(
+        &self,
+        choice: Choice,
+        call: &Call,
+        peers: &PeerBuffers,
+        stream: &Stream,
+    ) -> Result<Option<DeferredUse>, CollectiveError> {
+        let runs = self.runs_as(choice, call);
+        if runs.unfused {
+            // The unfused sequence: the allreduce, then the norm over its result, in stream order.
             // SAFETY: the caller's contract, for both.
-            let used = unsafe { self.run_algorithm(algo, &call.without_norm(), peers, stream)? };
+            let used = unsafe { self.run(Choice::of(runs.algorithm), &call.without_norm(), peers, stream)? };
             unsafe { self.enqueue_norm(call, stream)? };
             return Ok(used);
         }
+        let design = match runs.algorithm {
+            // SAFETY (both car arms): the caller's contract.
+            Algorithm::Car1Shot => return unsafe { self.car_1shot.enqueue(call, stream) }.map(|_| None),
+            Algorithm::Car2Shot => return unsafe { self.car_2shot.enqueue(call, stream) }.map(|_| None),
+            a => Engine::design(a).ok_or_else(|| CollectiveError::BadArgs(format!("{a} is not an allreduce")))?,
+        };
         // SAFETY: the caller's contract; runs_as keeps the packet designs within their areas (a norm call on the
-        // packets within the fused kernel's).
+        // packets within the fused kernel's) and norm calls on the designs that carry the norm.
         unsafe { self.symm.run_design(design, call, peers, stream) }
     }
 }

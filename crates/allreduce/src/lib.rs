@@ -34,7 +34,7 @@ pub use comm::{
 pub use gpu::{Backend, DevicePtr, DriverKind};
 pub use launch::RankInfo;
 pub use placement::Placement;
-pub use tune::{Algorithm, Mode, Residency, TableSource, Tables, TuneTable};
+pub use tune::{Algorithm, Choice, Mode, Residency, TableSource, Tables, TuneTable};
 
 use ipc::Rendezvous;
 

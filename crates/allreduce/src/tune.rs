@@ -70,11 +70,55 @@ impl fmt::Display for Algorithm {
     }
 }
 
+/// What a table names for a size: an allreduce algorithm and, on a call with the residual add and RMSNorm, where
+/// the norm runs: in the algorithm's kernel where its design carries it, or (`unfused`) after it, as the norm kernel
+/// over its result on the same stream. On a plain call `unfused` changes nothing. A table writes it as the
+/// algorithm's name, after [`Choice::UNFUSED`] for the unfused sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Choice {
+    pub algorithm: Algorithm,
+    pub unfused: bool,
+}
+
+impl Choice {
+    /// How a table marks the unfused sequence.
+    pub const UNFUSED: &'static str = "unfused:";
+
+    /// `algorithm`, with the norm in its kernel where its design carries it.
+    pub const fn of(algorithm: Algorithm) -> Choice {
+        Choice { algorithm, unfused: false }
+    }
+
+    /// `algorithm`'s allreduce, then the norm kernel.
+    pub const fn unfused(algorithm: Algorithm) -> Choice {
+        Choice { algorithm, unfused: true }
+    }
+
+    /// The choice a table names `name`: a candidate allreduce, or one after [`Choice::UNFUSED`].
+    pub fn from_name(name: &str) -> Option<Choice> {
+        let (unfused, algo) = match name.strip_prefix(Choice::UNFUSED) {
+            Some(algo) => (true, algo),
+            None => (false, name),
+        };
+        let algorithm = Algorithm::from_name(algo).filter(|a| Algorithm::CANDIDATES.contains(a))?;
+        Some(Choice { algorithm, unfused })
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.unfused {
+            f.write_str(Choice::UNFUSED)?;
+        }
+        f.write_str(self.algorithm.name())
+    }
+}
+
 pub use collective_core::Residency;
 
 /// The calls a table chooses for: plain allreduces, or allreduces with the residual add and RMSNorm
-/// (`Call::with_add_rms_norm`), on which every candidate runs fused where its design carries the norm, else its
-/// allreduce and then the norm kernel.
+/// (`Call::with_add_rms_norm`), whose tables choose between the designs that carry the norm in their kernels and the
+/// unfused sequence after any allreduce ([`Choice`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TableOp {
@@ -88,6 +132,16 @@ impl TableOp {
 
     fn is_all_reduce(&self) -> bool {
         *self == TableOp::AllReduce
+    }
+
+    /// The name of the cache files of this op's tables after the key's: norm tables are `-rms_norm`, since the tables
+    /// written as `-norm` read a bare algorithm as whatever its design did with the norm then (their entries for
+    /// designs that have carried the norm since would now run another kernel than the one measured).
+    fn file_suffix(self) -> &'static str {
+        match self {
+            TableOp::AllReduce => "",
+            TableOp::AddRmsNorm => "-rms_norm",
+        }
     }
 }
 
@@ -128,8 +182,7 @@ impl TableKey {
     pub fn file_name(&self) -> String {
         let device = file_safe(&self.device);
         let (w, d, m, r) = (self.world, self.ranks_per_device, self.mode.name(), self.residency.name());
-        let op = if self.op == TableOp::AddRmsNorm { "-norm" } else { "" };
-        format!("{}-{device}-w{w}-d{d}-{m}-{r}{op}.json", self.driver)
+        format!("{}-{device}-w{w}-d{d}-{m}-{r}{}.json", self.driver, self.op.file_suffix())
     }
 }
 
@@ -162,7 +215,7 @@ impl fmt::Display for TableKey {
     }
 }
 
-/// One size range: messages of at most `max_bytes` (the last entry: any size) run `method`.
+/// One size range: messages of at most `max_bytes` (the last entry: any size) run `method` (a [`Choice`]'s name).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuneEntry {
     pub max_bytes: Option<usize>,
@@ -209,7 +262,7 @@ impl fmt::Display for TableSource {
 pub struct LoadedTable {
     pub table: TuneTable,
     pub source: TableSource,
-    ranges: Vec<(usize, Algorithm)>,
+    ranges: Vec<(usize, Choice)>,
 }
 
 impl LoadedTable {
@@ -218,9 +271,9 @@ impl LoadedTable {
         Ok(LoadedTable { table, source, ranges })
     }
 
-    /// The algorithm for a message of `bytes`: the first range that holds it.
-    pub fn pick(&self, bytes: usize) -> Algorithm {
-        self.ranges.iter().find(|r| bytes <= r.0).map_or(Algorithm::SymmZc2Shot, |r| r.1)
+    /// The choice for a message of `bytes`: the first range that holds it.
+    pub fn pick(&self, bytes: usize) -> Choice {
+        self.ranges.iter().find(|r| bytes <= r.0).map_or(Choice::of(Algorithm::SymmZc2Shot), |r| r.1)
     }
 }
 
@@ -413,16 +466,22 @@ impl TuneTable {
         store_json(path, self)
     }
 
-    /// The ranges as algorithms, checked: not empty, known allreduce methods, bounds ascending, the last open.
-    fn ranges(&self) -> Result<Vec<(usize, Algorithm)>, String> {
+    /// The ranges as choices, checked: not empty, known allreduce methods (the unfused sequence only where the table
+    /// is not keyed for plain calls), bounds ascending, the last open.
+    fn ranges(&self) -> Result<Vec<(usize, Choice)>, String> {
         if self.entries.is_empty() {
             return Err("no entries".into());
         }
+        let plain = self.key.as_ref().is_some_and(|k| k.op == TableOp::AllReduce);
         let mut out = Vec::new();
         for (i, e) in self.entries.iter().enumerate() {
-            let algo = Algorithm::from_name(&e.method)
-                .filter(|a| Algorithm::CANDIDATES.contains(a))
-                .ok_or_else(|| format!("{} is not one of {:?}", e.method, Algorithm::CANDIDATES.map(|a| a.name())))?;
+            let choice = Choice::from_name(&e.method).ok_or_else(|| {
+                let known = Algorithm::CANDIDATES.map(|a| a.name());
+                format!("{} is not one of {known:?}, nor one of them after {:?}", e.method, Choice::UNFUSED)
+            })?;
+            if plain && choice.unfused {
+                return Err(format!("{}: a table of plain allreduces has no norm to leave unfused", e.method));
+            }
             let bound = match e.max_bytes {
                 Some(b) => b,
                 None if i + 1 == self.entries.len() => usize::MAX,
@@ -431,7 +490,7 @@ impl TuneTable {
             if out.last().is_some_and(|&(prev, _)| prev >= bound) {
                 return Err(format!("bounds must ascend: {bound} after {}", out.last().expect("checked").0));
             }
-            out.push((bound, algo));
+            out.push((bound, choice));
         }
         if out.last().expect("not empty").0 != usize::MAX {
             return Err("the last entry must take every larger message (max_bytes null)".into());
@@ -439,22 +498,21 @@ impl TuneTable {
         Ok(out)
     }
 
-    /// The fastest algorithm per size from `(bytes, algorithm, time)` measurements, neighbouring sizes with the
-    /// same winner merged, the last range opened to every larger size.
-    pub fn from_times(
-        times: &[(usize, Algorithm, f64)],
-        key: TableKey,
-        measured_on: String,
-    ) -> Result<TuneTable, Error> {
-        let candidates: Vec<_> = times.iter().copied().filter(|t| Algorithm::CANDIDATES.contains(&t.1)).collect();
+    /// The fastest choice per size from `(bytes, choice, time)` measurements, neighbouring sizes with the same
+    /// winner merged, the last range opened to every larger size; checked as a loaded table is.
+    pub fn from_times(times: &[(usize, Choice, f64)], key: TableKey, measured_on: String) -> Result<TuneTable, Error> {
+        let candidates: Vec<_> =
+            times.iter().copied().filter(|t| Algorithm::CANDIDATES.contains(&t.1.algorithm)).collect();
         let entries = fastest_ranges(&candidates)
             .into_iter()
-            .map(|(max_bytes, algo)| TuneEntry { max_bytes, method: algo.name().into() })
+            .map(|(max_bytes, choice)| TuneEntry { max_bytes, method: choice.to_string() })
             .collect::<Vec<_>>();
         if entries.is_empty() {
             return Err(Error::Tune("no candidate was measured at any size".into()));
         }
-        Ok(TuneTable { key: Some(key), measured_on, entries })
+        let table = TuneTable { key: Some(key), measured_on, entries };
+        table.ranges().map_err(|e| Error::Tune(format!("the table measured for {}: {e}", table.measured_on)))?;
+        Ok(table)
     }
 
     /// The table for `key`: the cached one if there is one, else the closest of the driver's built-in set of the
@@ -491,14 +549,17 @@ mod tests {
         let t = table(&[(Some(1000), "symm_ll"), (Some(5000), "symm_epoch_1shot"), (None, "car_2shot")]);
         let l = LoadedTable::new(t, TableSource::BuiltIn { what: "test", used_for: String::new(), why: String::new() })
             .unwrap();
-        assert_eq!(l.pick(16), Algorithm::SymmLl);
-        assert_eq!(l.pick(1000), Algorithm::SymmLl);
-        assert_eq!(l.pick(1001), Algorithm::SymmEpoch1Shot);
-        assert_eq!(l.pick(1 << 30), Algorithm::Car2Shot);
+        assert_eq!(l.pick(16), Choice::of(Algorithm::SymmLl));
+        assert_eq!(l.pick(1000), Choice::of(Algorithm::SymmLl));
+        assert_eq!(l.pick(1001), Choice::of(Algorithm::SymmEpoch1Shot));
+        assert_eq!(l.pick(1 << 30), Choice::of(Algorithm::Car2Shot));
         for bad in [
             table(&[]),
             table(&[(Some(10), "car_9shot"), (None, "car_1shot")]),
             table(&[(Some(10), "car_rs"), (None, "car_1shot")]),
+            table(&[(Some(10), "unfused:car_rs"), (None, "car_1shot")]),
+            table(&[(Some(10), "unfused:"), (None, "car_1shot")]),
+            table(&[(Some(10), "unfused:unfused:car_1shot"), (None, "car_1shot")]),
             table(&[(Some(10), "car_1shot"), (Some(5), "car_2shot"), (None, "car_1shot")]),
             table(&[(None, "car_1shot"), (None, "car_2shot")]),
             table(&[(Some(10), "car_1shot")]),
@@ -511,6 +572,19 @@ mod tests {
                 .is_err(),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_choice_is_named_by_its_algorithm_and_the_unfused_sequence_after_unfused() {
+        for algorithm in Algorithm::CANDIDATES {
+            for choice in [Choice::of(algorithm), Choice::unfused(algorithm)] {
+                assert_eq!(Choice::from_name(&choice.to_string()), Some(choice));
+            }
+        }
+        assert_eq!(Choice::unfused(Algorithm::SymmZc2Shot).to_string(), "unfused:symm_zc_2shot");
+        for bad in ["car_rs", "unfused:car_ag", "unfused", "fused:car_1shot", "unfused: car_1shot"] {
+            assert_eq!(Choice::from_name(bad), None, "{bad}");
         }
     }
 
@@ -622,6 +696,7 @@ mod tests {
             (65536, Car2Shot, 30.0),
             (65536, SymmZc2Shot, 40.0),
         ];
+        let times = times.map(|(bytes, algo, ms)| (bytes, Choice::of(algo), ms));
         let t = TuneTable::from_times(&times, key.clone(), "test".into()).unwrap();
         let got: Vec<(Option<usize>, &str)> = t.entries.iter().map(|e| (e.max_bytes, e.method.as_str())).collect();
         let want =
@@ -637,11 +712,12 @@ mod tests {
         assert_eq!(key.file_name(), "host-host__2_cores_-w3-d3-graph-caller_registered.json");
         let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap().unwrap();
         assert!(matches!(found.source, TableSource::BuiltIn { .. }));
-        let mut t = TuneTable::from_times(&[(64, Algorithm::Car2Shot, 1.0)], key.clone(), "here".into()).unwrap();
+        let mut t =
+            TuneTable::from_times(&[(64, Choice::of(Algorithm::Car2Shot), 1.0)], key.clone(), "here".into()).unwrap();
         t.store(&dir.path().join(key.file_name())).unwrap();
         let found = TuneTable::find(&key, DriverKind::Host, Some(dir.path())).unwrap().unwrap();
         assert_eq!(found.source, TableSource::Cache(dir.path().join(key.file_name())));
-        assert_eq!(found.pick(1 << 20), Algorithm::Car2Shot);
+        assert_eq!(found.pick(1 << 20), Choice::of(Algorithm::Car2Shot));
         // A file under the right name with another key is refused, not silently followed.
         t.key = Some(TableKey { world: 4, ..key.clone() });
         t.store(&dir.path().join(key.file_name())).unwrap();
@@ -653,7 +729,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plain = TableKey::new(DriverKind::Host, "host (2 cores)", (3, 3), Mode::Eager, Residency::Caller);
         let norm = plain.clone().for_op(TableOp::AddRmsNorm);
-        assert_eq!(norm.file_name(), "host-host__2_cores_-w3-d3-eager-caller-norm.json");
+        // Not the `-norm` files of the tables that named no unfused sequence (see TableOp::file_suffix).
+        assert_eq!(norm.file_name(), "host-host__2_cores_-w3-d3-eager-caller-rms_norm.json");
         assert!(norm.to_string().ends_with("residual add + RMSNorm"), "{norm}");
         // A plain key's file reads as before (no `op`); a norm key's says so.
         let plain_json = serde_json::to_string(&plain).unwrap();
@@ -664,18 +741,29 @@ mod tests {
         // The host's built-in set has plain tables only: a norm key finds none there, so the engine's rule runs.
         assert!(TuneTable::find(&norm, DriverKind::Host, Some(dir.path())).unwrap().is_none());
         let mut set =
-            vec![TuneTable::from_times(&[(64, Algorithm::Car1Shot, 1.0)], plain.clone(), "p".into()).unwrap()];
+            vec![TuneTable::from_times(&[(64, Choice::of(Algorithm::Car1Shot), 1.0)], plain.clone(), "p".into())
+                .unwrap()];
         assert!(TuneTable::pick(&set, &norm).is_none());
         // With one of each, each key takes its own, whatever else is closer.
         let other = TableKey { world: 8, ..norm.clone() };
-        set.push(TuneTable::from_times(&[(64, Algorithm::SymmZc2Shot, 1.0)], other, "n".into()).unwrap());
+        set.push(
+            TuneTable::from_times(&[(64, Choice::unfused(Algorithm::SymmZc2Shot), 1.0)], other, "n".into()).unwrap(),
+        );
         assert_eq!(TuneTable::pick(&set, &plain).unwrap().0.entries[0].method, "car_1shot");
         let (t, why) = TuneTable::pick(&set, &norm).unwrap();
-        assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("symm_zc_2shot", "measured with 8 ranks, not 3"));
+        let (t, why) = (t.entries[0].method.as_str(), why.as_str());
+        assert_eq!((t, why), ("unfused:symm_zc_2shot", "measured with 8 ranks, not 3"));
         // A norm table cached under its name is found there.
-        let t = TuneTable::from_times(&[(64, Algorithm::SymmLl, 1.0)], norm.clone(), "here".into()).unwrap();
+        let times = [(64, Choice::of(Algorithm::SymmLl), 1.0), (4096, Choice::unfused(Algorithm::SymmLl), 1.0)];
+        let t = TuneTable::from_times(&times, norm.clone(), "here".into()).unwrap();
         t.store(&dir.path().join(norm.file_name())).unwrap();
         let found = TuneTable::find(&norm, DriverKind::Host, Some(dir.path())).unwrap().unwrap();
-        assert_eq!(found.pick(64), Algorithm::SymmLl);
+        assert_eq!(
+            (found.pick(64), found.pick(65)),
+            (Choice::of(Algorithm::SymmLl), Choice::unfused(Algorithm::SymmLl))
+        );
+        // A plain table cannot name the unfused sequence: it has no norm.
+        let err = TuneTable::from_times(&times, plain, "p".into()).unwrap_err().to_string();
+        assert!(err.contains("no norm to leave unfused"), "{err}");
     }
 }

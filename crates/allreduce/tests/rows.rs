@@ -3,7 +3,7 @@
 //! driver by default; `ARX_TEST_BACKEND=cuda` (or hip) and `ARX_TEST_RANKS=8` run them on a GPU node.
 
 use allreduce::tune::{TableKey, TableOp};
-use allreduce::{AddRmsNorm, Algorithm, CallError, Communicator, DType, Mode, Op, Options, Residency};
+use allreduce::{AddRmsNorm, Algorithm, CallError, Choice, Communicator, DType, Mode, Op, Options, Residency};
 use gpu::MemKind;
 use measure::check::{
     add_rms_norm_tolerance, agree_verdict, fingerprint, input_values, reference, tolerance, NormCase,
@@ -14,9 +14,9 @@ use common::{as_job, backend, comm_on, ranks};
 
 /// The residual add and RMSNorm after the sum: fused in car's one-shot and two-shot, the packets (`symm_ll`, car's
 /// fused one-shot where the rows do not fit the packets) and the zero-copy one-shot, unfused (the design's allreduce,
-/// then the norm kernel) after every other design. Rows that do not divide among the ranks, fewer rows than ranks,
-/// odd row lengths; fresh inputs every run, a poisoned output, out of place and in place; r and y within the float64
-/// bound and the same bits on every rank and from every algorithm.
+/// then the norm kernel) after every other design, and unfused after every design when asked. Rows that do not
+/// divide among the ranks, fewer rows than ranks, odd row lengths; fresh inputs every run, a poisoned output, out of
+/// place and in place; r and y within the float64 bound and the same bits on every rank and from every choice.
 #[test]
 fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
     as_job("every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits", ranks(3), |info| {
@@ -42,15 +42,15 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
             stream.upload(&weight, 0, &dtype.encode(&w)).unwrap();
             let tol = add_rms_norm_tolerance(dtype, world);
             let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
-            // Every algorithm and auto, out of place and in place.
-            let runs: Vec<(Option<Algorithm>, bool)> = Algorithm::CANDIDATES
+            // Every algorithm fused (where it carries the norm) and unfused, and auto; out of place and in place.
+            let runs: Vec<(Option<Choice>, bool)> = Algorithm::CANDIDATES
                 .into_iter()
-                .map(Some)
+                .flat_map(|a| [Some(Choice::of(a)), Some(Choice::unfused(a))])
                 .chain([None])
-                .flat_map(|a| [(a, false), (a, true)])
+                .flat_map(|c| [(c, false), (c, true)])
                 .collect();
             let mut prints = Vec::new();
-            for (algo, in_place) in runs {
+            for (choice, in_place) in runs {
                 stream.upload(&input, 0, &x).unwrap();
                 stream.upload(&residual, 0, &dtype.encode(&res)).unwrap();
                 stream.fill(&output, 0xFF).unwrap();
@@ -58,12 +58,22 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
                 // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
                 let ran = unsafe {
                     let call = comm.call(Op::AllReduce, dtype, input.ptr(), out.ptr(), count).unwrap();
-                    comm.issue(call.with_add_rms_norm(norm).unwrap(), algo, stream.handle()).unwrap()
+                    let call = call.with_add_rms_norm(norm).unwrap();
+                    match choice {
+                        Some(c) => comm.issue_as(call, c, stream.handle()).unwrap(),
+                        None => {
+                            comm.issue(call, None, stream.handle()).unwrap();
+                            comm.last_choice().unwrap()
+                        }
+                    }
                 };
                 stream.sync().unwrap();
+                if let Some(c) = choice.filter(|c| c.unfused) {
+                    assert!(ran.unfused, "{c} ran {ran}");
+                }
                 let how = format!(
                     "{}{}",
-                    if algo.is_none() { " (auto)" } else { "" },
+                    if choice.is_none() { " (auto)" } else { "" },
                     if in_place { " in place" } else { "" }
                 );
                 let what = format!("{dtype} {rows}x{hidden}, {ran}{how}");
@@ -84,8 +94,8 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
     });
 }
 
-/// Norm calls follow the tables of their own calls, plain calls theirs: a file whose norm tables name the zero-copy
-/// two-shot (the unfused sequence) on caller buffers and whose plain tables name car's one-shot; the norm call's
+/// Norm calls follow the tables of their own calls, plain calls theirs: files whose plain tables name car's one-shot
+/// and whose norm tables name the zero-copy one-shot, fused or unfused (the norm kernel after it); the norm call's
 /// results are checked as every other's. Without norm tables the engine's rule runs, and the notes say so.
 #[test]
 fn norm_calls_follow_their_own_tables() {
@@ -94,28 +104,38 @@ fn norm_calls_follow_their_own_tables() {
         let world = info.world;
         let dir = std::env::temp_dir().join(format!("arx-norm-tables-{}", info.job.as_str()));
         std::fs::create_dir_all(&dir).unwrap();
-        let set: Vec<allreduce::TuneTable> = [TableOp::AllReduce, TableOp::AddRmsNorm]
-            .into_iter()
-            .flat_map(|op| Mode::ALL.into_iter().flat_map(move |m| Residency::ALL.map(move |r| (op, m, r))))
-            .map(|(op, mode, r)| allreduce::TuneTable {
-                key: Some(TableKey::new(gpu::DriverKind::Host, "any", (world, world), mode, r).for_op(op)),
-                measured_on: "test".into(),
-                entries: vec![allreduce::tune::TuneEntry {
-                    max_bytes: None,
-                    method: if op == TableOp::AddRmsNorm { "symm_zc_2shot" } else { "car_1shot" }.into(),
-                }],
-            })
-            .collect();
-        let path = dir.join("with-norm.json");
-        if info.rank == 0 {
-            std::fs::write(&path, serde_json::to_string(&set).unwrap()).unwrap();
-        }
-        let plain_only = dir.join("plain.json");
-        if info.rank == 0 {
-            std::fs::write(&plain_only, serde_json::to_string(&set[..6]).unwrap()).unwrap();
-        }
+        // A file of plain tables naming car's one-shot and, with `norm`, norm tables naming it.
+        let file = |name: &str, norm: Option<Choice>| {
+            let ops = [Some(TableOp::AllReduce), norm.map(|_| TableOp::AddRmsNorm)];
+            let set: Vec<allreduce::TuneTable> = ops
+                .into_iter()
+                .flatten()
+                .flat_map(|op| Mode::ALL.into_iter().flat_map(move |m| Residency::ALL.map(move |r| (op, m, r))))
+                .map(|(op, mode, r)| allreduce::TuneTable {
+                    key: Some(TableKey::new(gpu::DriverKind::Host, "any", (world, world), mode, r).for_op(op)),
+                    measured_on: "test".into(),
+                    entries: vec![allreduce::tune::TuneEntry {
+                        max_bytes: None,
+                        method: match op {
+                            TableOp::AddRmsNorm => norm.expect("norm tables only with a choice").to_string(),
+                            TableOp::AllReduce => "car_1shot".into(),
+                        },
+                    }],
+                })
+                .collect();
+            let path = dir.join(name);
+            if info.rank == 0 {
+                std::fs::write(&path, serde_json::to_string(&set).unwrap()).unwrap();
+            }
+            (path, norm.is_none())
+        };
+        let (fused, unfused) = (Choice::of(Algorithm::SymmZc1Shot), Choice::unfused(Algorithm::SymmZc1Shot));
         // Without norm tables, the rule: car's fused one-shot for a few rows.
-        for (file, want) in [(&path, Algorithm::SymmZc2Shot), (&plain_only, Algorithm::Car1Shot)] {
+        for ((file, plain_only), want) in [
+            (file("fused.json", Some(fused)), fused),
+            (file("unfused.json", Some(unfused)), unfused),
+            (file("plain.json", None), Choice::of(Algorithm::Car1Shot)),
+        ] {
             // Rank 0 wrote the files before the communicator's set-up, which every rank passes together.
             while !file.exists() {
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -140,14 +160,16 @@ fn norm_calls_follow_their_own_tables() {
             // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
             let (ran, plain) = unsafe {
                 let call = comm.call(Op::AllReduce, dtype, input.ptr(), output.ptr(), count).unwrap();
-                let ran = comm.issue(call.with_add_rms_norm(norm).unwrap(), None, stream.handle()).unwrap();
+                comm.issue(call.with_add_rms_norm(norm).unwrap(), None, stream.handle()).unwrap();
+                let ran = comm.last_choice().unwrap();
                 let plain = comm.call(Op::AllReduce, dtype, output.ptr(), input.ptr(), count).unwrap();
-                (ran, comm.issue(plain, None, stream.handle()).unwrap())
+                comm.issue(plain, None, stream.handle()).unwrap();
+                (ran, comm.last_choice().unwrap())
             };
             stream.sync().unwrap();
-            assert_eq!((ran, plain), (want, Algorithm::Car1Shot), "{}", file.display());
+            assert_eq!((ran, plain), (want, Choice::of(Algorithm::Car1Shot)), "{}", file.display());
             let said = comm.notes().iter().any(|n| n.contains("residual add and RMSNorm"));
-            assert_eq!(said, file == &plain_only, "{:?}", comm.notes());
+            assert_eq!(said, plain_only, "{:?}", comm.notes());
             let (mut y, mut r) = (vec![0u8; count * 2], vec![0u8; count * 2]);
             let tol = add_rms_norm_tolerance(dtype, world);
             // The plain call only read y (its input): y and r are what the norm call wrote.

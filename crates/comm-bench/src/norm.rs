@@ -8,7 +8,7 @@
 use crate::checksum::Checksum;
 use crate::run::VARIANTS;
 use crate::BenchError;
-use allreduce::{AddRmsNorm, Algorithm, Call, Communicator, DType, Op, Options};
+use allreduce::{AddRmsNorm, Algorithm, Call, Choice, Communicator, DType, Op, Options};
 use clap::Args;
 use gpu::MemKind;
 use launch::RankInfo;
@@ -131,13 +131,17 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             Ok(comm.call(Op::AllReduce, dtype, x, output.ptr(), count)?.with_add_rms_norm(norm)?)
         };
         let call = on(input.ptr())?;
-        let issue_on = |w: Way, call: Call, s: &gpu::Stream| -> Result<Algorithm, BenchError> {
+        // What ran: the algorithm, and whether the norm ran after it.
+        let issue_on = |w: Way, call: Call, s: &gpu::Stream| -> Result<Choice, BenchError> {
             // SAFETY: our own buffers of `capacity` bytes, live for the sweep; every rank issues the same calls.
             Ok(unsafe {
                 match w {
-                    Way::Fused(a) => comm.issue(call, Some(a), s.handle())?,
-                    Way::Unfused => comm.issue_unfused(call, None, s.handle())?,
-                    Way::Auto => comm.issue(call, None, s.handle())?,
+                    Way::Fused(a) => comm.issue_as(call, Choice::of(a), s.handle())?,
+                    Way::Unfused => Choice::unfused(comm.issue_unfused(call, None, s.handle())?),
+                    Way::Auto => {
+                        comm.issue(call, None, s.handle())?;
+                        comm.last_choice().expect("a call ran")
+                    }
                 }
             })
         };
@@ -226,9 +230,11 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
         if rank == 0 {
             for ((name, us), algo) in args.methods.iter().zip(&times).zip(&ran) {
                 let vs = unfused.map_or(String::new(), |u| format!("{:.2}x", u / us));
-                // What ran, where the name does not say it (a fused design whose rows exceed it stands in).
+                // What ran, where the name does not say it (a fused design whose rows exceed it stands in, or that
+                // does not carry the norm; auto's choice).
                 let label = match way(name)? {
-                    Way::Fused(a) if a == *algo => name.clone(),
+                    Way::Fused(a) if Choice::of(a) == *algo => name.clone(),
+                    Way::Unfused => format!("{name} ({})", algo.algorithm),
                     _ => format!("{name} ({algo})"),
                 };
                 println!("{tokens:>8} {:>10} {label:<30} {us:>10.2} {vs:>12}", count * dtype.size());

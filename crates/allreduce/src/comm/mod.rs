@@ -10,7 +10,7 @@ mod watch;
 
 use crate::engine::Engine;
 use crate::placement::{decode_links, encode_links, Placement, RankDevice};
-use crate::tune::{self, Algorithm, LoadedTable, Mode, Residency, TableKey, TableSource, Tables, TuneTable};
+use crate::tune::{self, Algorithm, Choice, LoadedTable, Mode, Residency, TableKey, TableSource, Tables, TuneTable};
 use crate::Error;
 use collective_core::{AddRmsNorm, Call, DType, Op, Team, MAX_RANKS};
 use gpu::{Backend, BorrowedStreams, DeviceBuffer, DevicePtr, Gpu, Stream};
@@ -114,7 +114,7 @@ pub struct Communicator {
     /// The status words the kernels' waits watch, the watchdog, and the failure that poisons every later call.
     watch: Watch,
     own: Stream,
-    last: Cell<Option<Algorithm>>,
+    last: Cell<Option<Choice>>,
     capacity: usize,
     /// Ranks whose kernels share each of this communicator's devices (its launch caps leave room for all).
     device_shared_by: usize,
@@ -128,6 +128,28 @@ pub struct Communicator {
 /// Ranks whose kernels share each device: the communicator's own per device, or what the options say if more.
 fn sharers(placement: &Placement, opts: &Options) -> usize {
     placement.ranks_per_device.max(opts.device_shared_by.unwrap_or(1))
+}
+
+/// What a caller asked a call to run.
+#[derive(Clone, Copy)]
+enum Ask {
+    /// The table's choice for the call's size, mode and residency.
+    Table,
+    /// This one.
+    Choice(Choice),
+    /// The unfused sequence after this allreduce, or after the plain allreduces' table's.
+    Unfused(Option<Algorithm>),
+}
+
+impl Ask {
+    /// The algorithm asked for by name, if any.
+    fn algorithm(self) -> Option<Algorithm> {
+        match self {
+            Ask::Table | Ask::Unfused(None) => None,
+            Ask::Choice(c) => Some(c.algorithm),
+            Ask::Unfused(a) => a,
+        }
+    }
 }
 
 /// The part of a communicator its calls change.
@@ -352,6 +374,10 @@ impl Communicator {
     }
     /// The algorithm the last call ran.
     pub fn last_algorithm(&self) -> Option<Algorithm> {
+        self.last.get().map(|c| c.algorithm)
+    }
+    /// What the last call ran: its algorithm, and whether a norm ran after it rather than in its kernel.
+    pub fn last_choice(&self) -> Option<Choice> {
         self.last.get()
     }
     /// The table calls issued in `mode` on buffers in `residency` follow.
@@ -416,21 +442,43 @@ impl Communicator {
     ///   picks by where the buffers lie, and ranks that pick different designs of one flag protocol would read
     ///   buffers their peers never wrote).
     pub unsafe fn issue(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
+        let ask = algo.map_or(Ask::Table, |a| Ask::Choice(Choice::of(a)));
+        // SAFETY: the caller's contract.
+        unsafe { self.issue_choice(call, ask, stream) }.map(|c| c.algorithm)
+    }
+
+    /// [`Communicator::issue`] with a [`Choice`] (a norm table's): `unfused` runs the norm after the allreduce, as
+    /// [`Communicator::issue_unfused`]; returns what ran, unfused wherever the norm ran after the allreduce.
+    ///
+    /// # Safety
+    /// As [`Communicator::issue`].
+    pub unsafe fn issue_as(&self, call: Call, choice: Choice, stream: u64) -> Result<Choice, Error> {
+        // SAFETY: the caller's contract.
+        unsafe { self.issue_choice(call, Ask::Choice(choice), stream) }
+    }
+
+    /// The one path of every issue.
+    ///
+    /// # Safety
+    /// As [`Communicator::issue`].
+    unsafe fn issue_choice(&self, call: Call, ask: Ask, stream: u64) -> Result<Choice, Error> {
         call.checked_for(self.world(), self.capacity)?;
         if let Some(f) = self.watch.failure() {
             return Err(Error::Peer { ranks: f.ranks, what: f.what });
         }
         // SAFETY (every arm): the caller's contract.
         let issued = match call.op() {
-            Op::AllReduce => unsafe { self.issue_all_reduce(call, algo, stream) },
+            Op::AllReduce => unsafe { self.issue_all_reduce(call, ask, stream) },
             Op::ReduceScatter => unsafe {
-                self.issue_car(&self.reduce_scatter, Algorithm::CarReduceScatter, call, algo, stream)
+                self.issue_car(&self.reduce_scatter, Algorithm::CarReduceScatter, call, ask, stream).map(Choice::of)
             },
-            Op::AllGather => unsafe { self.issue_car(&self.all_gather, Algorithm::CarAllGather, call, algo, stream) },
+            Op::AllGather => unsafe {
+                self.issue_car(&self.all_gather, Algorithm::CarAllGather, call, ask, stream).map(Choice::of)
+            },
         };
-        let algo = issued.map_err(|e| self.poisoned_by(e))?;
-        self.last.set(Some(algo));
-        Ok(algo)
+        let ran = issued.map_err(|e| self.poisoned_by(e))?;
+        self.last.set(Some(ran));
+        Ok(ran)
     }
 
     /// A host kernel's wait that ended without its peers poisons the communicator, as a device kernel's record in
@@ -511,8 +559,8 @@ impl Communicator {
     }
 
     /// Issues a call with the residual add and RMSNorm as the unfused sequence: its allreduce (`algo`, else the
-    /// table's), then the norm kernel over the result on the same stream. For comparison with the fused designs,
-    /// which [`Communicator::issue`] runs; the bits are the same.
+    /// plain allreduces' table's), then the norm kernel over the result on the same stream. For comparison with the
+    /// fused designs, which [`Communicator::issue`] runs where the design carries the norm; the bits are the same.
     ///
     /// # Safety
     /// As [`Communicator::issue`].
@@ -520,13 +568,8 @@ impl Communicator {
         if call.norm().is_none() {
             return Err(Error::BadArgs("issue_unfused runs a call with a residual add and RMSNorm".into()));
         }
-        // SAFETY: the caller's contract, for the allreduce and then the norm on the same stream.
-        let algo = unsafe { self.issue(call.without_norm(), algo, stream)? };
-        let mut state = self.state.borrow_mut();
-        let k = state.caller_stream(&self.gpu, stream)?;
-        // SAFETY: the caller's contract; the allreduce before it on this stream wrote the sum into the output.
-        unsafe { self.engine.enqueue_norm(&call, &state.streams[k]) }.map_err(|e| self.poisoned_by(e.into()))?;
-        Ok(algo)
+        // SAFETY: the caller's contract.
+        unsafe { self.issue_choice(call, Ask::Unfused(algo), stream) }.map(|c| c.algorithm)
     }
 
     /// Enqueues a reduce-scatter: rank r receives elements `[r * count / W, (r + 1) * count / W)` of the sum in
@@ -610,10 +653,10 @@ impl Communicator {
         car: &car::Car,
         runs: Algorithm,
         call: Call,
-        algo: Option<Algorithm>,
+        ask: Ask,
         stream: u64,
     ) -> Result<Algorithm, Error> {
-        if let Some(a) = algo.filter(|&a| a != runs) {
+        if let Some(a) = ask.algorithm().filter(|&a| a != runs) {
             return Err(Error::BadArgs(format!("{a} does not run {}", call.op())));
         }
         let mut state = self.state.borrow_mut();
@@ -628,9 +671,9 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::issue`].
-    unsafe fn issue_all_reduce(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
-        if algo.is_some_and(|a| !Algorithm::CANDIDATES.contains(&a)) {
-            return Err(Error::BadArgs(format!("{} is not an allreduce algorithm", algo.expect("checked"))));
+    unsafe fn issue_all_reduce(&self, call: Call, ask: Ask, stream: u64) -> Result<Choice, Error> {
+        if let Some(a) = ask.algorithm().filter(|a| !Algorithm::CANDIDATES.contains(a)) {
+            return Err(Error::BadArgs(format!("{a} is not an allreduce algorithm")));
         }
         let mut state = self.state.borrow_mut();
         let k = state.caller_stream(&self.gpu, stream)?;
@@ -652,28 +695,30 @@ impl Communicator {
             _ => Residency::Caller,
         };
         let call = call.in_residency(residency);
-        let algo = match algo {
-            Some(a) => a,
-            None => match call.norm() {
-                Some(norm) => self.engine.choose_norm(&call, &norm, residency, &state.streams[k])?,
-                None => self.engine.choose(bytes, residency, &state.streams[k])?,
-            },
+        let choice = match (ask, call.norm()) {
+            (Ask::Choice(c), _) => c,
+            (Ask::Unfused(Some(a)), _) => Choice::unfused(a),
+            (Ask::Unfused(None), _) => {
+                Choice::unfused(self.engine.choose(bytes, residency, &state.streams[k])?.algorithm)
+            }
+            (Ask::Table, Some(norm)) => self.engine.choose_norm(&call, &norm, residency, &state.streams[k])?,
+            (Ask::Table, None) => self.engine.choose(bytes, residency, &state.streams[k])?,
         };
         // Only a design that reads its peers' buffers in place needs their addresses deferred.
-        let slot = if deferring && self.engine.reads_peer_buffers(algo, &call) {
+        let slot = if deferring && self.engine.reads_peer_buffers(choice, &call) {
             state.deferred_slot(&self.gpu, &call, &mut peers)
         } else {
             None
         };
         // SAFETY: the caller's contract, which is run_algorithm's; a deferred call's table holds the registered
         // buffers' addresses until end_graph_capture fills it.
-        let used = unsafe { self.engine.run_algorithm(algo, &call, &peers, &state.streams[k])? };
+        let used = unsafe { self.engine.run(choice, &call, &peers, &state.streams[k])? };
         if let (Some(used), Some((slot, input, output))) = (used, slot) {
             let capture = state.capture.as_mut().expect("deferring");
             capture.calls.push(DeferredCall { slot, bytes, used, input, output });
         }
         // What ran: a packet design asked for beyond its area runs its stand-in.
-        Ok(self.engine.runs_as(algo, &call))
+        Ok(self.engine.runs_as(choice, &call))
     }
 }
 

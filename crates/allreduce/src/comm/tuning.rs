@@ -3,7 +3,7 @@
 //! tables.
 
 use super::Communicator;
-use crate::tune::{Algorithm, Mode, Residency, TableKey, TableOp, TuneTable};
+use crate::tune::{Algorithm, Choice, Mode, Residency, TableKey, TableOp, TuneTable};
 use crate::Error;
 use collective_core::{AddRmsNorm, DType, Op};
 use gpu::{DeviceBuffer, MemKind};
@@ -55,7 +55,7 @@ pub struct Measured {
     pub mode: Mode,
     pub residency: Residency,
     pub count: usize,
-    pub algorithm: Algorithm,
+    pub choice: Choice,
     pub ms: Option<f64>,
 }
 
@@ -149,10 +149,10 @@ impl Communicator {
         for op in ops {
             for mode in Mode::ALL {
                 for residency in Residency::ALL {
-                    let times: Vec<(usize, Algorithm, f64)> = measured
+                    let times: Vec<(usize, Choice, f64)> = measured
                         .iter()
                         .filter(|m| m.op == op && m.mode == mode && m.residency == residency)
-                        .filter_map(|m| Some((m.count * dtype.size(), m.algorithm, m.ms?)))
+                        .filter_map(|m| Some((m.count * dtype.size(), m.choice, m.ms?)))
                         .collect();
                     let shape = (self.world(), self.device_shared_by);
                     let key = TableKey::new(info.kind, &info.name, shape, mode, residency).for_op(op);
@@ -202,9 +202,14 @@ impl Communicator {
                         Some((n, _, _)) => plain.with_add_rms_norm(*n)?,
                         None => plain,
                     };
-                    for algorithm in Algorithm::CANDIDATES {
+                    // Norm calls: every design with the norm in its kernel and the unfused sequence after every one.
+                    let ways: &[bool] = if norm.is_some() { &[false, true] } else { &[false] };
+                    let choices = Algorithm::CANDIDATES
+                        .into_iter()
+                        .flat_map(|algorithm| ways.iter().map(move |&unfused| Choice { algorithm, unfused }));
+                    for choice in choices {
                         // A candidate that would run another's kernel on this call is that one, measured already.
-                        if self.engine.runs_as(algorithm, &call) != algorithm {
+                        if self.engine.runs_as(choice, &call) != choice {
                             continue;
                         }
                         let seed = check::agree_seed(&self.rdv)?;
@@ -220,10 +225,9 @@ impl Communicator {
                             }
                             None => None,
                         };
-                        let algo = Some(algorithm);
                         // SAFETY: buffers of `capacity` bytes (ours, the registered ones, or our registrations; the
                         // norm's residual and weight ours); every rank runs the same sequence.
-                        unsafe { self.issue(call, algo, timer.stream.handle())? };
+                        unsafe { self.issue_as(call, choice, timer.stream.handle())? };
                         let mut got = vec![0u8; count * dtype.size()];
                         timer.stream.download(output, 0, &mut got)?;
                         let failed = match &case {
@@ -247,11 +251,11 @@ impl Communicator {
                         } else {
                             let t = timer.time_calls(&opts, &self.rdv, |s| {
                                 // SAFETY: as above (the norm's residual takes each call's sum, as a model's does).
-                                unsafe { self.issue(call, algo, s.handle()) }.map(|_| ())
+                                unsafe { self.issue_as(call, choice, s.handle()) }.map(|_| ())
                             })?;
                             Some(t.median_ms())
                         };
-                        let m = Measured { op, mode, residency, count, algorithm, ms };
+                        let m = Measured { op, mode, residency, count, choice, ms };
                         progress(&m);
                         out.push(m);
                     }
