@@ -8,6 +8,8 @@
 //  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h): the exchange over the grid,
 //    then the block that stores a row's last sums normalises it (a counter per row; no block waits for another).
 //  - symm_zc_1shot_norm: symm_zc_1shot carrying the residual add and RMSNorm, blocks owning whole rows.
+//  - symm_zc_2shot_norm: symm_zc_2shot carrying it: each rank pushes r of its share of the rows into every rank's
+//    output, then every rank normalises every row from its own.
 //  - symm_zc_1shot / symm_zc_2shot: no copy-in. Ranks read each other's registered inputs directly; two-shot pushes
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
 //    one per block and phase) replace torch's CAS handshake. Phase 0: inputs ready; phase 1: this block's reads of
@@ -255,6 +257,60 @@ template <int DT> ARX_DEV void zc_1shot_norm(const TunedParams& p, const u64* in
     ll_clean(p, epoch);
 }
 
+// Copies the row at `base` of rank `rank`'s output into every other rank's (the two-shot's push of r), each thread
+// the elements it wrote in add_residual_row, so no block sync is needed between the two.
+template <int DT> ARX_DEV void push_row(const u64* out, u32 world, u32 rank, u64 base, u32 hidden) {
+    typedef Elem<DT> E;
+    const void* src = (const void*)pick(out, rank);
+    if (rows_in_vectors<DT>(hidden)) {
+        u64 off = base * E::SIZE;
+        for (u64 v = threadIdx.x; v < hidden / E::VEC; v += ARX_NORM_LANES) {
+            vec16 x = ((const vec16*)((const char*)src + off))[v];
+#pragma unroll
+            for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
+                if (d < world && d != rank) ((vec16*)((char*)out[d] + off))[v] = x;
+        }
+        return;
+    }
+    ARX_NORM_FOR_OWN_ELEMENTS(j, hidden) {
+        float x = E::load(src, base + j);
+#pragma unroll
+        for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
+            if (d < world && d != rank) E::store((void*)out[d], base + j, x);
+    }
+}
+
+// zc_2shot with the residual add and RMSNorm (arx/norm.h), ARX_NORM_LANES threads per block: the rows split among the
+// ranks (row_range), each rank's share among its blocks. Block b copies in, when asked, block b's rows of every share
+// (what block b of every rank reads). Past phase 0 it sums its rows of this rank's share from every rank's input, adds
+// this rank's residual (the same on every rank) and pushes r into every rank's output. Past phase 1 (block b of every
+// rank has pushed) it normalises block b's rows of every share from this rank's output: r copied into the residual,
+// y over r. A peer pushes into this output again only past the next call's phase 0, which this block reaches after.
+template <int DT> ARX_DEV void zc_2shot_norm(const TunedParams& p, const u64* in, const u64* out) {
+    u64 epoch = next_epoch(p.counters);
+    Range all = Range{0, p.count / p.hidden};
+    if (p.copy_from)
+        for (u32 s = 0; s < p.world; ++s) {
+            Range m = row_range(row_range(all, s, p.world), blockIdx.x, gridDim.x);
+            copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
+                                 Range{m.lo * p.hidden, m.hi * p.hidden});
+        }
+    if (!tuned_barrier(p, 0, epoch)) return;
+    void* mine = (void*)pick(out, p.rank);
+    Range rows = row_range(row_range(all, p.rank, p.world), blockIdx.x, gridDim.x);
+    for (u64 row = rows.lo; row < rows.hi; ++row) {
+        add_residual_row<DT>(in, p.world, (const void*)p.residual, mine, row * p.hidden, p.hidden);
+        push_row<DT>(out, p.world, p.rank, row * p.hidden, p.hidden);
+    }
+    if (!tuned_barrier(p, 1, epoch)) return;
+    for (u32 s = 0; s < p.world; ++s) {
+        Range m = row_range(row_range(all, s, p.world), blockIdx.x, gridDim.x);
+        for (u64 row = m.lo; row < m.hi; ++row)
+            rms_norm_row<DT>(mine, (void*)p.residual, (const void*)p.weight, mine, row * p.hidden, p.hidden, p.eps);
+    }
+    ll_clean(p, epoch);
+}
+
 // dst[d][i] = sum over ranks of src[i] at one element i, for every rank d.
 template <int DT> ARX_DEV void push_at(u32 world, const u64* in, const u64* out, u64 i, const void* bias) {
     float acc = sum_at<DT, false>(in, world, i, bias);
@@ -409,6 +465,7 @@ ARX_ZC_ENTRIES(symm_zc_1shot, zc_1shot)
 ARX_ZC_ENTRIES(symm_zc_1shot_norm, zc_1shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot, zc_2shot)
 ARX_ZC_ENTRIES(symm_zc_2shot_push, zc_2shot_push)
+ARX_ZC_ENTRIES(symm_zc_2shot_norm, zc_2shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot_ll, zc_2shot_ll)
 
 ARX_INSTANTIATE(symm_ll, TunedParams)
@@ -423,4 +480,6 @@ ARX_INSTANTIATE(symm_zc_1shot_norm_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_push, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_push_table, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_norm, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_norm_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll_table, TunedParams)

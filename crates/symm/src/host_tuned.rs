@@ -5,7 +5,7 @@
 
 use crate::tuned_params::{ll_flag, TunedParams};
 use collective_core::host_sync::{flag_barrier, next_epoch};
-use collective_core::norm::{add_rms_norm, row_range};
+use collective_core::norm::{add_residual, add_rms_norm, rms_norm, row_range};
 use collective_core::{
     block_range, shard_elems, shard_range, sum_sources, AddRmsNorm, DType, HostElem, MAX_BLOCKS, MAX_RANKS,
 };
@@ -42,6 +42,12 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_2shot_push_table_bf16", zc_two_shot_push_table),
     ("symm_zc_2shot_push_table_fp16", zc_two_shot_push_table),
     ("symm_zc_2shot_push_table_fp32", zc_two_shot_push_table),
+    ("symm_zc_2shot_norm_bf16", zc_two_shot_norm),
+    ("symm_zc_2shot_norm_fp16", zc_two_shot_norm),
+    ("symm_zc_2shot_norm_fp32", zc_two_shot_norm),
+    ("symm_zc_2shot_norm_table_bf16", zc_two_shot_norm_table),
+    ("symm_zc_2shot_norm_table_fp16", zc_two_shot_norm_table),
+    ("symm_zc_2shot_norm_table_fp32", zc_two_shot_norm_table),
     ("symm_zc_2shot_ll_bf16", zc_two_shot_ll),
     ("symm_zc_2shot_ll_fp16", zc_two_shot_ll),
     ("symm_zc_2shot_ll_fp32", zc_two_shot_ll),
@@ -271,24 +277,27 @@ fn ll_clean_slots(p: &TunedParams, rank: usize, epoch: u64, slots: impl Iterator
 }
 
 /// The zero-copy designs: one-shot, two-shot, two-shot with its input pushed into the shard owners' staging, or
-/// one-shot with the residual add and RMSNorm (blocks own rows).
+/// one- or two-shot with the residual add and RMSNorm (blocks own rows; the two-shot's rows split among the ranks
+/// first).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Zc {
     OneShot,
     TwoShot,
     TwoShotPush,
     OneShotNorm,
+    TwoShotNorm,
 }
 
 fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
-    let two_shot = matches!(kind, Zc::TwoShot | Zc::TwoShotPush);
+    let two_shot = matches!(kind, Zc::TwoShot | Zc::TwoShotPush | Zc::TwoShotNorm);
     let name = match kind {
         Zc::OneShot => "symm_zc_1shot",
         Zc::TwoShot => "symm_zc_2shot",
         Zc::TwoShotPush => "symm_zc_2shot_push",
         Zc::OneShotNorm => "symm_zc_1shot_norm",
+        Zc::TwoShotNorm => "symm_zc_2shot_norm",
     };
     if kind == Zc::TwoShotPush && p.copy_from == 0 {
         return Err(format!("{name} launched without the input it pushes (copy_from 0)").into());
@@ -309,6 +318,10 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
             Zc::OneShot => block_range(0, count, b, c.grid, vec),
             Zc::OneShotNorm => {
                 let (lo, hi) = row_range((0, count / norm.hidden), b, c.grid);
+                (lo * norm.hidden, hi * norm.hidden)
+            }
+            Zc::TwoShotNorm => {
+                let (lo, hi) = row_range(row_range((0, count / norm.hidden), s, c.world), b, c.grid);
                 (lo * norm.hidden, hi * norm.hidden)
             }
         };
@@ -337,10 +350,15 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
         let (lo, hi) = part(c.rank);
         let mine = p.outputs[c.rank] as *mut u8;
+        let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+        let rows = |(lo, hi): (usize, usize)| (lo / norm.hidden, hi / norm.hidden);
         if kind == Zc::OneShotNorm {
-            let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
             // SAFETY: registered inputs, the output and the residual hold `count` elements, the weight `hidden`.
-            unsafe { add_rms_norm(c.dtype, &inputs, &norm, mine, (lo / norm.hidden, hi / norm.hidden)) };
+            unsafe { add_rms_norm(c.dtype, &inputs, &norm, mine, rows((lo, hi))) };
+        } else if kind == Zc::TwoShotNorm {
+            let residual = norm.residual.0 as *const u8;
+            // SAFETY: as above; r of this rank's rows into its output, then pushed below.
+            unsafe { add_residual(c.dtype, &inputs, residual, mine, norm.hidden, rows((lo, hi))) };
         } else if kind == Zc::TwoShotPush {
             // Every rank's slot of this rank's shard, and the bias, from element lo on.
             let slots = (0..c.world).map(|q| slot(c.rank, q, lo) as u64);
@@ -360,6 +378,14 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         }
         // SAFETY: as above.
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, &c.deadline, name)? };
+        if kind == Zc::TwoShotNorm {
+            // Block b's rows of every share, whose r block b of every rank pushed: r into the residual, y over r.
+            for s in 0..c.world {
+                let residual = norm.residual.0 as *mut u8;
+                // SAFETY: the output and the residual hold `count` elements, the weight `hidden`.
+                unsafe { rms_norm(c.dtype, mine, Some(residual), mine, &norm, rows(part(s))) };
+            }
+        }
         ll_clean(p, c.rank, epoch, b, c.grid);
     }
     Ok(())
@@ -400,6 +426,12 @@ fn zc_two_shot_push_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn zc_one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, Zc::OneShotNorm)
+}
+fn zc_two_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call(l)?, Zc::TwoShotNorm)
+}
+fn zc_two_shot_norm_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call_from_table(l)?, Zc::TwoShotNorm)
 }
 fn zc_one_shot_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call_from_table(l)?, Zc::OneShot)

@@ -6,6 +6,8 @@
 //!   residual add and RMSNorm runs `symm_ll_norm`, the same packets with the norm in the kernel (blocks own rows).
 //! - `symm_zc_1shot`, `symm_zc_2shot`: no copy-in; ranks read each other's registered inputs, and two-shot pushes
 //!   every reduced shard straight into every peer's registered output. Epoch flags instead of the CAS handshake.
+//!   With the residual add and RMSNorm: `symm_zc_1shot_norm` (blocks own rows), `symm_zc_2shot_norm` (the rows split
+//!   among the ranks, r pushed, then every rank normalises every row).
 //! - `symm_epoch_1shot`: car's one-shot protocol (fused copy-in to a staging half by epoch parity, one barrier) on
 //!   symmetric memory, for the middle sizes where one barrier beats zero-copy's two.
 //! - `symm_zc_2shot_ll`: zero-copy two-shot with one barrier: the reduced shards travel as flag-and-data packets,
@@ -137,10 +139,12 @@ enum Stem {
     LlNorm,
     /// `ZeroCopyOneShot` with the residual add and RMSNorm, likewise.
     ZeroCopyOneShotNorm,
+    /// `ZeroCopyTwoShot` with the residual add and RMSNorm: the rows split among the ranks, r pushed to every rank.
+    ZeroCopyTwoShotNorm,
 }
 
 impl Stem {
-    const ALL: [Stem; 8] = [
+    const ALL: [Stem; 9] = [
         Stem::Ll,
         Stem::EpochOneShot,
         Stem::ZeroCopyOneShot,
@@ -149,6 +153,7 @@ impl Stem {
         Stem::ZeroCopyTwoShotLl,
         Stem::LlNorm,
         Stem::ZeroCopyOneShotNorm,
+        Stem::ZeroCopyTwoShotNorm,
     ];
 
     /// The kernel's name in `kernels/symm_tuned.cu`, without the dtype suffix.
@@ -162,13 +167,14 @@ impl Stem {
             Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Stem::LlNorm => "symm_ll_norm",
             Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
+            Stem::ZeroCopyTwoShotNorm => "symm_zc_2shot_norm",
         }
     }
 
     /// Threads of every block: the norm's lanes, or the launch rule's.
     fn threads(self, kind: DriverKind) -> u32 {
         match self {
-            Stem::LlNorm | Stem::ZeroCopyOneShotNorm => NORM_LANES as u32,
+            Stem::LlNorm | Stem::ZeroCopyOneShotNorm | Stem::ZeroCopyTwoShotNorm => NORM_LANES as u32,
             _ => rule(kind, self, 0).threads,
         }
     }
@@ -185,6 +191,7 @@ impl Stem {
             Stem::Ll | Stem::EpochOneShot | Stem::LlNorm => None,
             Stem::ZeroCopyOneShot => Some("symm_zc_1shot_table"),
             Stem::ZeroCopyOneShotNorm => Some("symm_zc_1shot_norm_table"),
+            Stem::ZeroCopyTwoShotNorm => Some("symm_zc_2shot_norm_table"),
             Stem::ZeroCopyTwoShot => Some("symm_zc_2shot_table"),
             Stem::ZeroCopyTwoShotPush => Some("symm_zc_2shot_push_table"),
             Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
@@ -482,7 +489,7 @@ impl SymmTuned {
 
     /// The kernel that carries `call`'s residual add and RMSNorm on `design`, if it has one: `symm_ll_norm` where the
     /// call's rows fit the packet area (each row from a packet of its own, so up to a packet more per row than the
-    /// bytes), `symm_zc_1shot_norm`.
+    /// bytes), `symm_zc_1shot_norm`, `symm_zc_2shot_norm`.
     fn norm_stem(&self, design: Design, call: &Call) -> Option<Stem> {
         let norm = call.norm()?;
         match design {
@@ -492,6 +499,7 @@ impl SymmTuned {
                 fits.then_some(Stem::LlNorm)
             }
             Design::ZeroCopyOneShot => Some(Stem::ZeroCopyOneShotNorm),
+            Design::ZeroCopyTwoShot => Some(Stem::ZeroCopyTwoShotNorm),
             _ => None,
         }
     }
@@ -572,7 +580,8 @@ impl SymmTuned {
         let me = self.base.rank as usize;
         let (input, output) = (call.input(), call.output());
         let reads_peers = stem.reads_peers();
-        let writes_peers = matches!(stem, Stem::ZeroCopyTwoShot | Stem::ZeroCopyTwoShotPush);
+        let writes_peers =
+            matches!(stem, Stem::ZeroCopyTwoShot | Stem::ZeroCopyTwoShotPush | Stem::ZeroCopyTwoShotNorm);
         let deferred = peers.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
         let in_place = input == output;
@@ -590,7 +599,10 @@ impl SymmTuned {
             params.inputs[me] = input.0;
             input_view = PeerView::Caller(input);
         } else if input != self.input.ptr() {
-            let fuses = matches!(stem, Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot | Stem::ZeroCopyOneShotNorm);
+            let fuses = matches!(
+                stem,
+                Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot | Stem::ZeroCopyOneShotNorm | Stem::ZeroCopyTwoShotNorm
+            );
             if self.copy_in == CopyIn::Fused && fuses {
                 params.copy_from = input.0;
             } else {
