@@ -30,9 +30,14 @@ pub struct NormArgs {
     #[arg(short = 'd', long, default_value = "bf16", value_parser = |s: &str| s.parse::<DType>())]
     pub dtype: DType,
     /// Comma-separated: fused_1shot, fused_2shot (car's designs with the norm in their kernel), fused_ll (symm_ll's
-    /// packets with the norm in their kernel; car's fused one-shot where the rows do not fit the packets), unfused
-    /// (auto's allreduce, then the norm kernel), auto (the communicator's choice).
-    #[arg(long, value_delimiter = ',', default_value = "fused_1shot,fused_2shot,fused_ll,unfused,auto")]
+    /// packets with the norm in their kernel; car's fused one-shot where the rows do not fit the packets),
+    /// fused_zc_1shot, fused_zc_2shot (the zero-copy designs with the norm in their kernel, the caller's input copied
+    /// in first), unfused (auto's allreduce, then the norm kernel), auto (the communicator's choice).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fused_1shot,fused_2shot,fused_ll,fused_zc_1shot,fused_zc_2shot,unfused,auto"
+    )]
     pub methods: Vec<String>,
     #[arg(long, default_value_t = 1e-5)]
     pub eps: f32,
@@ -66,11 +71,14 @@ fn way(name: &str) -> Result<Way, BenchError> {
         "fused_1shot" => Way::Fused(Algorithm::Car1Shot),
         "fused_2shot" => Way::Fused(Algorithm::Car2Shot),
         "fused_ll" => Way::Fused(Algorithm::SymmLl),
+        "fused_zc_1shot" => Way::Fused(Algorithm::SymmZc1Shot),
+        "fused_zc_2shot" => Way::Fused(Algorithm::SymmZc2Shot),
         "unfused" => Way::Unfused,
         "auto" => Way::Auto,
         _ => {
             return Err(BenchError::Config(format!(
-                "unknown norm method {name:?}; known: fused_1shot, fused_2shot, fused_ll, unfused, auto"
+                "unknown norm method {name:?}; known: fused_1shot, fused_2shot, fused_ll, fused_zc_1shot, \
+                 fused_zc_2shot, unfused, auto"
             )))
         }
     })

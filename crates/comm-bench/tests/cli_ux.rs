@@ -279,7 +279,7 @@ fn compare_overlays_a_comm_bench_py_csv_and_our_json_with_ratios() {
 fn norm_checks_every_method_and_names_what_ran() {
     let o = Command::new(BIN)
         .args(["norm", "--backend", "host", "--num_ranks", "2", "--hidden", "8192", "--tokens", "1,16"])
-        .args(["--methods", "fused_ll,fused_1shot,unfused,auto", "-n", "2", "-w", "0", "--repeats", "1"])
+        .args(["--methods", "fused_ll,fused_1shot,fused_zc_2shot,unfused,auto", "-n", "2", "-w", "0", "--repeats", "1"])
         .output()
         .unwrap();
     let t = text(&o);
