@@ -7,7 +7,8 @@
 //    after this rank's packets of call e+1, sent after this rank finished reading call e.
 //  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h): the exchange over the grid,
 //    then the block that stores a row's last sums normalises it (a counter per row; no block waits for another).
-//  - symm_zc_1shot_norm: symm_zc_1shot carrying the residual add and RMSNorm, blocks owning whole rows.
+//  - symm_zc_1shot_norm, symm_epoch_1shot_norm: symm_zc_1shot and symm_epoch_1shot carrying the residual add and
+//    RMSNorm, blocks owning whole rows.
 //  - symm_zc_2shot_norm: symm_zc_2shot carrying it: each rank pushes r of its share of the rows into every rank's
 //    output, then every rank normalises every row from its own.
 //  - symm_zc_1shot / symm_zc_2shot: no copy-in. Ranks read each other's registered inputs directly; two-shot pushes
@@ -395,6 +396,26 @@ template <int DT> ARX_DEV void symm_epoch_1shot(TunedParams p) {
     ll_clean(p, epoch);
 }
 
+// symm_epoch_1shot with the residual add and RMSNorm (arx/norm.h), ARX_NORM_LANES threads per block: blocks own whole
+// rows (row_range), copy them into this rank's staging half of the epoch's parity, and past the one barrier sum them
+// from every rank's half, add the residual and normalise, as zc_1shot_norm does from the inputs.
+template <int DT> ARX_DEV void symm_epoch_1shot_norm(TunedParams p) {
+    u64 epoch = next_epoch(p.counters);
+    u64 half = (epoch & 1) * p.half_bytes;
+    u64 views[ARX_MAX_RANKS];
+#pragma unroll
+    for (u32 q = 0; q < ARX_MAX_RANKS; ++q) views[q] = q < p.world ? p.staging[q] + half : 0;
+    Range mine = row_range(Range{0, p.count / p.hidden}, blockIdx.x, gridDim.x);
+    copy_range<DT, true>((const void*)pick(p.inputs, p.rank), (void*)pick(views, p.rank),
+                         Range{mine.lo * p.hidden, mine.hi * p.hidden});
+    if (!tuned_barrier(p, 0, epoch)) return;
+    void* y = (void*)pick(p.outputs, p.rank);
+    for (u64 row = mine.lo; row < mine.hi; ++row)
+        add_rms_norm_row<DT>(views, p.world, (void*)p.residual, (const void*)p.weight, y, row * p.hidden, p.hidden,
+                             p.eps);
+    ll_clean(p, epoch);
+}
+
 // symm_zc_2shot_ll: two-shot with one barrier. Phase 0 (epoch flags): every input is ready. Each rank sums its shard
 // from every peer's registered input and pushes the result as flag-and-data packets (as symm_ll's) into slot
 // `rank` of every peer's packet area; each rank then polls its area for every shard and unpacks into its output.
@@ -472,6 +493,7 @@ ARX_INSTANTIATE(symm_ll, TunedParams)
 ARX_INSTANTIATE(symm_ll_norm, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll, TunedParams)
 ARX_INSTANTIATE(symm_epoch_1shot, TunedParams)
+ARX_INSTANTIATE(symm_epoch_1shot_norm, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot, TunedParams)
 ARX_INSTANTIATE(symm_zc_1shot_table, TunedParams)

@@ -24,6 +24,9 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_epoch_1shot_bf16", epoch_one_shot),
     ("symm_epoch_1shot_fp16", epoch_one_shot),
     ("symm_epoch_1shot_fp32", epoch_one_shot),
+    ("symm_epoch_1shot_norm_bf16", epoch_one_shot_norm),
+    ("symm_epoch_1shot_norm_fp16", epoch_one_shot_norm),
+    ("symm_epoch_1shot_norm_fp32", epoch_one_shot_norm),
     ("symm_zc_1shot_bf16", zc_one_shot),
     ("symm_zc_1shot_fp16", zc_one_shot),
     ("symm_zc_1shot_fp32", zc_one_shot),
@@ -392,21 +395,42 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
 }
 
 fn epoch_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
-    let c = call(l)?;
+    epoch(call(l)?, false)
+}
+fn epoch_one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    epoch(call(l)?, true)
+}
+
+/// The epoch one-shot: block b copies its part of this rank's input into its staging half, and past the one barrier
+/// sums that part from every rank's half; with the residual add and RMSNorm, blocks own whole rows.
+fn epoch(c: Call, with_norm: bool) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
+    let norm = norm_of(p);
+    let name = if with_norm { "symm_epoch_1shot_norm" } else { "symm_epoch_1shot" };
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
         let off = (epoch & 1) * p.half_bytes;
         let views: Vec<*const u8> = p.staging[..c.world].iter().map(|&a| (a + off) as *const u8).collect();
-        let sum_of = sum_sources(views.iter().map(|&v| v as u64), p.bias);
-        let (lo, hi) = block_range(0, count, b, c.grid, vec);
+        let (lo, hi) = if with_norm {
+            let (lo, hi) = row_range((0, count / norm.hidden), b, c.grid);
+            (lo * norm.hidden, hi * norm.hidden)
+        } else {
+            block_range(0, count, b, c.grid, vec)
+        };
         // SAFETY: registered input and staging halves hold `count` elements.
         unsafe { HostElem::copy(c.dtype, p.inputs[c.rank] as *const u8, views[c.rank] as *mut u8, lo, hi) };
-        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_epoch_1shot")? };
-        // SAFETY: as above; the output holds `count` elements.
-        unsafe { HostElem::reduce(c.dtype, &sum_of, lo, hi, (p.outputs[c.rank] as *mut u8).add(lo * size)) };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
+        let out = p.outputs[c.rank] as *mut u8;
+        if with_norm {
+            // SAFETY: the staging halves, the output and the residual hold `count` elements, the weight `hidden`.
+            unsafe { add_rms_norm(c.dtype, &views, &norm, out, (lo / norm.hidden, hi / norm.hidden)) };
+        } else {
+            let sum_of = sum_sources(views.iter().map(|&v| v as u64), p.bias);
+            // SAFETY: as above; the output holds `count` elements.
+            unsafe { HostElem::reduce(c.dtype, &sum_of, lo, hi, out.add(lo * size)) };
+        }
         ll_clean(p, c.rank, epoch, b, c.grid);
     }
     Ok(())

@@ -141,10 +141,12 @@ enum Stem {
     ZeroCopyOneShotNorm,
     /// `ZeroCopyTwoShot` with the residual add and RMSNorm: the rows split among the ranks, r pushed to every rank.
     ZeroCopyTwoShotNorm,
+    /// `EpochOneShot` with the residual add and RMSNorm, likewise.
+    EpochOneShotNorm,
 }
 
 impl Stem {
-    const ALL: [Stem; 9] = [
+    const ALL: [Stem; 10] = [
         Stem::Ll,
         Stem::EpochOneShot,
         Stem::ZeroCopyOneShot,
@@ -154,6 +156,7 @@ impl Stem {
         Stem::LlNorm,
         Stem::ZeroCopyOneShotNorm,
         Stem::ZeroCopyTwoShotNorm,
+        Stem::EpochOneShotNorm,
     ];
 
     /// The kernel's name in `kernels/symm_tuned.cu`, without the dtype suffix.
@@ -167,6 +170,7 @@ impl Stem {
             Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Stem::LlNorm => "symm_ll_norm",
             Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
+            Stem::EpochOneShotNorm => "symm_epoch_1shot_norm",
             Stem::ZeroCopyTwoShotNorm => "symm_zc_2shot_norm",
         }
     }
@@ -174,7 +178,9 @@ impl Stem {
     /// Threads of every block: the norm's lanes, or the launch rule's.
     fn threads(self, kind: DriverKind) -> u32 {
         match self {
-            Stem::LlNorm | Stem::ZeroCopyOneShotNorm | Stem::ZeroCopyTwoShotNorm => NORM_LANES as u32,
+            Stem::LlNorm | Stem::ZeroCopyOneShotNorm | Stem::ZeroCopyTwoShotNorm | Stem::EpochOneShotNorm => {
+                NORM_LANES as u32
+            }
             _ => rule(kind, self, 0).threads,
         }
     }
@@ -188,7 +194,7 @@ impl Stem {
     /// or outputs.
     fn table_name(self) -> Option<&'static str> {
         match self {
-            Stem::Ll | Stem::EpochOneShot | Stem::LlNorm => None,
+            Stem::Ll | Stem::EpochOneShot | Stem::LlNorm | Stem::EpochOneShotNorm => None,
             Stem::ZeroCopyOneShot => Some("symm_zc_1shot_table"),
             Stem::ZeroCopyOneShotNorm => Some("symm_zc_1shot_norm_table"),
             Stem::ZeroCopyTwoShotNorm => Some("symm_zc_2shot_norm_table"),
@@ -500,6 +506,7 @@ impl SymmTuned {
             }
             Design::ZeroCopyOneShot => Some(Stem::ZeroCopyOneShotNorm),
             Design::ZeroCopyTwoShot => Some(Stem::ZeroCopyTwoShotNorm),
+            Design::EpochOneShot => Some(Stem::EpochOneShotNorm),
             _ => None,
         }
     }
