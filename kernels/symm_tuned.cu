@@ -9,8 +9,8 @@
 //    then the block that stores a row's last sums normalises it (a counter per row; no block waits for another).
 //  - symm_zc_1shot_norm, symm_epoch_1shot_norm: symm_zc_1shot and symm_epoch_1shot carrying the residual add and
 //    RMSNorm, blocks owning whole rows.
-//  - symm_zc_2shot_norm: symm_zc_2shot carrying it: each rank pushes r of its share of the rows into every rank's
-//    output, then every rank normalises every row from its own.
+//  - symm_zc_2shot_norm, symm_zc_2shot_push_norm: symm_zc_2shot and symm_zc_2shot_push carrying it: each rank pushes
+//    r of its share of the rows into every rank's output, then every rank normalises every row from its own.
 //  - symm_zc_1shot / symm_zc_2shot: no copy-in. Ranks read each other's registered inputs directly; two-shot pushes
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
 //    one per block and phase) replace torch's CAS handshake. Phase 0: inputs ready; phase 1: this block's reads of
@@ -283,24 +283,40 @@ template <int DT> ARX_DEV void push_row(const u64* out, u32 world, u32 rank, u64
 
 // zc_2shot with the residual add and RMSNorm (arx/norm.h), ARX_NORM_LANES threads per block: the rows split among the
 // ranks (row_range), each rank's share among its blocks. Block b copies in, when asked, block b's rows of every share
-// (what block b of every rank reads). Past phase 0 it sums its rows of this rank's share from every rank's input, adds
-// this rank's residual (the same on every rank) and pushes r into every rank's output. Past phase 1 (block b of every
-// rank has pushed) it normalises block b's rows of every share from this rank's output: r copied into the residual,
-// y over r. A peer pushes into this output again only past the next call's phase 0, which this block reaches after.
-template <int DT> ARX_DEV void zc_2shot_norm(const TunedParams& p, const u64* in, const u64* out) {
+// (what block b of every rank reads); PUSH (symm_zc_2shot_push_norm) writes them instead into slot `rank` of the
+// share owner's staging half of this epoch's parity (slots of the largest share's rows), as zc_2shot_push does. Past
+// phase 0 it sums its rows of this rank's share from every rank's input (PUSH: from the slots), adds this rank's
+// residual (the same on every rank) and pushes r into every rank's output. Past phase 1 (block b of every rank has
+// pushed) it normalises block b's rows of every share from this rank's output: r copied into the residual, y over r.
+// A peer pushes into this output (or a slot of this half) again only past the next call's phase 0 (the half's next
+// but one), which this block reaches after.
+template <int DT, bool PUSH> ARX_DEV void zc_2shot_norm_k(const TunedParams& p, const u64* in, const u64* out) {
+    typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
     Range all = Range{0, p.count / p.hidden};
-    if (p.copy_from)
-        for (u32 s = 0; s < p.world; ++s) {
-            Range m = row_range(row_range(all, s, p.world), blockIdx.x, gridDim.x);
-            copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
-                                 Range{m.lo * p.hidden, m.hi * p.hidden});
-        }
+    u64 half = (epoch & 1) * p.half_bytes;
+    u64 per = div_ceil(all.hi, p.world);
+    for (u32 s = 0; s < p.world && (PUSH || p.copy_from); ++s) {
+        Range share = row_range(all, s, p.world);
+        Range m = row_range(share, blockIdx.x, gridDim.x);
+        // The slot viewed so that row i of the share sits at row i (unsigned wrap-around when rank * per < lo).
+        u64 dst = PUSH ? pick(p.staging, s) + half + ((u64)p.rank * per - share.lo) * p.hidden * E::SIZE
+                       : pick(in, p.rank);
+        copy_range<DT, true>((const void*)p.copy_from, (void*)dst, Range{m.lo * p.hidden, m.hi * p.hidden});
+    }
     if (!tuned_barrier(p, 0, epoch)) return;
     void* mine = (void*)pick(out, p.rank);
-    Range rows = row_range(row_range(all, p.rank, p.world), blockIdx.x, gridDim.x);
+    Range share = row_range(all, p.rank, p.world);
+    u64 slots[ARX_MAX_RANKS];
+    if (PUSH) {
+        u64 own = pick(p.staging, p.rank) + half;
+#pragma unroll
+        for (u32 q = 0; q < ARX_MAX_RANKS; ++q)
+            slots[q] = q < p.world ? own + ((u64)q * per - share.lo) * p.hidden * E::SIZE : 0;
+    }
+    Range rows = row_range(share, blockIdx.x, gridDim.x);
     for (u64 row = rows.lo; row < rows.hi; ++row) {
-        add_residual_row<DT>(in, p.world, (const void*)p.residual, mine, row * p.hidden, p.hidden);
+        add_residual_row<DT>(PUSH ? slots : in, p.world, (const void*)p.residual, mine, row * p.hidden, p.hidden);
         push_row<DT>(out, p.world, p.rank, row * p.hidden, p.hidden);
     }
     if (!tuned_barrier(p, 1, epoch)) return;
@@ -310,6 +326,12 @@ template <int DT> ARX_DEV void zc_2shot_norm(const TunedParams& p, const u64* in
             rms_norm_row<DT>(mine, (void*)p.residual, (const void*)p.weight, mine, row * p.hidden, p.hidden, p.eps);
     }
     ll_clean(p, epoch);
+}
+template <int DT> ARX_DEV void zc_2shot_norm(const TunedParams& p, const u64* in, const u64* out) {
+    zc_2shot_norm_k<DT, false>(p, in, out);
+}
+template <int DT> ARX_DEV void zc_2shot_push_norm(const TunedParams& p, const u64* in, const u64* out) {
+    zc_2shot_norm_k<DT, true>(p, in, out);
 }
 
 // dst[d][i] = sum over ranks of src[i] at one element i, for every rank d.
@@ -487,6 +509,7 @@ ARX_ZC_ENTRIES(symm_zc_1shot_norm, zc_1shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot, zc_2shot)
 ARX_ZC_ENTRIES(symm_zc_2shot_push, zc_2shot_push)
 ARX_ZC_ENTRIES(symm_zc_2shot_norm, zc_2shot_norm)
+ARX_ZC_ENTRIES(symm_zc_2shot_push_norm, zc_2shot_push_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot_ll, zc_2shot_ll)
 
 ARX_INSTANTIATE(symm_ll, TunedParams)
@@ -504,4 +527,6 @@ ARX_INSTANTIATE(symm_zc_2shot_push, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_push_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_norm, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_norm_table, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_push_norm, TunedParams)
+ARX_INSTANTIATE(symm_zc_2shot_push_norm_table, TunedParams)
 ARX_INSTANTIATE(symm_zc_2shot_ll_table, TunedParams)

@@ -45,6 +45,12 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_2shot_push_table_bf16", zc_two_shot_push_table),
     ("symm_zc_2shot_push_table_fp16", zc_two_shot_push_table),
     ("symm_zc_2shot_push_table_fp32", zc_two_shot_push_table),
+    ("symm_zc_2shot_push_norm_bf16", zc_two_shot_push_norm),
+    ("symm_zc_2shot_push_norm_fp16", zc_two_shot_push_norm),
+    ("symm_zc_2shot_push_norm_fp32", zc_two_shot_push_norm),
+    ("symm_zc_2shot_push_norm_table_bf16", zc_two_shot_push_norm_table),
+    ("symm_zc_2shot_push_norm_table_fp16", zc_two_shot_push_norm_table),
+    ("symm_zc_2shot_push_norm_table_fp32", zc_two_shot_push_norm_table),
     ("symm_zc_2shot_norm_bf16", zc_two_shot_norm),
     ("symm_zc_2shot_norm_fp16", zc_two_shot_norm),
     ("symm_zc_2shot_norm_fp32", zc_two_shot_norm),
@@ -289,25 +295,36 @@ enum Zc {
     TwoShotPush,
     OneShotNorm,
     TwoShotNorm,
+    TwoShotPushNorm,
 }
 
 fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
-    let two_shot = matches!(kind, Zc::TwoShot | Zc::TwoShotPush | Zc::TwoShotNorm);
+    let two_shot = matches!(kind, Zc::TwoShot | Zc::TwoShotPush | Zc::TwoShotNorm | Zc::TwoShotPushNorm);
+    let pushes = matches!(kind, Zc::TwoShotPush | Zc::TwoShotPushNorm);
     let name = match kind {
         Zc::OneShot => "symm_zc_1shot",
         Zc::TwoShot => "symm_zc_2shot",
         Zc::TwoShotPush => "symm_zc_2shot_push",
         Zc::OneShotNorm => "symm_zc_1shot_norm",
         Zc::TwoShotNorm => "symm_zc_2shot_norm",
+        Zc::TwoShotPushNorm => "symm_zc_2shot_push_norm",
     };
-    if kind == Zc::TwoShotPush && p.copy_from == 0 {
+    if pushes && p.copy_from == 0 {
         return Err(format!("{name} launched without the input it pushes (copy_from 0)").into());
     }
     let shard = shard_elems(count, c.world, vec);
-    let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
     let norm = norm_of(p);
+    let all_rows = if kind == Zc::TwoShotPushNorm { (0, count / norm.hidden) } else { (0, 0) };
+    // The pushed copy-in's slots, each a shard (with the norm: the largest share's rows), and where the owner's part
+    // of the message starts.
+    let stride = if kind == Zc::TwoShotPushNorm { all_rows.1.div_ceil(c.world) * norm.hidden } else { shard };
+    let first = |owner: usize| match kind {
+        Zc::TwoShotPushNorm => row_range(all_rows, owner, c.world).0 * norm.hidden,
+        _ => shard_range(count, shard, owner).0,
+    };
+    let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
@@ -323,18 +340,17 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
                 let (lo, hi) = row_range((0, count / norm.hidden), b, c.grid);
                 (lo * norm.hidden, hi * norm.hidden)
             }
-            Zc::TwoShotNorm => {
+            Zc::TwoShotNorm | Zc::TwoShotPushNorm => {
                 let (lo, hi) = row_range(row_range((0, count / norm.hidden), s, c.world), b, c.grid);
                 (lo * norm.hidden, hi * norm.hidden)
             }
         };
         // The pushed copy-in's slot of rank `q` in rank `owner`'s staging half of this epoch, at element `i` of the
-        // owner's shard: where the kernel's view of the slot puts it.
+        // owner's part: where the kernel's view of the slot puts it.
         let slot = |owner: usize, q: usize, i: usize| {
-            let first = shard_range(count, shard, owner).0;
-            (p.staging[owner] + (epoch & 1) * p.half_bytes) as usize + (q * shard + i - first) * size
+            (p.staging[owner] + (epoch & 1) * p.half_bytes) as usize + (q * stride + i - first(owner)) * size
         };
-        if kind == Zc::TwoShotPush {
+        if pushes {
             let src = p.copy_from as *const u8;
             for s in 0..c.world {
                 let (lo, hi) = part(s);
@@ -362,6 +378,14 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
             let residual = norm.residual.0 as *const u8;
             // SAFETY: as above; r of this rank's rows into its output, then pushed below.
             unsafe { add_residual(c.dtype, &inputs, residual, mine, norm.hidden, rows((lo, hi))) };
+        } else if kind == Zc::TwoShotPushNorm {
+            // Every rank's slot of this rank's share, the residual and the output, from element lo on.
+            let slots: Vec<*const u8> = (0..c.world).map(|q| slot(c.rank, q, lo) as *const u8).collect();
+            let residual = (norm.residual.0 as usize + lo * size) as *const u8;
+            // SAFETY: the slots, the residual and the output hold this share's rows from lo on.
+            unsafe {
+                add_residual(c.dtype, &slots, residual, mine.add(lo * size), norm.hidden, (0, (hi - lo) / norm.hidden))
+            };
         } else if kind == Zc::TwoShotPush {
             // Every rank's slot of this rank's shard, and the bias, from element lo on.
             let slots = (0..c.world).map(|q| slot(c.rank, q, lo) as u64);
@@ -381,7 +405,7 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         }
         // SAFETY: as above.
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, &c.deadline, name)? };
-        if kind == Zc::TwoShotNorm {
+        if matches!(kind, Zc::TwoShotNorm | Zc::TwoShotPushNorm) {
             // Block b's rows of every share, whose r block b of every rank pushed: r into the residual, y over r.
             for s in 0..c.world {
                 let residual = norm.residual.0 as *mut u8;
@@ -447,6 +471,12 @@ fn zc_two_shot_push(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn zc_two_shot_push_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call_from_table(l)?, Zc::TwoShotPush)
+}
+fn zc_two_shot_push_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call(l)?, Zc::TwoShotPushNorm)
+}
+fn zc_two_shot_push_norm_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call_from_table(l)?, Zc::TwoShotPushNorm)
 }
 fn zc_one_shot_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, Zc::OneShotNorm)

@@ -143,10 +143,12 @@ enum Stem {
     ZeroCopyTwoShotNorm,
     /// `EpochOneShot` with the residual add and RMSNorm, likewise.
     EpochOneShotNorm,
+    /// `ZeroCopyTwoShotNorm` with the input pushed into the share owners' staging, as `ZeroCopyTwoShotPush`.
+    ZeroCopyTwoShotPushNorm,
 }
 
 impl Stem {
-    const ALL: [Stem; 10] = [
+    const ALL: [Stem; 11] = [
         Stem::Ll,
         Stem::EpochOneShot,
         Stem::ZeroCopyOneShot,
@@ -157,6 +159,7 @@ impl Stem {
         Stem::ZeroCopyOneShotNorm,
         Stem::ZeroCopyTwoShotNorm,
         Stem::EpochOneShotNorm,
+        Stem::ZeroCopyTwoShotPushNorm,
     ];
 
     /// The kernel's name in `kernels/symm_tuned.cu`, without the dtype suffix.
@@ -171,6 +174,7 @@ impl Stem {
             Stem::LlNorm => "symm_ll_norm",
             Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
             Stem::EpochOneShotNorm => "symm_epoch_1shot_norm",
+            Stem::ZeroCopyTwoShotPushNorm => "symm_zc_2shot_push_norm",
             Stem::ZeroCopyTwoShotNorm => "symm_zc_2shot_norm",
         }
     }
@@ -178,9 +182,11 @@ impl Stem {
     /// Threads of every block: the norm's lanes, or the launch rule's.
     fn threads(self, kind: DriverKind) -> u32 {
         match self {
-            Stem::LlNorm | Stem::ZeroCopyOneShotNorm | Stem::ZeroCopyTwoShotNorm | Stem::EpochOneShotNorm => {
-                NORM_LANES as u32
-            }
+            Stem::LlNorm
+            | Stem::ZeroCopyOneShotNorm
+            | Stem::ZeroCopyTwoShotNorm
+            | Stem::EpochOneShotNorm
+            | Stem::ZeroCopyTwoShotPushNorm => NORM_LANES as u32,
             _ => rule(kind, self, 0).threads,
         }
     }
@@ -200,6 +206,7 @@ impl Stem {
             Stem::ZeroCopyTwoShotNorm => Some("symm_zc_2shot_norm_table"),
             Stem::ZeroCopyTwoShot => Some("symm_zc_2shot_table"),
             Stem::ZeroCopyTwoShotPush => Some("symm_zc_2shot_push_table"),
+            Stem::ZeroCopyTwoShotPushNorm => Some("symm_zc_2shot_push_norm_table"),
             Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
         }
     }
@@ -495,7 +502,8 @@ impl SymmTuned {
 
     /// The kernel that carries `call`'s residual add and RMSNorm on `design`, if it has one: `symm_ll_norm` where the
     /// call's rows fit the packet area (each row from a packet of its own, so up to a packet more per row than the
-    /// bytes), `symm_zc_1shot_norm`, `symm_zc_2shot_norm`.
+    /// bytes), `symm_zc_1shot_norm`, `symm_zc_2shot_norm`, `symm_epoch_1shot_norm`, and `symm_zc_2shot_push_norm` where
+    /// its slots fit a staging half.
     fn norm_stem(&self, design: Design, call: &Call) -> Option<Stem> {
         let norm = call.norm()?;
         match design {
@@ -507,6 +515,11 @@ impl SymmTuned {
             Design::ZeroCopyOneShot => Some(Stem::ZeroCopyOneShotNorm),
             Design::ZeroCopyTwoShot => Some(Stem::ZeroCopyTwoShotNorm),
             Design::EpochOneShot => Some(Stem::EpochOneShotNorm),
+            Design::ZeroCopyTwoShotPush => {
+                // Slots of the largest share's rows per rank: up to a row per rank more than the message.
+                let slots = call.count() + (call.world() - 1) * norm.hidden;
+                (slots * call.dtype().size() <= self.base.half_bytes as usize).then_some(Stem::ZeroCopyTwoShotPushNorm)
+            }
             _ => None,
         }
     }
@@ -587,14 +600,14 @@ impl SymmTuned {
         let me = self.base.rank as usize;
         let (input, output) = (call.input(), call.output());
         let reads_peers = stem.reads_peers();
-        let writes_peers =
-            matches!(stem, Stem::ZeroCopyTwoShot | Stem::ZeroCopyTwoShotPush | Stem::ZeroCopyTwoShotNorm);
+        let pushes = matches!(stem, Stem::ZeroCopyTwoShotPush | Stem::ZeroCopyTwoShotPushNorm);
+        let writes_peers = pushes || matches!(stem, Stem::ZeroCopyTwoShot | Stem::ZeroCopyTwoShotNorm);
         let deferred = peers.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
         let in_place = input == output;
         let mut copy_out = false;
         let (mut input_view, mut output_view) = (PeerView::Registered, None);
-        if stem == Stem::ZeroCopyTwoShotPush {
+        if pushes {
             // Pushed wherever the input lies (no peer reads it), so that ranks whose inputs lie in different places
             // still run one protocol.
             params.copy_from = input.0;
