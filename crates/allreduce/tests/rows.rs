@@ -13,8 +13,9 @@ mod common;
 use common::{as_job, backend, comm_on, ranks};
 
 /// The residual add and RMSNorm after the sum: fused in car's one-shot and two-shot, the packets (`symm_ll`, car's
-/// fused one-shot where the rows do not fit the packets) and the zero-copy one-shot, unfused (the design's allreduce,
-/// then the norm kernel) after every other design, and unfused after every design when asked. Rows that do not
+/// fused one-shot where the rows do not fit the packets), the epoch one-shot, the zero-copy one- and two-shot and
+/// the pushed two-shot (where its slots fit), unfused (the design's allreduce, then the norm kernel) after the packet
+/// two-shot, and unfused after every design when asked. Rows that do not
 /// divide among the ranks, fewer rows than ranks, odd row lengths; fresh inputs every run, a poisoned output, out of
 /// place and in place; r and y within the float64 bound and the same bits on every rank and from every choice.
 #[test]
