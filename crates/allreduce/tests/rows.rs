@@ -57,6 +57,7 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
                 stream.fill(&output, 0xFF).unwrap();
                 let out = if in_place { &input } else { &output };
                 // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+                let norms_before = norm_kernels_launched(&gpu);
                 let ran = unsafe {
                     let call = comm.call(Op::AllReduce, dtype, input.ptr(), out.ptr(), count).unwrap();
                     let call = call.with_add_rms_norm(norm).unwrap();
@@ -71,6 +72,10 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
                 stream.sync().unwrap();
                 if let Some(c) = choice.filter(|c| c.unfused) {
                     assert!(ran.unfused, "{c} ran {ran}");
+                }
+                // What it says it ran is what ran: the norm kernel after the allreduce exactly when unfused.
+                if let (Some(before), Some(after)) = (norms_before, norm_kernels_launched(&gpu)) {
+                    assert_eq!(after - before, u64::from(ran.unfused), "{choice:?} ran {ran}");
                 }
                 let how = format!(
                     "{}{}",
@@ -93,6 +98,13 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
             }
         }
     });
+}
+
+/// How many launches of the unfused sequence's norm kernel `gpu` has enqueued, where its driver counts them (the host
+/// driver's).
+fn norm_kernels_launched(gpu: &gpu::Gpu) -> Option<u64> {
+    let launches = gpu.launches()?;
+    Some(launches.iter().filter(|(name, _)| name.starts_with("car_add_rms_norm")).map(|(_, n)| n).sum())
 }
 
 /// Norm calls follow the tables of their own calls, plain calls theirs: files whose plain tables name car's one-shot
@@ -159,6 +171,7 @@ fn norm_calls_follow_their_own_tables() {
             stream.upload(&weight, 0, &dtype.encode(&case.weight)).unwrap();
             let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
             // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+            let norms_before = norm_kernels_launched(&gpu);
             let (ran, plain) = unsafe {
                 let call = comm.call(Op::AllReduce, dtype, input.ptr(), output.ptr(), count).unwrap();
                 comm.issue(call.with_add_rms_norm(norm).unwrap(), None, stream.handle()).unwrap();
@@ -169,6 +182,9 @@ fn norm_calls_follow_their_own_tables() {
             };
             stream.sync().unwrap();
             assert_eq!((ran, plain), (want, Choice::of(Algorithm::Car1Shot)), "{}", file.display());
+            if let (Some(before), Some(after)) = (norms_before, norm_kernels_launched(&gpu)) {
+                assert_eq!(after - before, u64::from(want.unfused), "the norm kernel ran as {want}");
+            }
             let said = comm.notes().iter().any(|n| n.contains("residual add and RMSNorm"));
             assert_eq!(said, plain_only, "{:?}", comm.notes());
             let (mut y, mut r) = (vec![0u8; count * 2], vec![0u8; count * 2]);

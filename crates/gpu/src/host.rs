@@ -78,6 +78,7 @@ pub(crate) struct HostDriver {
     modules: Mutex<HashMap<ModuleHandle, &'static [(&'static str, HostKernel)]>>,
     kernels: Mutex<HashMap<KernelHandle, (&'static str, HostKernel)>>,
     graphs: Mutex<HashMap<GraphHandle, Vec<Op>>>,
+    launches: Mutex<HashMap<&'static str, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -111,6 +112,7 @@ impl HostDriver {
             modules: Mutex::default(),
             kernels: Mutex::default(),
             graphs: Mutex::default(),
+            launches: Mutex::default(),
         }
     }
 
@@ -215,6 +217,9 @@ impl Driver for HostDriver {
 
     fn memory(&self) -> Result<Option<(u64, u64)>> {
         Ok(None)
+    }
+    fn launches(&self) -> Option<HashMap<&'static str, u64>> {
+        Some(lock(&self.launches).clone())
     }
 
     fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem> {
@@ -423,6 +428,7 @@ impl Driver for HostDriver {
     }
     fn launch(&self, stream: StreamHandle, kernel: KernelHandle, dims: LaunchDims, params: &[u8]) -> Result<()> {
         let (name, f) = *lock(&self.kernels).get(&kernel).ok_or_else(|| GpuError::BadArgs("unknown kernel".into()))?;
+        *lock(&self.launches).entry(name).or_default() += 1;
         self.submit(stream, Op::Launch { name: name.to_string(), kernel: f, dims, params: params.to_vec() })
     }
 
@@ -525,6 +531,8 @@ mod tests {
         s.download(&b, 0, &mut out).unwrap();
         let want: Vec<u8> = data.iter().map(|x| x.wrapping_add(4)).collect();
         assert_eq!(out, want);
+        // Launches are counted as enqueued: a captured one once, however often it is replayed.
+        assert_eq!(gpu.launches().unwrap().get("add_one"), Some(&2));
         // SAFETY: the test's own buffers and kernels, sized for the call.
         unsafe { s.memset(b.ptr(), 7, 4096) }.unwrap();
         s.download(&b, 0, &mut out).unwrap();

@@ -16,6 +16,7 @@ mod kernel_cache;
 pub use error::{GpuError, KernelFault, Result};
 pub use host::{HostKernel, HostLaunch};
 
+use std::collections::HashMap;
 use std::fmt;
 use std::os::fd::OwnedFd;
 use std::str::FromStr;
@@ -224,6 +225,11 @@ pub trait Driver: Send + Sync {
     /// Free and total bytes of the device's memory now; `None` on the host driver, whose "device" memory is the
     /// process's.
     fn memory(&self) -> Result<Option<(u64, u64)>>;
+    /// How many launches of each kernel were enqueued through this driver (a captured launch once), by kernel name;
+    /// `None` on the GPU drivers, which keep no count (a profiler does).
+    fn launches(&self) -> Option<HashMap<&'static str, u64>> {
+        None
+    }
 
     fn alloc(&self, bytes: usize, kind: MemKind) -> Result<RawMem>;
     fn ipc_export(&self, mem: &RawMem) -> Result<Vec<u8>>;
@@ -356,6 +362,11 @@ impl Gpu {
     /// Free and total bytes of the device's memory now (`None` on the host driver).
     pub fn memory(&self) -> Result<Option<(u64, u64)>> {
         self.0.memory()
+    }
+    /// How many launches of each kernel were enqueued, by name: the host driver's count of what its calls ran (for
+    /// tests and debugging); `None` on the GPU drivers.
+    pub fn launches(&self) -> Option<HashMap<&'static str, u64>> {
+        self.0.launches()
     }
     pub fn kind(&self) -> DriverKind {
         self.0.info().kind
