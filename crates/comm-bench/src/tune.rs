@@ -24,7 +24,7 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
     let rank0 = comm.rank() == 0;
     if rank0 {
         println!(
-            "# {:>5} {:>17} {:>5} {:>10} {:>16} {:>10}",
+            "# {:>5} {:>17} {:>5} {:>10} {:>26} {:>10}",
             "mode", "residency", "call", "count", "algorithm", "time(us)"
         );
     }
@@ -34,7 +34,7 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
             let t = m.ms.map_or_else(|| "failed".to_string(), |ms| format!("{:.2}", ms * 1e3));
             let call = if m.op == allreduce::tune::TableOp::AddRmsNorm { "norm" } else { "plain" };
             let (mode, residency) = (m.mode.name(), m.residency.name());
-            println!("  {mode:>5} {residency:>17} {call:>5} {:>10} {:>16} {t:>10}", m.count, m.choice.to_string());
+            println!("  {mode:>5} {residency:>17} {call:>5} {:>10} {:>26} {t:>10}", m.count, m.choice.to_string());
         }
     };
     let report = match comm.tune_with(&req, &mut print) {

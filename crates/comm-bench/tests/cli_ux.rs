@@ -186,6 +186,8 @@ fn tune_prints_its_table_by_size_range() {
     let norm = set.iter().filter(|t| t["key"]["op"] == "add_rms_norm").count();
     assert_eq!((set.len(), norm), (12, 6), "{t}");
     assert!(t.contains(" norm ") && t.contains("allreduce + residual add + RMSNorm"), "{t}");
+    // Norm calls measure the unfused sequence too, after the fastest plain allreduces.
+    assert!(t.lines().any(|l| l.contains(" norm ") && l.contains(" unfused:")), "{t}");
     // --tune_hidden 0: plain tables only.
     let o = Command::new(BIN)
         .args(QUICK)
@@ -211,6 +213,8 @@ fn tune_prints_its_table_by_size_range() {
     let set: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
     assert!(set.len() == 6 && set.iter().all(|t| t["key"]["op"] == "add_rms_norm"), "{set:?}");
     assert!(!text(&o).contains(" plain "), "{}", text(&o));
+    // Without plain measurements, after the table's allreduce.
+    assert!(text(&o).lines().any(|l| l.contains(" norm ") && l.contains(" unfused:")), "{}", text(&o));
     let o = tune(&["--tune_hidden", "0"]).unwrap();
     assert!(!o.status.success() && text(&o).contains("norm calls only"), "{}", text(&o));
     assert!(!text(&o).contains("[rank"), "refused before any rank starts: {}", text(&o));

@@ -37,6 +37,20 @@ pub struct TuneRequest {
 /// The row length norm calls are tuned at by default: a mid-sized model's hidden size.
 pub const NORM_HIDDEN: usize = 4096;
 
+/// How much slower than the fastest plain allreduce at a size an allreduce may be and still have the unfused sequence
+/// measured after it on norm calls ([`Communicator::unfused_after`]).
+const UNFUSED_AFTER: f64 = 0.10;
+
+/// The allreduces within [`UNFUSED_AFTER`] of the fastest of `(count, algorithm, ms)` at the count nearest `count`
+/// (None without measurements): the ones worth the unfused sequence after them on a norm call of `count` elements,
+/// since the norm kernel after it costs every allreduce the same.
+fn near_fastest(plain: &[(usize, Algorithm, f64)], count: usize) -> Option<Vec<Algorithm>> {
+    let nearest = plain.iter().map(|p| p.0).min_by_key(|&c| c.abs_diff(count))?;
+    let at = || plain.iter().filter(move |p| p.0 == nearest);
+    let fastest = at().map(|p| p.2).fold(f64::INFINITY, f64::min);
+    Some(at().filter(|p| p.2 <= fastest * (1.0 + UNFUSED_AFTER)).map(|p| p.1).collect())
+}
+
 /// The eps of the norm calls a tune measures (it does not change their cost).
 const NORM_EPS: f32 = 1e-6;
 
@@ -202,11 +216,13 @@ impl Communicator {
                         Some((n, _, _)) => plain.with_add_rms_norm(*n)?,
                         None => plain,
                     };
-                    // Norm calls: every design with the norm in its kernel and the unfused sequence after every one.
-                    let ways: &[bool] = if norm.is_some() { &[false, true] } else { &[false] };
-                    let choices = Algorithm::CANDIDATES
-                        .into_iter()
-                        .flat_map(|algorithm| ways.iter().map(move |&unfused| Choice { algorithm, unfused }));
+                    // Norm calls: every design with the norm in its kernel, and the unfused sequence after the
+                    // allreduces that can win it.
+                    let after = match norm {
+                        Some(_) => self.unfused_after(&out, (mode, residency), count, dtype),
+                        None => Vec::new(),
+                    };
+                    let choices = Algorithm::CANDIDATES.map(Choice::of).into_iter().chain(after);
                     for choice in choices {
                         // A candidate that would run another's kernel on this call is that one, measured already.
                         if self.engine.runs_as(choice, &call) != choice {
@@ -265,6 +281,24 @@ impl Communicator {
         Ok(out)
     }
 
+    /// The unfused sequences a tune measures on norm calls of `count` elements of `dtype` in `mode` and `residency`:
+    /// after the allreduces [`near_fastest`] finds among the plain ones `measured`, or, where this tune measured none
+    /// (norm calls only), after the one this communicator's table picks. The same on every rank (the measurements are).
+    fn unfused_after(
+        &self,
+        measured: &[Measured],
+        (mode, residency): (Mode, Residency),
+        count: usize,
+        dtype: DType,
+    ) -> Vec<Choice> {
+        let here = |m: &&Measured| m.op == TableOp::AllReduce && m.mode == mode && m.residency == residency;
+        let plain: Vec<_> =
+            measured.iter().filter(here).filter_map(|m| Some((m.count, m.choice.algorithm, m.ms?))).collect();
+        let after = near_fastest(&plain, count)
+            .unwrap_or_else(|| vec![self.engine.table(mode, residency).pick(count * dtype.size()).algorithm]);
+        after.into_iter().map(Choice::unfused).collect()
+    }
+
     /// The input and output a tune measures `residency` on.
     fn residency_buffers<'a>(
         &'a self,
@@ -277,5 +311,22 @@ impl Communicator {
             Residency::Registered => (self.registered_input(), self.registered_output()),
             Residency::CallerRegistered => (&shared[0], &shared[1]),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unfused_sequence_follows_the_allreduces_near_the_fastest_at_the_nearest_count() {
+        use Algorithm::*;
+        let plain = [(1024, Car1Shot, 10.0), (1024, SymmLl, 5.0), (8192, Car1Shot, 20.0), (8192, SymmZc2Shot, 21.0)];
+        let plain = [&plain[..], &[(8192, SymmLl, 30.0), (8192, Car2Shot, 22.5)]].concat();
+        assert_eq!(near_fastest(&plain, 1000), Some(vec![SymmLl]));
+        // 6000 is nearer 8192 than 1024; 22.5 is past 10% of 20, 21 within it.
+        assert_eq!(near_fastest(&plain, 6000), Some(vec![Car1Shot, SymmZc2Shot]));
+        assert_eq!(near_fastest(&plain, 1 << 30), Some(vec![Car1Shot, SymmZc2Shot]));
+        assert_eq!(near_fastest(&[], 64), None);
     }
 }
