@@ -366,7 +366,9 @@ class Across:
         """``out`` receives every rank's ``input`` in rank order; returns ``out``."""
 
     def check(self) -> None:
-        """Raises the error a wait in this node's kernels recorded (``PeerError`` naming the peer), if any."""
+        """Raises the error that ended this endpoint (``PeerError``), if any: a wait in this node's kernels (naming the
+        peer), or an NCCL step not done by the per-call deadline, or a communicator's asynchronous error (the watchdog
+        then aborted every NCCL communicator, so the streams drain). Every later call raises it too."""
 
     def tune(
         self, dtype: Optional[DTypeLike] = None, counts: Optional[Sequence[int]] = None, iters: int = 20, repeats: int = 3

@@ -278,10 +278,11 @@ impl PyAcross {
         self.issue_into(py, Op::AllGather, input, out, stream)
     }
 
-    /// Raises the error a wait in this node's kernels recorded (a peer named), if any: for programs that want to
-    /// look after a graph replay or before trusting a result.
+    /// Raises the error that ended this endpoint, if any: a wait in this node's kernels (a peer named), or an NCCL
+    /// step past the per-call deadline or a communicator's error (the watchdog aborted the NCCL communicators); for
+    /// programs that want to look after a graph replay or before trusting a result.
     fn check(&self) -> PyResult<()> {
-        self.with(|a| a.local().check().map_err(across::Error::from))
+        self.with(|a| a.check())
     }
 
     /// Times both paths at `counts` elements of `dtype` (default: 4**5 to 4**11 elements, as far as the capacity

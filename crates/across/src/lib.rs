@@ -10,17 +10,20 @@
 mod exchange;
 mod paths;
 mod tune;
+mod watchdog;
 
 pub use exchange::{Exchange, TcpExchange};
 pub use paths::{PathEntry, PathKey, PathTable};
 
 use allreduce::{Communicator, DType, Op, Options};
-use collective_core::{Call, CollectiveError};
-use gpu::{BorrowedStreams, DeviceBuffer, DevicePtr, DriverKind, MemKind, Stream};
+use collective_core::{Call, Collective, CollectiveError};
+use gpu::{BorrowedStreams, DeviceBuffer, DevicePtr, DriverKind, MemKind};
 use launch::{RankInfo, Topology};
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::hash::Hasher;
+use std::time::{Duration, Instant};
+use watchdog::{Hooks, Step, Watchdog};
 
 /// How an allreduce goes across nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -114,7 +117,9 @@ fn refuse_host(opts: &Options) -> Result<(), Error> {
 
 /// One rank's endpoint of a job over several nodes. Drop it only once the streams it ran on are idle.
 pub struct Across {
-    // Field order is drop order: the NCCL communicators and the scratch before the node's communicator.
+    // Field order is drop order: the watchdog's thread first, then the NCCL communicators and the scratch before the
+    // node's communicator.
+    watchdog: Watchdog,
     rail: nccl::Nccl,
     job: nccl::Nccl,
     /// A rank's shard of the largest allreduce, between the hierarchical path's steps.
@@ -129,6 +134,26 @@ pub struct Across {
     path_key: PathKey,
     tune_dir: Option<std::path::PathBuf>,
     local: Communicator,
+}
+
+/// A watchdog over the steps enqueued on `nccl`'s communicators, each given `per_call` (the per-call deadline): on
+/// a failure it aborts them and ends the node's communicator `local`, whose kernels may wait on the same peers.
+fn watch(nccl: &[&nccl::Nccl], local: &Communicator, per_call: Duration) -> Result<Watchdog, Error> {
+    let aborts: Vec<nccl::NcclAbort> = nccl.iter().map(|n| n.abort_handle()).collect();
+    let errors = aborts.clone();
+    let local = local.abort_handle();
+    let hooks = Hooks {
+        end: Box::new(move || {
+            aborts.iter().for_each(|a| {
+                a.abort();
+            });
+            local.abort();
+        }),
+        errors: Box::new(move || {
+            errors.iter().try_for_each(|a| a.async_error().map_err(|e| format!("{}: {e}", a.name())))
+        }),
+    };
+    Watchdog::start(hooks, per_call).map_err(|e| Error::Setup(format!("starting the NCCL watchdog thread: {e}")))
 }
 
 /// The job id of node `node`'s communicator: derived from the job's, so the ranks of one node agree on it and no two
@@ -166,7 +191,7 @@ impl Across {
     pub fn with_exchange(info: RankInfo, opts: Options, exchange: &mut dyn Exchange) -> Result<Across, Error> {
         refuse_host(&opts)?;
         let topology = Topology::of(&info)?;
-        let (_, setup) = opts.timeouts()?;
+        let (per_call, setup) = opts.timeouts()?;
         let (l, node) = (topology.local_world(), topology.node());
         let job = node_job(&info.job, node);
         // The driver first (opened again by the node's communicator), for the ids and the device count.
@@ -255,7 +280,9 @@ impl Across {
         let job = nccl::Nccl::from_id(kind, "nccl_job", capacity, &job_id, (info.rank, info.world), setup)?;
         let scratch = local.gpu().alloc(shard_capacity, MemKind::Device)?;
         let path_key = path_key.expect("the node's communicator is up");
+        let watchdog = watch(&[&rail, &job], &local, per_call)?;
         Ok(Across {
+            watchdog,
             rail,
             job,
             scratch,
@@ -315,6 +342,7 @@ impl Across {
         stream: u64,
         path: Option<Path>,
     ) -> Result<Path, Error> {
+        self.check()?;
         let path = path.unwrap_or_else(|| self.path_for(count, dtype));
         let world = self.topology.world();
         // Checked as a whole first, so a bad call fails before any step is enqueued.
@@ -323,7 +351,7 @@ impl Across {
         match path {
             Path::Nccl => {
                 // SAFETY: the caller's contract, for the whole call.
-                unsafe { self.on_stream(stream, |s| self.job.enqueue(&call, s))? };
+                unsafe { self.enqueue_on(stream, &self.job, &call)? };
             }
             Path::Hierarchical => {
                 if !count.is_multiple_of(l) {
@@ -345,7 +373,7 @@ impl Across {
                 // capacity; every step is on the caller's stream, in order.
                 unsafe {
                     self.local.reduce_scatter(input, scratch, count, dtype, stream)?;
-                    self.on_stream(stream, |s| self.rail.enqueue(&rail_call, s))?;
+                    self.enqueue_on(stream, &self.rail, &rail_call)?;
                     self.local.all_gather(scratch, output, shard, dtype, stream)?;
                 }
             }
@@ -403,18 +431,40 @@ impl Across {
     ) -> Result<(), Error> {
         let call = Call::new(op, dtype, input, output, count, self.topology.world(), self.capacity)?;
         // SAFETY: the caller's contract.
-        unsafe { self.on_stream(stream, |s| self.job.enqueue(&call, s)) }
+        unsafe { self.enqueue_on(stream, &self.job, &call) }
     }
 
-    /// Runs `f` on the caller's stream `raw`, borrowed once and remembered.
+    /// Enqueues `call` on `nccl` on the caller's stream `raw` (borrowed once and remembered), then an event after it
+    /// for the watchdog, which gives it the per-call deadline (not in a capture: a graph's replays are the caller's
+    /// to wait for).
     ///
     /// # Safety
-    /// `raw` is a live stream of this rank's device context.
-    unsafe fn on_stream(&self, raw: u64, f: impl FnOnce(&Stream) -> Result<(), CollectiveError>) -> Result<(), Error> {
+    /// `raw` is a live stream of this rank's device context; as [`nccl::Nccl::enqueue`] for `call`.
+    unsafe fn enqueue_on(&self, raw: u64, nccl: &nccl::Nccl, call: &Call) -> Result<(), Error> {
+        self.check()?;
         let mut streams = self.streams.borrow_mut();
         // SAFETY: the caller's contract.
         let k = unsafe { streams.position(self.local.gpu(), raw)? };
-        Ok(f(&streams[k])?)
+        let stream = &streams[k];
+        // SAFETY: the caller's contract.
+        unsafe { nccl.enqueue(call, stream)? };
+        if !stream.is_capturing()? {
+            let event = self.local.gpu().event()?;
+            stream.record(&event)?;
+            let what = format!("{} of {} elements of {} on {}", call.op(), call.count(), call.dtype(), nccl.name());
+            let done = Box::new(move || event.query().map_err(|e| e.to_string()));
+            self.watchdog.watch(Step { done, what, since: Instant::now() });
+        }
+        Ok(())
+    }
+
+    /// The failure that ended this endpoint, if any: a step past the per-call deadline or a communicator's error
+    /// (the watchdog's), or a wait of the node's communicator. Every later call returns it.
+    pub fn check(&self) -> Result<(), Error> {
+        if let Some(what) = self.watchdog.failure() {
+            return Err(allreduce::Error::Peer { ranks: Vec::new(), what }.into());
+        }
+        Ok(self.local.check()?)
     }
 }
 

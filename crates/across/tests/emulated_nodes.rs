@@ -213,3 +213,53 @@ fn nccl_set_up_without_its_peer_ends_at_the_deadline_and_the_device_lives_on() {
     assert_eq!(back, data, "the device after NCCL's aborted set-up");
     println!("nccl set-up without its peer: {err} (after {took:?})");
 }
+
+/// A rank that dies on another node after set-up (no NCCL teardown, no goodbye): the survivors' NCCL step ends
+/// instead of spinning (the watchdog aborts the NCCL communicators at NCCL's own error for the lost peer, or at the
+/// per-call deadline), their stream drains, `check` and every later call return the failure, and the device still
+/// works. On a GPU driver only (the host driver has no NCCL: refused at set-up).
+#[test]
+fn a_peer_that_dies_on_another_node_ends_the_survivors_nccl_steps_and_the_device_lives_on() {
+    let (world, nodes) = (env_or("ARX_TEST_RANKS", 4), env_or("ARX_TEST_NODES", 2));
+    as_job("a_peer_that_dies_on_another_node_ends_the_survivors_nccl_steps_and_the_device_lives_on", world, |info| {
+        let info = emulated(info, nodes);
+        let (rank, world) = (info.rank, info.world);
+        let timeout = std::time::Duration::from_secs(3);
+        let opts =
+            Options { backend: backend(), capacity_bytes: 1 << 20, timeout: Some(timeout), ..Options::default() };
+        let across = match Across::new(info, opts) {
+            Err(e) if e.to_string().contains("host driver") => return,
+            built => built.unwrap(),
+        };
+        if rank == world - 1 {
+            // Dies on the last node, releasing nothing.
+            std::process::exit(0);
+        }
+        let gpu = across.local().gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let buf = gpu.alloc(1 << 20, MemKind::Device).unwrap();
+        let count = 4096;
+        let start = std::time::Instant::now();
+        // SAFETY: our own buffer of 1 MiB on this device; every survivor makes the same call.
+        let issued =
+            unsafe { across.all_reduce(buf.ptr(), buf.ptr(), count, DType::Bf16, stream.handle(), Some(Path::Nccl)) };
+        // Refused at once where NCCL already reported the lost peer; else the sync returns once the watchdog aborted.
+        if issued.is_ok() {
+            let _ = stream.sync();
+        }
+        let took = start.elapsed();
+        let err = across.check().expect_err("a step with a dead peer cannot have completed").to_string();
+        assert!(err.contains("aborted"), "rank {rank}: {err}");
+        assert!(took < timeout + std::time::Duration::from_secs(10), "rank {rank}: ended after {took:?}");
+        // SAFETY: as above.
+        let again = unsafe { across.all_reduce(buf.ptr(), buf.ptr(), count, DType::Bf16, stream.handle(), None) };
+        assert!(again.unwrap_err().to_string().contains("aborted"), "rank {rank}: a later call");
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 % 251) as u8).collect();
+        let probe = gpu.stream().unwrap();
+        probe.upload(&buf, 0, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        probe.download(&buf, 0, &mut back).unwrap();
+        assert_eq!(back, data, "rank {rank}: the device after the abort");
+        println!("rank {rank}: the dead peer's step ended after {took:?}: {err}");
+    });
+}

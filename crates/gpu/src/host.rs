@@ -377,6 +377,10 @@ impl Driver for HostDriver {
     fn event_sync(&self, event: EventHandle) -> Result<()> {
         lock(&self.events).get(&event).map(|_| ()).ok_or_else(|| GpuError::BadArgs("unknown event".into()))
     }
+    fn event_query(&self, event: EventHandle) -> Result<bool> {
+        // A host stream runs its work as it is enqueued: whatever came before a record has completed.
+        self.event_sync(event).map(|()| true)
+    }
     fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {
         let events = lock(&self.events);
         match (events.get(&start), events.get(&end)) {
@@ -533,6 +537,10 @@ mod tests {
         assert_eq!(out, want);
         // Launches are counted as enqueued: a captured one once, however often it is replayed.
         assert_eq!(gpu.launches().unwrap().get("add_one"), Some(&2));
+        // A host stream has run whatever came before an event's record.
+        let e = gpu.event().unwrap();
+        s.record(&e).unwrap();
+        assert!(e.query().unwrap());
         // SAFETY: the test's own buffers and kernels, sized for the call.
         unsafe { s.memset(b.ptr(), 7, 4096) }.unwrap();
         s.download(&b, 0, &mut out).unwrap();

@@ -260,6 +260,8 @@ pub trait Driver: Send + Sync {
     fn event_destroy(&self, event: EventHandle) -> Result<()>;
     fn event_record(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
     fn event_sync(&self, event: EventHandle) -> Result<()>;
+    /// Whether the work before the event's last record has completed (an event never recorded has).
+    fn event_query(&self, event: EventHandle) -> Result<bool>;
     fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32>;
 
     fn memcpy_dtod(&self, stream: StreamHandle, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
@@ -647,6 +649,10 @@ pub struct Event {
 impl Event {
     pub fn sync(&self) -> Result<()> {
         self.gpu.0.event_sync(self.handle)
+    }
+    /// Whether the work before its last record has completed, without waiting.
+    pub fn query(&self) -> Result<bool> {
+        self.gpu.0.event_query(self.handle)
     }
     /// Milliseconds from `self` to `end`, both recorded and complete.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {

@@ -15,6 +15,8 @@ use std::mem::ManuallyDrop;
 /// Status of every NCCL call; `ncclSuccess` is 0.
 pub type ncclResult_t = c_int;
 pub const ncclSuccess: ncclResult_t = 0;
+/// The caller used the library wrongly (here: a call on a communicator that was aborted).
+pub const ncclInvalidUsage: ncclResult_t = 5;
 /// A non-blocking communicator's operation has not finished: poll `ncclCommGetAsyncError` until it says otherwise.
 pub const ncclInProgress: ncclResult_t = 7;
 

@@ -15,6 +15,7 @@ use nccl_sys::{
 };
 use std::ffi::{c_int, c_void};
 use std::ptr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How to build a [`Nccl`].
@@ -128,9 +129,7 @@ const POLL: Duration = Duration::from_millis(1);
 fn settle(lib: &NcclLib, comm: ncclComm_t, call: &'static str, timeout: Duration) -> Result<(), NcclError> {
     let start = Instant::now();
     loop {
-        let mut state: ncclResult_t = nccl_sys::ncclSuccess;
-        // SAFETY: `comm` is live; the call writes one status.
-        lib.check(unsafe { (lib.ncclCommGetAsyncError)(comm, &mut state) }, "ncclCommGetAsyncError")?;
+        let state = pending_state(lib, comm)?;
         if state != nccl_sys::ncclInProgress {
             return lib.check(state, call);
         }
@@ -195,10 +194,96 @@ pub fn unique_id(kind: DriverKind) -> Result<Vec<u8>, CollectiveError> {
     new_id(&lib)
 }
 
+/// A communicator handle, shared by its [`Nccl`] and its [`NcclAbort`]s: every NCCL call on it holds `live`, so an
+/// abort from another thread never overlaps one and none follows it.
+struct Comm {
+    lib: NcclLib,
+    raw: ncclComm_t,
+    /// False once aborted or released.
+    live: Mutex<bool>,
+}
+
+// SAFETY: NCCL lets a communicator be used from any thread, one call at a time; `live` serialises the calls.
+unsafe impl Send for Comm {}
+// SAFETY: as Send: every use of `raw` holds `live`.
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    fn live(&self) -> MutexGuard<'_, bool> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `f` on the live handle, or the error of an aborted communicator.
+    fn with<T>(&self, f: impl FnOnce(&NcclLib, ncclComm_t) -> Result<T, NcclError>) -> Result<T, NcclError> {
+        let live = self.live();
+        if !*live {
+            let msg = "the communicator was aborted (a call missed its deadline, or a peer failed)".to_string();
+            return Err(NcclError { call: "a call on an aborted communicator", code: nccl_sys::ncclInvalidUsage, msg });
+        }
+        f(&self.lib, self.raw)
+    }
+
+    /// Runs `release` on the live handle and marks it released; nothing where it was aborted already.
+    fn release(&self, release: impl FnOnce(&NcclLib, ncclComm_t)) {
+        let mut live = self.live();
+        if std::mem::take(&mut *live) {
+            release(&self.lib, self.raw);
+        }
+    }
+}
+
+/// Ends a communicator from any thread, as `ncclCommAbort`: its enqueued and running work stops (a kernel waiting
+/// for a dead peer returns), and every later call on it fails. A no-op once it was aborted or dropped.
+#[derive(Clone)]
+pub struct NcclAbort {
+    comm: Arc<Comm>,
+    name: &'static str,
+}
+
+impl NcclAbort {
+    /// Aborts the communicator; true where this call did.
+    pub fn abort(&self) -> bool {
+        let mut done = false;
+        self.comm.release(|lib, raw| {
+            // SAFETY: the live handle, released exactly once (`release` marks it).
+            if let Err(e) = lib.check(unsafe { (lib.ncclCommAbort)(raw) }, "ncclCommAbort") {
+                eprintln!("warning: {}: {e}", self.name);
+            }
+            done = true;
+        });
+        done
+    }
+
+    /// The error an asynchronous operation left on the communicator (a peer's connection lost, say), if any; Ok
+    /// while one is still in progress and once the communicator is gone.
+    pub fn async_error(&self) -> Result<(), NcclError> {
+        let live = self.comm.live();
+        if !*live {
+            return Ok(());
+        }
+        match pending_state(&self.comm.lib, self.comm.raw)? {
+            nccl_sys::ncclSuccess | nccl_sys::ncclInProgress => Ok(()),
+            failed => self.comm.lib.check(failed, "an earlier NCCL operation (ncclCommGetAsyncError)"),
+        }
+    }
+
+    /// The communicator's name (its method's).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// The state `ncclCommGetAsyncError` reports for `comm`.
+fn pending_state(lib: &NcclLib, comm: ncclComm_t) -> Result<ncclResult_t, NcclError> {
+    let mut state: ncclResult_t = nccl_sys::ncclSuccess;
+    // SAFETY: the caller holds a live `comm`; the call writes one status.
+    lib.check(unsafe { (lib.ncclCommGetAsyncError)(comm, &mut state) }, "ncclCommGetAsyncError")?;
+    Ok(state)
+}
+
 /// A communicator over all ranks of the rendezvous, running one op.
 pub struct Nccl {
-    lib: NcclLib,
-    comm: ncclComm_t,
+    comm: Arc<Comm>,
     name: &'static str,
     op: Op,
     capacity: usize,
@@ -209,8 +294,7 @@ pub struct Nccl {
     timeout: Duration,
 }
 
-// SAFETY: NCCL lets a communicator be used from any thread, one call at a time (its calls take `&self`/`&mut self`
-// here, and `Nccl` is not `Sync`); the staging buffers are device memory owned by it and freed in its drop.
+// SAFETY: the communicator is `Comm`'s (Send); the staging buffers are device memory owned by it and freed in its drop.
 unsafe impl Send for Nccl {}
 
 impl Nccl {
@@ -255,9 +339,10 @@ impl Nccl {
         let got = rdv.broadcast("nccl unique id", 0, sent)?;
         created?;
         let timeout = rdv.timeout();
-        let comm = init(&lib, name, &got, (rank, world), timeout)?;
+        let raw = init(&lib, name, &got, (rank, world), timeout)?;
+        let comm = Arc::new(Comm { lib, raw, live: Mutex::new(true) });
         let (op, capacity) = (opts.op, opts.capacity_bytes);
-        let mut nccl = Nccl { lib, comm, name, op, capacity, symm, staging: Vec::new(), timeout };
+        let mut nccl = Nccl { comm, name, op, capacity, symm, staging: Vec::new(), timeout };
         if let Some(fns) = symm {
             nccl.register_staging(rdv, fns)?;
         }
@@ -277,9 +362,10 @@ impl Nccl {
         timeout: Duration,
     ) -> Result<Nccl, CollectiveError> {
         let lib = NcclLib::load(flavor_for(kind)?).map_err(|e| CollectiveError::Unsupported(format!("{name}: {e}")))?;
-        let comm = init(&lib, name, id, (rank, world), timeout)?;
+        let raw = init(&lib, name, id, (rank, world), timeout)?;
+        let comm = Arc::new(Comm { lib, raw, live: Mutex::new(true) });
         let (op, capacity) = (Op::AllReduce, capacity_bytes);
-        Ok(Nccl { lib, comm, name, op, capacity, symm: None, staging: Vec::new(), timeout })
+        Ok(Nccl { comm, name, op, capacity, symm: None, staging: Vec::new(), timeout })
     }
 
     /// Allocates and registers the input and output windows; on error, drop releases what was made.
@@ -288,7 +374,7 @@ impl Nccl {
         for bytes in [self.capacity, self.op.output_capacity(self.capacity, rdv.world())] {
             let mut ptr = ptr::null_mut();
             // SAFETY: ncclMemAlloc writes one pointer.
-            match self.lib.check(unsafe { (fns.alloc)(&mut ptr, bytes) }, "ncclMemAlloc") {
+            match self.comm.lib.check(unsafe { (fns.alloc)(&mut ptr, bytes) }, "ncclMemAlloc") {
                 Ok(()) => self.staging.push(Staging { ptr, bytes, win: ptr::null_mut() }),
                 Err(e) => {
                     failed = Some(e);
@@ -307,32 +393,44 @@ impl Nccl {
                 self.name
             )));
         }
-        for i in 0..self.staging.len() {
-            let buf = &mut self.staging[i];
-            // SAFETY: `buf.ptr` holds `buf.bytes` from ncclMemAlloc; `buf.win` receives the window.
-            let status =
-                unsafe { (fns.register)(self.comm, buf.ptr, buf.bytes, &mut buf.win, NCCL_WIN_COLL_SYMMETRIC) };
-            self.complete(status, "ncclCommWindowRegister").map_err(nccl_err)?;
+        let timeout = self.timeout;
+        for buf in &mut self.staging {
+            self.comm
+                .with(|lib, comm| {
+                    // SAFETY: `buf.ptr` holds `buf.bytes` from ncclMemAlloc; `buf.win` receives the window.
+                    let status =
+                        unsafe { (fns.register)(comm, buf.ptr, buf.bytes, &mut buf.win, NCCL_WIN_COLL_SYMMETRIC) };
+                    complete(lib, comm, status, "ncclCommWindowRegister", timeout)
+                })
+                .map_err(nccl_err)?;
         }
         Ok(())
     }
 
-    /// The error a failed asynchronous operation left on the communicator, if any.
-    fn async_error(&self) -> Result<(), NcclError> {
-        let mut pending: ncclResult_t = nccl_sys::ncclSuccess;
-        // SAFETY: `comm` is live; the call writes one status.
-        let status = unsafe { (self.lib.ncclCommGetAsyncError)(self.comm, &mut pending) };
-        self.lib.check(status, "ncclCommGetAsyncError")?;
-        self.lib.check(pending, "an earlier NCCL operation (ncclCommGetAsyncError)")
+    /// A handle that aborts this communicator from any thread.
+    pub fn abort_handle(&self) -> NcclAbort {
+        NcclAbort { comm: self.comm.clone(), name: self.name }
     }
 
-    /// `status` of `call` on this communicator, waited for where it is still in progress (a non-blocking
-    /// communicator's calls can return before NCCL has, say, connected to a peer) up to the timeout.
-    fn complete(&self, status: ncclResult_t, call: &'static str) -> Result<(), NcclError> {
-        match status {
-            nccl_sys::ncclInProgress => settle(&self.lib, self.comm, call, self.timeout),
-            other => self.lib.check(other, call),
-        }
+    /// The error a failed asynchronous operation left on the communicator, if any (an aborted one's, once aborted).
+    fn async_error(&self) -> Result<(), NcclError> {
+        self.comm
+            .with(|lib, comm| lib.check(pending_state(lib, comm)?, "an earlier NCCL operation (ncclCommGetAsyncError)"))
+    }
+}
+
+/// `status` of `call` on `comm`, waited for where it is still in progress (a non-blocking communicator's calls can
+/// return before NCCL has, say, connected to a peer) up to `timeout`.
+fn complete(
+    lib: &NcclLib,
+    comm: ncclComm_t,
+    status: ncclResult_t,
+    call: &'static str,
+    timeout: Duration,
+) -> Result<(), NcclError> {
+    match status {
+        nccl_sys::ncclInProgress => settle(lib, comm, call, timeout),
+        other => lib.check(other, call),
     }
 }
 
@@ -383,21 +481,24 @@ impl Nccl {
         let handle = stream.handle() as usize as ncclStream_t;
         let dt = nccl_dtype(dtype);
         let sum = nccl_sys::ncclSum;
-        // SAFETY: the call was checked for no more than the capacity; the buffers are device memory of this GPU and the
-        // stream is its driver's handle (CUstream / hipStream_t).
-        let (status, call) = unsafe {
-            match op {
-                Op::AllReduce => {
-                    ((self.lib.ncclAllReduce)(send, recv, count, dt, sum, self.comm, handle), "ncclAllReduce")
-                }
-                Op::ReduceScatter => (
-                    (self.lib.ncclReduceScatter)(send, recv, out_count, dt, sum, self.comm, handle),
-                    "ncclReduceScatter",
-                ),
-                Op::AllGather => ((self.lib.ncclAllGather)(send, recv, count, dt, self.comm, handle), "ncclAllGather"),
-            }
-        };
-        self.complete(status, call).map_err(nccl_err)?;
+        self.comm
+            .with(|lib, comm| {
+                // SAFETY: the call was checked for no more than the capacity; the buffers are device memory of this
+                // GPU and the stream is its driver's handle (CUstream / hipStream_t).
+                let (status, call) = unsafe {
+                    match op {
+                        Op::AllReduce => {
+                            ((lib.ncclAllReduce)(send, recv, count, dt, sum, comm, handle), "ncclAllReduce")
+                        }
+                        Op::ReduceScatter => {
+                            ((lib.ncclReduceScatter)(send, recv, out_count, dt, sum, comm, handle), "ncclReduceScatter")
+                        }
+                        Op::AllGather => ((lib.ncclAllGather)(send, recv, count, dt, comm, handle), "ncclAllGather"),
+                    }
+                };
+                complete(lib, comm, status, call, self.timeout)
+            })
+            .map_err(nccl_err)?;
         if let Some((_, out)) = staged {
             // SAFETY: as the copy in, for the output.
             unsafe { stream.copy(output, out, out_count * dtype.size())? };
@@ -414,26 +515,27 @@ impl Drop for Nccl {
                 eprintln!("warning: {}: {e}", self.name);
             }
         };
-        // A communicator with a failed operation may never finish a collective teardown, so it is aborted.
+        // A communicator with a failed operation may never finish a collective teardown, so it is aborted; one
+        // aborted already (by an abort handle) has nothing left to release.
         let broken = self.async_error().is_err();
-        if let Some(fns) = self.symm {
-            for buf in &self.staging {
-                if !broken && !buf.win.is_null() {
+        self.comm.release(|lib, comm| {
+            if let Some(fns) = self.symm {
+                for buf in self.staging.iter().filter(|b| !broken && !b.win.is_null()) {
                     // SAFETY: the window was registered on this communicator and is deregistered once.
-                    warn(self.lib.check(unsafe { (fns.deregister)(self.comm, buf.win) }, "ncclCommWindowDeregister"));
+                    warn(lib.check(unsafe { (fns.deregister)(comm, buf.win) }, "ncclCommWindowDeregister"));
                 }
             }
-        }
-        // SAFETY: `comm` is live and released exactly once.
-        if broken {
-            warn(self.lib.check(unsafe { (self.lib.ncclCommAbort)(self.comm) }, "ncclCommAbort"));
-        } else {
-            warn(self.lib.check(unsafe { (self.lib.ncclCommDestroy)(self.comm) }, "ncclCommDestroy"));
-        }
+            // SAFETY: `comm` is live and released exactly once (`release` marks it).
+            if broken {
+                warn(lib.check(unsafe { (lib.ncclCommAbort)(comm) }, "ncclCommAbort"));
+            } else {
+                warn(lib.check(unsafe { (lib.ncclCommDestroy)(comm) }, "ncclCommDestroy"));
+            }
+        });
         if let Some(fns) = self.symm {
             for buf in &self.staging {
-                // SAFETY: from ncclMemAlloc, no longer registered, freed once.
-                warn(self.lib.check(unsafe { (fns.free)(buf.ptr) }, "ncclMemFree"));
+                // SAFETY: from ncclMemAlloc, no longer registered (or its communicator gone), freed once.
+                warn(self.comm.lib.check(unsafe { (fns.free)(buf.ptr) }, "ncclMemFree"));
             }
         }
     }

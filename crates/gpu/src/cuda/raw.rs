@@ -279,6 +279,13 @@ impl Raw for Cuda {
         // SAFETY: as the caller vouches.
         ck("cuEventSynchronize", unsafe { cu::cuEventSynchronize(event as cu::CUevent) })
     }
+    unsafe fn event_query(&self, event: u64) -> Result<bool> {
+        // SAFETY: as the caller vouches.
+        match unsafe { cu::cuEventQuery(event as cu::CUevent) } {
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            status => ck("cuEventQuery", status).map(|()| true),
+        }
+    }
     unsafe fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
         let mut ms = 0f32;
         // SAFETY: two live events; writes one float. `elapsed` points into libcuda, which `_lib` keeps loaded.

@@ -328,6 +328,12 @@ impl<R: Raw> Driver for Device<R> {
         // SAFETY: a live event.
         unsafe { self.raw.event_sync(e) }
     }
+    fn event_query(&self, event: EventHandle) -> Result<bool> {
+        self.raw.make_current()?;
+        let e = lock(&self.live).event(event)?.raw();
+        // SAFETY: a live event.
+        unsafe { self.raw.event_query(e) }
+    }
     fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {
         self.raw.make_current()?;
         let (a, b) = {

@@ -202,6 +202,11 @@ pub(crate) trait Raw: Send + Sync + Sized {
     /// # Safety
     /// `event` is live.
     unsafe fn event_sync(&self, event: u64) -> Result<()>;
+    /// Whether the work before the event's last record has completed.
+    ///
+    /// # Safety
+    /// `event` is live.
+    unsafe fn event_query(&self, event: u64) -> Result<bool>;
     /// # Safety
     /// Both events are live.
     unsafe fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32>;

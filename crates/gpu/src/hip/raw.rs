@@ -286,6 +286,13 @@ impl Raw for Hip {
         // SAFETY: as the caller vouches.
         self.ck("hipEventSynchronize", unsafe { (self.api().hipEventSynchronize)(event as sys::hipEvent_t) })
     }
+    unsafe fn event_query(&self, event: u64) -> Result<bool> {
+        // SAFETY: as the caller vouches.
+        match unsafe { (self.api().hipEventQuery)(event as sys::hipEvent_t) } {
+            sys::hipErrorNotReady => Ok(false),
+            status => self.ck("hipEventQuery", status).map(|()| true),
+        }
+    }
     unsafe fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32> {
         let (a, b) = (start as sys::hipEvent_t, end as sys::hipEvent_t);
         let mut ms = 0f32;

@@ -18,6 +18,8 @@ pub type hipError_t = c_int;
 pub const hipSuccess: hipError_t = 0;
 pub const hipErrorInsufficientDriver: hipError_t = 35;
 pub const hipErrorNoDevice: hipError_t = 100;
+/// hipEventQuery / hipStreamQuery: the work is not yet complete.
+pub const hipErrorNotReady: hipError_t = 600;
 
 pub type hipDevice_t = c_int;
 pub type hipStream_t = *mut c_void;
@@ -235,6 +237,7 @@ table! {
         hipEventDestroy: fn(hipEvent_t) -> hipError_t;
         hipEventRecord: fn(hipEvent_t, hipStream_t) -> hipError_t;
         hipEventSynchronize: fn(hipEvent_t) -> hipError_t;
+        hipEventQuery: fn(hipEvent_t) -> hipError_t;
         hipEventElapsedTime: fn(*mut f32, hipEvent_t, hipEvent_t) -> hipError_t;
         hipMemcpyAsync: fn(*mut c_void, *const c_void, usize, c_int, hipStream_t) -> hipError_t;
         hipMemsetD8Async: fn(*mut c_void, u8, usize, hipStream_t) -> hipError_t;

@@ -1,0 +1,242 @@
+//! A deadline on the work an endpoint enqueues on NCCL/RCCL, as torch's NCCL watchdog: each step is followed by an
+//! event on the caller's stream, and a thread that finds a step not done by its deadline, or a communicator with an
+//! asynchronous error (a peer's connection lost), ends every communicator (`ncclCommAbort`: kernels waiting for a
+//! dead peer return, so the caller's stream drains and its syncs come back) and records why; every later call
+//! returns that failure. Without it, a peer that dies on another node leaves the survivors' streams spinning.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often the watchdog looks: a missed deadline is acted on within this of it.
+const PERIOD: Duration = Duration::from_millis(100);
+
+/// A step enqueued and not yet seen done.
+pub(crate) struct Step {
+    /// Whether the step's work has completed (Err: the question itself failed, which ends the endpoint too).
+    pub done: Box<dyn FnMut() -> Result<bool, String> + Send>,
+    /// What was enqueued, for the failure's message.
+    pub what: String,
+    pub since: Instant,
+}
+
+/// What the watchdog ends and asks, as closures over the communicators (so that its rule is tested without them).
+pub(crate) struct Hooks {
+    /// Ends every communicator; run once, at the first failure.
+    pub end: Box<dyn Fn() + Send + Sync>,
+    /// An asynchronous error a communicator holds, if any.
+    pub errors: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
+}
+
+struct Shared {
+    steps: Mutex<Vec<Step>>,
+    failure: Mutex<Option<String>>,
+    stop: AtomicBool,
+    hooks: Hooks,
+    deadline: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// One look at `now`: drops the steps done; on a step past the deadline, a failed question or a communicator's
+    /// error, ends everything and records why (the first failure wins; nothing is watched after it).
+    fn tick(&self, now: Instant) {
+        if lock(&self.failure).is_some() {
+            return;
+        }
+        let why = {
+            let mut steps = lock(&self.steps);
+            let mut asked = None;
+            steps.retain_mut(|s| match (s.done)() {
+                Ok(done) => !done,
+                Err(e) => {
+                    asked.get_or_insert_with(|| format!("asking whether {} was done failed: {e}", s.what));
+                    true
+                }
+            });
+            let late =
+                steps.iter().filter(|s| now.saturating_duration_since(s.since) > self.deadline).min_by_key(|s| s.since);
+            let late = late.map(|s| {
+                format!(
+                    "{} has not completed {:.1} s after it was enqueued (the deadline is {:?}): a peer died or stalled",
+                    s.what,
+                    now.saturating_duration_since(s.since).as_secs_f64(),
+                    self.deadline
+                )
+            });
+            asked.or(late).or_else(|| (self.hooks.errors)().err())
+        };
+        if let Some(why) = why {
+            self.fail(why);
+        }
+    }
+
+    fn fail(&self, why: String) {
+        {
+            let mut failure = lock(&self.failure);
+            if failure.is_some() {
+                return;
+            }
+            *failure = Some(format!("{why}; every NCCL communicator of this endpoint was aborted"));
+        }
+        (self.hooks.end)();
+        lock(&self.steps).clear();
+    }
+}
+
+/// The watchdog of one endpoint: its thread runs until the watchdog is dropped.
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts the thread; a step not done `deadline` after it was enqueued fails the endpoint.
+    pub fn start(hooks: Hooks, deadline: Duration) -> Result<Watchdog, std::io::Error> {
+        let shared = Arc::new(Shared {
+            steps: Mutex::default(),
+            failure: Mutex::default(),
+            stop: AtomicBool::new(false),
+            hooks,
+            deadline,
+        });
+        let looking = shared.clone();
+        let thread = std::thread::Builder::new().name("across-watchdog".into()).spawn(move || {
+            while !looking.stop.load(Ordering::Acquire) {
+                looking.tick(Instant::now());
+                std::thread::park_timeout(PERIOD);
+            }
+        })?;
+        Ok(Watchdog { shared, thread: Some(thread) })
+    }
+
+    /// Watches a step just enqueued.
+    pub fn watch(&self, step: Step) {
+        if lock(&self.shared.failure).is_none() {
+            lock(&self.shared.steps).push(step);
+        }
+    }
+
+    /// Why the endpoint failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.shared.failure).clone()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            if t.join().is_err() {
+                eprintln!("warning: the across watchdog thread panicked");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A watchdog's shared state without its thread, and how often it ended everything.
+    fn shared(deadline: Duration, error: Option<&'static str>) -> (Arc<Shared>, Arc<AtomicUsize>) {
+        let ended = Arc::new(AtomicUsize::new(0));
+        let count = ended.clone();
+        let hooks = Hooks {
+            end: Box::new(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            }),
+            errors: Box::new(move || error.map_or(Ok(()), |e| Err(e.to_string()))),
+        };
+        let shared = Shared {
+            steps: Mutex::default(),
+            failure: Mutex::default(),
+            stop: AtomicBool::new(false),
+            hooks,
+            deadline,
+        };
+        (Arc::new(shared), ended)
+    }
+
+    /// A step that is done after `polls` questions (never, for `usize::MAX`).
+    fn step(what: &str, since: Instant, polls: usize) -> Step {
+        let mut asked = 0;
+        let done = move || {
+            asked += 1;
+            Ok(asked > polls)
+        };
+        Step { done: Box::new(done), what: what.into(), since }
+    }
+
+    #[test]
+    fn steps_done_in_time_are_let_go_and_a_late_one_ends_everything_once_naming_it() {
+        let (s, ended) = shared(Duration::from_secs(10), None);
+        let t0 = Instant::now();
+        lock(&s.steps).push(step("ncclAllReduce on nccl_job", t0, 1));
+        lock(&s.steps).push(step("ncclAllReduce on nccl_rail", t0 + Duration::from_secs(1), usize::MAX));
+        s.tick(t0 + Duration::from_secs(5));
+        assert_eq!((lock(&s.steps).len(), lock(&s.failure).clone()), (2, None), "nothing late yet");
+        s.tick(t0 + Duration::from_secs(10));
+        assert_eq!(lock(&s.steps).len(), 1, "the first step was done at its second question");
+        s.tick(t0 + Duration::from_millis(11_500));
+        let why = lock(&s.failure).clone().expect("the rail step is past its deadline");
+        assert!(why.starts_with("ncclAllReduce on nccl_rail has not completed 10.5 s"), "{why}");
+        assert!(why.ends_with("aborted"), "{why}");
+        assert!(lock(&s.steps).is_empty());
+        s.tick(t0 + Duration::from_secs(60));
+        s.fail("again".into());
+        assert_eq!(ended.load(Ordering::SeqCst), 1, "ended once");
+        assert!(lock(&s.failure).clone().unwrap().contains("nccl_rail"), "the first failure stays");
+    }
+
+    #[test]
+    fn a_communicator_error_or_a_failed_question_ends_everything_at_once() {
+        let (s, ended) = shared(Duration::from_secs(10), Some("ncclRemoteError: a peer's connection closed"));
+        s.tick(Instant::now());
+        assert!(lock(&s.failure).clone().unwrap().starts_with("ncclRemoteError"));
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
+        let (s, ended) = shared(Duration::from_secs(10), None);
+        let broken = Step {
+            done: Box::new(|| Err("cuEventQuery failed".into())),
+            what: "ncclAllGather on nccl_job".into(),
+            since: Instant::now(),
+        };
+        lock(&s.steps).push(broken);
+        s.tick(Instant::now());
+        let why = lock(&s.failure).clone().unwrap();
+        assert!(why.contains("ncclAllGather on nccl_job was done failed: cuEventQuery failed"), "{why}");
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn the_thread_acts_within_a_period_of_the_deadline_and_stops_when_dropped() {
+        let ended = Arc::new(AtomicUsize::new(0));
+        let count = ended.clone();
+        let hooks = Hooks {
+            end: Box::new(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            }),
+            errors: Box::new(|| Ok(())),
+        };
+        let w = Watchdog::start(hooks, Duration::from_millis(200)).unwrap();
+        let t0 = Instant::now();
+        w.watch(step("ncclAllReduce on nccl_job", t0, usize::MAX));
+        while w.failure().is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "no failure after 5 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(200) && took < Duration::from_millis(200) + 3 * PERIOD, "{took:?}");
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
+        w.watch(step("after the failure", Instant::now(), usize::MAX));
+        let start = Instant::now();
+        drop(w);
+        assert!(start.elapsed() < PERIOD, "dropping unparks the thread at once");
+    }
+}
