@@ -2,7 +2,7 @@
 //! call after earlier writes of the slices and keeps them allocated until it has run, and the communicator checks
 //! that the stream belongs to its device.
 
-use crate::{Algorithm, Communicator, Error, Scalar};
+use crate::{AddRmsNorm, Algorithm, Communicator, Error, Scalar};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use gpu::DriverKind;
 
@@ -75,5 +75,72 @@ impl Communicator {
         let (o, _write) = output.device_ptr_mut(stream);
         // SAFETY: as all_reduce_cuda.
         unsafe { self.reduce_scatter(gpu::DevicePtr(i), gpu::DevicePtr(o), count, T::DTYPE, stream.cu_stream() as u64) }
+    }
+
+    /// Enqueues the allreduce followed by the residual add and RMSNorm ([`Communicator::all_reduce_add_rms_norm`])
+    /// on `stream`: rows of `weight.len()` elements; `residual` (as long as `input`) becomes `r = residual + sum`,
+    /// `output` gets `y = r / sqrt(mean(r^2) + eps) * weight`. Collective, as [`Communicator::all_reduce_cuda`].
+    pub fn all_reduce_add_rms_norm_cuda<T: Scalar + DeviceRepr>(
+        &self,
+        input: &CudaSlice<T>,
+        residual: &mut CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        eps: f32,
+        output: &mut CudaSlice<T>,
+        stream: &CudaStream,
+    ) -> Result<Algorithm, Error> {
+        self.check_cuda(stream)?;
+        if output.len() != input.len() {
+            return Err(Error::BadArgs(format!("input of {} elements, output of {}", input.len(), output.len())));
+        }
+        let (i, _read) = input.device_ptr(stream);
+        let (o, _write) = output.device_ptr_mut(stream);
+        // SAFETY: as all_reduce_cuda, for the residual and weight too (checked against the input's length by
+        // add_rms_norm_on).
+        unsafe { self.add_rms_norm_on(i, o, input.len(), residual, weight, eps, stream) }
+    }
+
+    /// [`Communicator::all_reduce_add_rms_norm_cuda`] with `y` written over `data`.
+    pub fn all_reduce_add_rms_norm_cuda_in_place<T: Scalar + DeviceRepr>(
+        &self,
+        data: &mut CudaSlice<T>,
+        residual: &mut CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        eps: f32,
+        stream: &CudaStream,
+    ) -> Result<Algorithm, Error> {
+        self.check_cuda(stream)?;
+        let count = data.len();
+        let (p, _write) = data.device_ptr_mut(stream);
+        // SAFETY: as all_reduce_add_rms_norm_cuda, with one buffer for input and output.
+        unsafe { self.add_rms_norm_on(p, p, count, residual, weight, eps, stream) }
+    }
+
+    /// The norm call on `input` / `output` of `count` elements with `residual` and `weight` borrowed on `stream`.
+    ///
+    /// # Safety
+    /// `input` and `output` are live device memory of this context of `count` elements of T, borrowed until the
+    /// call is enqueued (cudarc orders their reuse after it), and `stream` the caller's checked stream.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_rms_norm_on<T: Scalar + DeviceRepr>(
+        &self,
+        input: u64,
+        output: u64,
+        count: usize,
+        residual: &mut CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        eps: f32,
+        stream: &CudaStream,
+    ) -> Result<Algorithm, Error> {
+        if residual.len() != count {
+            return Err(Error::BadArgs(format!("a residual of {} elements for an input of {count}", residual.len())));
+        }
+        let (r, _write) = residual.device_ptr_mut(stream);
+        let (w, _read) = weight.device_ptr(stream);
+        let norm = AddRmsNorm { residual: gpu::DevicePtr(r), weight: gpu::DevicePtr(w), hidden: weight.len(), eps };
+        let (i, o) = (gpu::DevicePtr(input), gpu::DevicePtr(output));
+        // SAFETY: the caller's contract for input and output; the residual and weight as they are, borrowed until
+        // the call is enqueued, cudarc ordering their reuse after it.
+        unsafe { self.all_reduce_add_rms_norm(i, o, count, T::DTYPE, norm, stream.cu_stream() as u64) }
     }
 }

@@ -1,10 +1,12 @@
 //! The library on CUDA through cudarc: a program with its own context, stream and buffers allreduces eagerly and
-//! inside its own captured graph, and checks every result. Run one rank per GPU (or 8 ranks on one GPU under MPS):
+//! inside its own captured graph (plain calls at comm_bench.py's sizes, and calls with the residual add and RMSNorm),
+//! and checks every result. Run one rank per GPU (or 8 ranks on one GPU under MPS):
 //! `comm-bench launch -n 8 -- target/release/cuda_graph_allreduce` or `torchrun --nproc-per-node 8 ...`.
 
 use allreduce::{Communicator, Mode, Options, Residency};
-use cudarc::driver::{sys, CudaContext};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
 use half::bf16;
+use std::sync::Arc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = Options { backend: allreduce::Backend::Cuda, capacity_bytes: 32 << 20, ..Options::default() };
@@ -73,11 +75,81 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{count:>9} elements: eager {eager}, graph {captured}: checked");
         }
     }
+    let kept = norm_calls(&mut comm, &ctx, &stream)?;
     stream.synchronize()?;
     if rank == 0 {
         comm.notes().iter().for_each(|n| println!("note: {n}"));
     }
     drop(comm);
-    drop(keep);
+    drop((keep, kept));
     Ok(())
+}
+
+/// The allreduce with the residual add and RMSNorm, eagerly and captured into the program's graph (in place, then
+/// replayed on new inputs), against float64: `r` exact (small integers), `y` within bf16's rounding. Returns the
+/// buffers the captured calls use, which must outlive the communicator.
+fn norm_calls(
+    comm: &mut Communicator,
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+) -> Result<Vec<CudaSlice<bf16>>, Box<dyn std::error::Error>> {
+    let (rank, world, hidden, eps) = (comm.rank(), comm.world(), 4096, 1e-5f32);
+    let value = |r: usize, i: usize, call: usize| ((r * 5 + i % 7 + call) % 11) as f32;
+    let res = |i: usize| (i % 5) as f32 - 2.0;
+    let w = |j: usize| 0.5 + (j % 7) as f32 / 8.0;
+    let weight = stream.clone_htod(&(0..hidden).map(|j| bf16::from_f32(w(j))).collect::<Vec<_>>())?;
+    let mut keep = Vec::new();
+    for rows in [1, 8, 64] {
+        let count = rows * hidden;
+        let x = |call: usize| -> Vec<bf16> { (0..count).map(|i| bf16::from_f32(value(rank, i, call))).collect() };
+        let res_host: Vec<bf16> = (0..count).map(|i| bf16::from_f32(res(i))).collect();
+        let check = |r: &[bf16], y: &[bf16], call: usize, what: &str| {
+            let want_r = |i: usize| res(i) as f64 + (0..world).map(|k| value(k, i, call) as f64).sum::<f64>();
+            for row in 0..rows {
+                let idx = row * hidden..(row + 1) * hidden;
+                let mean = idx.clone().map(|i| want_r(i) * want_r(i)).sum::<f64>() / hidden as f64;
+                let inv = 1.0 / (mean + eps as f64).sqrt();
+                for i in idx {
+                    let want_y = want_r(i) * inv * w(i - row * hidden) as f64;
+                    let (gr, gy) = (r[i].to_f32() as f64, y[i].to_f32() as f64);
+                    assert!(gr == want_r(i), "rank {rank}: {what}: r[{i}] is {gr}, expected {}", want_r(i));
+                    let tol = want_y.abs() / 128.0 + 1e-6;
+                    assert!((gy - want_y).abs() <= tol, "rank {rank}: {what}: y[{i}] is {gy}, expected {want_y}");
+                }
+            }
+        };
+        // Eager, out of place.
+        let input = stream.clone_htod(&x(0))?;
+        let mut residual = stream.clone_htod(&res_host)?;
+        let mut y = stream.alloc_zeros::<bf16>(count)?;
+        let eager = comm.all_reduce_add_rms_norm_cuda(&input, &mut residual, &weight, eps, &mut y, stream)?;
+        check(&stream.clone_dtoh(&residual)?, &stream.clone_dtoh(&y)?, 0, &format!("norm eager {rows}x{hidden}"));
+        // Captured in place, replayed on new inputs and a fresh residual.
+        let mut data = stream.clone_htod(&x(1))?;
+        comm.begin_graph_capture()?;
+        // SAFETY: everything below runs on this one stream until tracking is enabled again.
+        unsafe { ctx.disable_event_tracking() };
+        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = comm.all_reduce_add_rms_norm_cuda_in_place(&mut data, &mut residual, &weight, eps, stream);
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0))?;
+        // SAFETY: re-enabled after the capture ended; every slice in use is on this one stream.
+        unsafe { ctx.enable_event_tracking() };
+        // SAFETY: `data`, `residual` and `weight` outlive the communicator (returned to main, which drops them
+        // after it), and the graph is replayed only below.
+        unsafe { comm.end_graph_capture()? };
+        let (captured, graph) = (captured?, graph.ok_or("empty capture")?);
+        for call in 1..4 {
+            stream.memcpy_htod(&x(call), &mut data)?;
+            stream.memcpy_htod(&res_host, &mut residual)?;
+            graph.launch()?;
+            let what = format!("norm graph replay {call}, {rows}x{hidden}");
+            check(&stream.clone_dtoh(&residual)?, &stream.clone_dtoh(&data)?, call, &what);
+        }
+        if rank == 0 {
+            println!("{rows:>4} rows of {hidden}, residual add + RMSNorm: eager {eager}, graph {captured}: checked");
+        }
+        keep.extend([data, residual]);
+    }
+    keep.push(weight);
+    Ok(keep)
 }
