@@ -2,8 +2,9 @@
 # The library on a GPU node, from the binaries `cargo xtask bundle` put into dist/ (nothing is built here):
 #   gpu_library.sh OUT_DIR
 # gpu_smoke and cuda_foreign (streams and memory the caller owns), the communicator's tests on the GPU driver
-# (every algorithm the same bits on both sides of every hand-over), the cudarc example (its own stream, eager and
-# inside its own graph, every comm_bench.py size checked), and the communicator's public call (`auto`) at 1024
+# (every algorithm the same bits on both sides of every hand-over), a rank dead on another emulated node (the NCCL
+# watchdog), the cudarc example (its own stream, eager and inside its own graph, every comm_bench.py size checked, and
+# norm calls), and the communicator's public call (`auto`) at 1024
 # elements, eager and graph. With fewer GPUs than ranks the ranks run under MPS.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,6 +21,9 @@ step communicator_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here
     registered_caller_buffers_are_read_in_place packets_stay_exact_across_the_flag_wrap
 # A dead, a stopped and an aborted peer: the survivors' calls fail, named, and their contexts live on.
 step dead_peer_tests env ARX_TEST_BACKEND=cuda "$here/dead_peer_tests" --test-threads 1
+# A rank dead on another (emulated) node: the survivors' NCCL step ends at the watchdog, their devices live on.
+step across_dead_peer env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" ARX_TEST_NODES=2 "$here/across_tests" \
+    --test-threads 1 a_peer_that_dies_on_another_node_ends_the_survivors_nccl_steps_and_the_device_lives_on
 step cuda_example "$here/comm-bench" launch -n "$ranks" -- "$here/cuda_graph_allreduce"
 for mode in eager graph; do
     flag=(); [ "$mode" = graph ] && flag=(--graph)
