@@ -2,7 +2,7 @@
 //! call after earlier writes of the slices and keeps them allocated until it has run, and the communicator checks
 //! that the stream belongs to its device.
 
-use crate::{AddRmsNorm, Algorithm, Communicator, Error, Scalar};
+use crate::{AddRmsNorm, Algorithm, Communicator, Error, Op, Scalar};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use gpu::DriverKind;
 
@@ -29,16 +29,7 @@ impl Communicator {
         output: &mut CudaSlice<T>,
         stream: &CudaStream,
     ) -> Result<Algorithm, Error> {
-        self.check_cuda(stream)?;
-        if input.len() != output.len() {
-            return Err(Error::BadArgs(format!("input of {} elements, output of {}", input.len(), output.len())));
-        }
-        let count = input.len();
-        let (i, _read) = input.device_ptr(stream);
-        let (o, _write) = output.device_ptr_mut(stream);
-        // SAFETY: both slices are live device memory of this context (checked), held borrowed until the call is
-        // enqueued, and cudarc orders their reuse and release after it; the stream is the caller's live stream.
-        unsafe { self.all_reduce(gpu::DevicePtr(i), gpu::DevicePtr(o), count, T::DTYPE, stream.cu_stream() as u64) }
+        self.cuda_op(Op::AllReduce, input, output, stream)
     }
 
     /// Enqueues an in-place allreduce of `data` on `stream`.
@@ -50,7 +41,7 @@ impl Communicator {
         self.check_cuda(stream)?;
         let count = data.len();
         let (p, _write) = data.device_ptr_mut(stream);
-        // SAFETY: as all_reduce_cuda, with one buffer.
+        // SAFETY: as cuda_op, with one buffer.
         unsafe { self.all_reduce(gpu::DevicePtr(p), gpu::DevicePtr(p), count, T::DTYPE, stream.cu_stream() as u64) }
     }
 
@@ -61,20 +52,36 @@ impl Communicator {
         output: &mut CudaSlice<T>,
         stream: &CudaStream,
     ) -> Result<Algorithm, Error> {
+        self.cuda_op(Op::ReduceScatter, input, output, stream)
+    }
+
+    /// Enqueues an all-gather of `input` into `output` (`input.len() * W` elements, rank r's from `r * input.len()`)
+    /// on `stream`.
+    pub fn all_gather_cuda<T: Scalar + DeviceRepr>(
+        &self,
+        input: &CudaSlice<T>,
+        output: &mut CudaSlice<T>,
+        stream: &CudaStream,
+    ) -> Result<Algorithm, Error> {
+        self.cuda_op(Op::AllGather, input, output, stream)
+    }
+
+    /// `op` of `input` into `output` (as long as the op's output for the input) on `stream`.
+    fn cuda_op<T: Scalar + DeviceRepr>(
+        &self,
+        op: Op,
+        input: &CudaSlice<T>,
+        output: &mut CudaSlice<T>,
+        stream: &CudaStream,
+    ) -> Result<Algorithm, Error> {
         self.check_cuda(stream)?;
-        let count = input.len();
-        if output.len() * self.world() != count {
-            return Err(Error::BadArgs(format!(
-                "reduce-scatter of {count} elements over {} ranks needs an output of {} elements, not {}",
-                self.world(),
-                count / self.world(),
-                output.len()
-            )));
-        }
+        self.check_output_len(op, input.len(), output.len())?;
         let (i, _read) = input.device_ptr(stream);
         let (o, _write) = output.device_ptr_mut(stream);
-        // SAFETY: as all_reduce_cuda.
-        unsafe { self.reduce_scatter(gpu::DevicePtr(i), gpu::DevicePtr(o), count, T::DTYPE, stream.cu_stream() as u64) }
+        let call = self.call(op, T::DTYPE, gpu::DevicePtr(i), gpu::DevicePtr(o), input.len())?;
+        // SAFETY: both slices are live device memory of this context (checked), held borrowed until the call is
+        // enqueued, and cudarc orders their reuse and release after it; the stream is the caller's live stream.
+        unsafe { self.issue(call, None, stream.cu_stream() as u64) }
     }
 
     /// Enqueues the allreduce followed by the residual add and RMSNorm ([`Communicator::all_reduce_add_rms_norm`])
@@ -90,12 +97,10 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<Algorithm, Error> {
         self.check_cuda(stream)?;
-        if output.len() != input.len() {
-            return Err(Error::BadArgs(format!("input of {} elements, output of {}", input.len(), output.len())));
-        }
+        self.check_output_len(Op::AllReduce, input.len(), output.len())?;
         let (i, _read) = input.device_ptr(stream);
         let (o, _write) = output.device_ptr_mut(stream);
-        // SAFETY: as all_reduce_cuda, for the residual and weight too (checked against the input's length by
+        // SAFETY: as cuda_op, for the residual and weight too (checked against the input's length by
         // add_rms_norm_on).
         unsafe { self.add_rms_norm_on(i, o, input.len(), residual, weight, eps, stream) }
     }

@@ -134,7 +134,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     if rank == 0 {
         let mode = if args.graph { "graph replays" } else { "eager" };
         println!("# allreduce + residual add + RMSNorm: {world} ranks, {} driver, {dtype}, hidden {hidden}, {mode}; us per call (slowest rank, median of {}), each method checked first", gpu.kind(), args.repeats);
-        println!("{:>8} {:>10} {:<30} {:>10} {:>12}", "tokens", "bytes", "method", "us", "vs unfused");
+        println!("{:>8} {:>10} {:<46} {:>10} {:>12}", "tokens", "bytes", "method", "us", "vs unfused");
     }
     for &tokens in &args.tokens {
         let count = tokens as usize * hidden;
@@ -249,7 +249,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                     Way::Unfused => format!("{name} ({})", algo.algorithm),
                     _ => format!("{name} ({algo})"),
                 };
-                println!("{tokens:>8} {:>10} {label:<30} {us:>10.2} {vs:>12}", count * dtype.size());
+                println!("{tokens:>8} {:>10} {label:<46} {us:>10.2} {vs:>12}", count * dtype.size());
             }
         }
     }

@@ -283,7 +283,7 @@ fn compare_overlays_a_comm_bench_py_csv_and_our_json_with_ratios() {
 fn norm_checks_every_method_and_names_what_ran() {
     let o = Command::new(BIN)
         .args(["norm", "--backend", "host", "--num_ranks", "2", "--hidden", "8192", "--tokens", "1,16"])
-        .args(["--methods", "fused_ll,fused_1shot,fused_zc_2shot,unfused,auto", "-n", "2", "-w", "0", "--repeats", "1"])
+        .args(["-n", "2", "-w", "0", "--repeats", "1"])
         .output()
         .unwrap();
     let t = text(&o);
@@ -297,4 +297,9 @@ fn norm_checks_every_method_and_names_what_ran() {
     assert!(!one.contains('('), "{one}");
     assert!(row("16", "fused_ll (car_1shot)").is_some(), "{t}");
     assert!(row("16", "unfused (").is_some() && row("16", "auto (").is_some(), "{t}");
+    // The default methods: every fused design, each checked once and over consecutive calls, at both sizes.
+    for method in ["fused_1shot", "fused_2shot", "fused_zc_1shot", "fused_zc_2shot", "fused_zc_2shot_push"] {
+        assert!(row("1", method).is_some() && row("16", method).is_some(), "{method}: {t}");
+    }
+    assert!(row("1", "fused_epoch_1shot").is_some() && row("16", "fused_epoch_1shot").is_some(), "{t}");
 }

@@ -1,6 +1,6 @@
 //! The library on CUDA through cudarc: a program with its own context, stream and buffers allreduces eagerly and
 //! inside its own captured graph (plain calls at comm_bench.py's sizes, and calls with the residual add and RMSNorm),
-//! and checks every result. Run one rank per GPU (or 8 ranks on one GPU under MPS):
+//! reduce-scatters and all-gathers, and checks every result. Run one rank per GPU (or 8 ranks on one GPU under MPS):
 //! `comm-bench launch -n 8 -- target/release/cuda_graph_allreduce` or `torchrun --nproc-per-node 8 ...`.
 
 use allreduce::{Communicator, Mode, Options, Residency};
@@ -75,6 +75,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{count:>9} elements: eager {eager}, graph {captured}: checked");
         }
     }
+    // A reduce-scatter then an all-gather of its shards: the allreduce's sums, on every rank.
+    let count = 4096 * world;
+    let input = stream.clone_htod(&(0..count).map(|i| bf16::from_f32(value(rank, i, 0))).collect::<Vec<_>>())?;
+    let mut shard = stream.alloc_zeros::<bf16>(count / world)?;
+    let mut gathered = stream.alloc_zeros::<bf16>(count)?;
+    comm.reduce_scatter_cuda(&input, &mut shard, &stream)?;
+    comm.all_gather_cuda(&shard, &mut gathered, &stream)?;
+    check(&stream.clone_dtoh(&gathered)?, 0, "reduce-scatter then all-gather");
     let kept = norm_calls(&mut comm, &ctx, &stream)?;
     stream.synchronize()?;
     if rank == 0 {

@@ -60,6 +60,18 @@ impl Communicator {
         self.host_call(Op::AllGather, input.as_ptr(), input.len(), Some(out))
     }
 
+    /// An output of `out_len` elements is the one `op` on `count` elements writes (a reduce-scatter whose count does
+    /// not divide has none: the call's own check says why).
+    pub(crate) fn check_output_len(&self, op: Op, count: usize, out_len: usize) -> Result<(), Error> {
+        let out_count = op.output_count(count, self.world());
+        if (op != Op::ReduceScatter || count.is_multiple_of(self.world())) && out_len != out_count {
+            return Err(Error::BadArgs(format!(
+                "{op} of {count} elements needs an output of {out_count}, not {out_len}"
+            )));
+        }
+        Ok(())
+    }
+
     /// One host-driver call on slices the public wrappers borrowed (`output` None: in place, `input` then comes
     /// from a mutable borrow).
     fn host_call<T: Scalar>(
@@ -71,14 +83,9 @@ impl Communicator {
     ) -> Result<Algorithm, Error> {
         self.host_only()?;
         let dtype = T::DTYPE;
-        let out_count = op.output_count(count, self.world());
         let (out_ptr, out_len) = output.unwrap_or((input as *mut T, count));
-        // A reduce-scatter whose count does not divide has no right output length: the call's check says why.
-        if (op != Op::ReduceScatter || count.is_multiple_of(self.world())) && out_len != out_count {
-            return Err(Error::BadArgs(format!(
-                "{op} of {count} elements needs an output of {out_count}, not {out_len}"
-            )));
-        }
+        self.check_output_len(op, count, out_len)?;
+        let out_count = op.output_count(count, self.world());
         let (in_dev, out_dev) = (DevicePtr(input as u64), DevicePtr(out_ptr as u64));
         let own = self.own.handle();
         if in_dev.0.is_multiple_of(VEC_BYTES as u64) && out_dev.0.is_multiple_of(VEC_BYTES as u64) {
