@@ -7,6 +7,7 @@
 
 use crate::checksum::Checksum;
 use crate::run::VARIANTS;
+use crate::summary::AUTO_SLOW_RATIO;
 use crate::BenchError;
 use allreduce::{AddRmsNorm, Algorithm, Call, Choice, Communicator, DType, Op, Options};
 use clap::Args;
@@ -136,6 +137,9 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
         println!("# allreduce + residual add + RMSNorm: {world} ranks, {} driver, {dtype}, hidden {hidden}, {mode}; us per call (slowest rank, median of {}), each method checked first", gpu.kind(), args.repeats);
         println!("{:>8} {:>10} {:<46} {:>10} {:>12}", "tokens", "bytes", "method", "us", "vs unfused");
     }
+    // Token counts where auto was timed against another method, and those where it was more than AUTO_SLOW_RATIO
+    // slower than the fastest of them.
+    let (mut judged, mut slow) = (0, 0);
     for &tokens in &args.tokens {
         let count = tokens as usize * hidden;
         let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: args.eps };
@@ -251,7 +255,20 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                 };
                 println!("{tokens:>8} {:>10} {label:<46} {us:>10.2} {vs:>12}", count * dtype.size());
             }
+            let auto = ways.iter().position(|&w| w == Way::Auto).map(|k| times[k]);
+            let others = ways.iter().zip(&times).zip(&args.methods).filter(|((&w, _), _)| w != Way::Auto);
+            let best = others.min_by(|a, b| a.0 .1.total_cmp(b.0 .1)).map(|((_, &us), name)| (us, name));
+            if let (Some(auto), Some((best_us, best))) = (auto, best) {
+                let ratio = auto / best_us;
+                judged += 1;
+                slow += usize::from(ratio > AUTO_SLOW_RATIO);
+                let flag = if ratio > AUTO_SLOW_RATIO { "  <- auto chose wrong" } else { "" };
+                println!("{:>8} auto / the fastest other method ({best}): {ratio:.2}x{flag}", "#");
+            }
         }
+    }
+    if rank == 0 && judged > 0 {
+        println!("# auto: {slow} of {judged} token counts above {AUTO_SLOW_RATIO}x the fastest other method");
     }
     stream.sync()?;
     rdv.barrier("norm sweep teardown")?;

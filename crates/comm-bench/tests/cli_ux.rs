@@ -302,4 +302,7 @@ fn norm_checks_every_method_and_names_what_ran() {
         assert!(row("1", method).is_some() && row("16", method).is_some(), "{method}: {t}");
     }
     assert!(row("1", "fused_epoch_1shot").is_some() && row("16", "fused_epoch_1shot").is_some(), "{t}");
+    // auto against the fastest other method, per token count and in all.
+    assert_eq!(t.lines().filter(|l| l.contains("auto / the fastest other method (")).count(), 2, "{t}");
+    assert!(t.contains("# auto: ") && t.contains(" of 2 token counts above 1.05x the fastest other method"), "{t}");
 }
