@@ -136,9 +136,9 @@ pub struct Across {
     local: Communicator,
 }
 
-/// A watchdog over the steps enqueued on `nccl`'s communicators, each given `per_call` (the per-call deadline): on
-/// a failure it aborts them and ends the node's communicator `local`, whose kernels may wait on the same peers.
-fn watch(nccl: &[&nccl::Nccl], local: &Communicator, per_call: Duration) -> Result<Watchdog, Error> {
+/// A watchdog over the steps enqueued on `nccl`'s communicators, each given `deadline` from its enqueue: on a failure
+/// it aborts them and ends the node's communicator `local`, whose kernels may wait on the same peers.
+fn watch(nccl: &[&nccl::Nccl], local: &Communicator, deadline: Duration) -> Result<Watchdog, Error> {
     let aborts: Vec<nccl::NcclAbort> = nccl.iter().map(|n| n.abort_handle()).collect();
     let errors = aborts.clone();
     let local = local.abort_handle();
@@ -153,7 +153,7 @@ fn watch(nccl: &[&nccl::Nccl], local: &Communicator, per_call: Duration) -> Resu
             errors.iter().try_for_each(|a| a.async_error().map_err(|e| format!("{}: {e}", a.name())))
         }),
     };
-    Watchdog::start(hooks, per_call).map_err(|e| Error::Setup(format!("starting the NCCL watchdog thread: {e}")))
+    Watchdog::start(hooks, deadline).map_err(|e| Error::Setup(format!("starting the NCCL watchdog thread: {e}")))
 }
 
 /// The job id of node `node`'s communicator: derived from the job's, so the ranks of one node agree on it and no two
@@ -191,7 +191,7 @@ impl Across {
     pub fn with_exchange(info: RankInfo, opts: Options, exchange: &mut dyn Exchange) -> Result<Across, Error> {
         refuse_host(&opts)?;
         let topology = Topology::of(&info)?;
-        let (per_call, setup) = opts.timeouts()?;
+        let (_, setup) = opts.timeouts()?;
         let (l, node) = (topology.local_world(), topology.node());
         let job = node_job(&info.job, node);
         // The driver first (opened again by the node's communicator), for the ids and the device count.
@@ -280,7 +280,9 @@ impl Across {
         let job = nccl::Nccl::from_id(kind, "nccl_job", capacity, &job_id, (info.rank, info.world), setup)?;
         let scratch = local.gpu().alloc(shard_capacity, MemKind::Device)?;
         let path_key = path_key.expect("the node's communicator is up");
-        let watchdog = watch(&[&rail, &job], &local, per_call)?;
+        // A step's clock starts at its enqueue, so it also runs while the stream works through what came before it:
+        // the set-up deadline (at least 60 s by default), not a call's, as torch gives its NCCL work minutes.
+        let watchdog = watch(&[&rail, &job], &local, setup)?;
         Ok(Across {
             watchdog,
             rail,
@@ -435,8 +437,8 @@ impl Across {
     }
 
     /// Enqueues `call` on `nccl` on the caller's stream `raw` (borrowed once and remembered), then an event after it
-    /// for the watchdog, which gives it the per-call deadline (not in a capture: a graph's replays are the caller's
-    /// to wait for).
+    /// for the watchdog, which gives it the set-up deadline (not in a capture: a graph's replays are the caller's to
+    /// wait for).
     ///
     /// # Safety
     /// `raw` is a live stream of this rank's device context; as [`nccl::Nccl::enqueue`] for `call`.
@@ -458,7 +460,7 @@ impl Across {
         Ok(())
     }
 
-    /// The failure that ended this endpoint, if any: a step past the per-call deadline or a communicator's error
+    /// The failure that ended this endpoint, if any: a step past its deadline or a communicator's error
     /// (the watchdog's), or a wait of the node's communicator. Every later call returns it.
     pub fn check(&self) -> Result<(), Error> {
         if let Some(what) = self.watchdog.failure() {

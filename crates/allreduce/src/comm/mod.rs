@@ -710,7 +710,7 @@ impl Communicator {
         } else {
             None
         };
-        // SAFETY: the caller's contract, which is run_algorithm's; a deferred call's table holds the registered
+        // SAFETY: the caller's contract, which is Engine::run's; a deferred call's table holds the registered
         // buffers' addresses until end_graph_capture fills it.
         let used = unsafe { self.engine.run(choice, &call, &peers, &state.streams[k])? };
         if let (Some(used), Some((slot, input, output))) = (used, slot) {
