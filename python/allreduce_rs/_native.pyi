@@ -367,8 +367,9 @@ class Across:
 
     def check(self) -> None:
         """Raises the error that ended this endpoint (``PeerError``), if any: a wait in this node's kernels (naming the
-        peer), or an NCCL step not done by the set-up deadline after its enqueue, or a communicator's asynchronous error (the watchdog
-        then aborted every NCCL communicator, so the streams drain). Every later call raises it too."""
+        peer), or an NCCL step not done by the set-up deadline after its enqueue, or a communicator's asynchronous
+        error (the watchdog then aborted every NCCL communicator, so the streams drain). Every later call raises it
+        too."""
 
     def tune(
         self, dtype: Optional[DTypeLike] = None, counts: Optional[Sequence[int]] = None, iters: int = 20, repeats: int = 3

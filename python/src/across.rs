@@ -279,8 +279,8 @@ impl PyAcross {
     }
 
     /// Raises the error that ended this endpoint, if any: a wait in this node's kernels (a peer named), or an NCCL
-    /// step past its deadline (the set-up one, from its enqueue) or a communicator's error (the watchdog aborted the NCCL communicators); for
-    /// programs that want to look after a graph replay or before trusting a result.
+    /// step past its deadline (the set-up one, from its enqueue) or a communicator's error (the watchdog aborted the
+    /// NCCL communicators); for programs that want to look after a graph replay or before trusting a result.
     fn check(&self) -> PyResult<()> {
         self.with(|a| a.check())
     }
