@@ -41,11 +41,19 @@ pub const NORM_HIDDEN: usize = 4096;
 /// measured after it on norm calls ([`Communicator::unfused_after`]).
 const UNFUSED_AFTER: f64 = 0.10;
 
-/// The allreduces within [`UNFUSED_AFTER`] of the fastest of `(count, algorithm, ms)` at the count nearest `count`
-/// (None without measurements): the ones worth the unfused sequence after them on a norm call of `count` elements,
-/// since the norm kernel after it costs every allreduce the same.
+/// How far (a factor) the plain count [`near_fastest`] judges by may lie from the norm call's: comm_bench.py's sizes
+/// lie closer, a sparse `--counts` may not, and then every allreduce gets the unfused sequence after it.
+const NEAR: usize = 2;
+
+/// The allreduces within [`UNFUSED_AFTER`] of the fastest of `(count, algorithm, ms)` at the count nearest `count`,
+/// where that is within a factor [`NEAR`] of it (None otherwise, or without measurements): the ones worth the unfused
+/// sequence after them on a norm call of `count` elements, since the norm kernel after it costs every allreduce the
+/// same.
 fn near_fastest(plain: &[(usize, Algorithm, f64)], count: usize) -> Option<Vec<Algorithm>> {
     let nearest = plain.iter().map(|p| p.0).min_by_key(|&c| c.abs_diff(count))?;
+    if nearest.max(count) > NEAR * nearest.min(count) {
+        return None;
+    }
     let at = || plain.iter().filter(move |p| p.0 == nearest);
     let fastest = at().map(|p| p.2).fold(f64::INFINITY, f64::min);
     Some(at().filter(|p| p.2 <= fastest * (1.0 + UNFUSED_AFTER)).map(|p| p.1).collect())
@@ -282,8 +290,9 @@ impl Communicator {
     }
 
     /// The unfused sequences a tune measures on norm calls of `count` elements of `dtype` in `mode` and `residency`:
-    /// after the allreduces [`near_fastest`] finds among the plain ones `measured`, or, where this tune measured none
-    /// (norm calls only), after the one this communicator's table picks. The same on every rank (the measurements are).
+    /// after the allreduces [`near_fastest`] finds among the plain ones `measured`; where it finds none, after every
+    /// allreduce, or, where this tune measured no plain calls (norm calls only), after the one this communicator's
+    /// table picks. The same on every rank (the measurements are).
     fn unfused_after(
         &self,
         measured: &[Measured],
@@ -294,8 +303,13 @@ impl Communicator {
         let here = |m: &&Measured| m.op == TableOp::AllReduce && m.mode == mode && m.residency == residency;
         let plain: Vec<_> =
             measured.iter().filter(here).filter_map(|m| Some((m.count, m.choice.algorithm, m.ms?))).collect();
-        let after = near_fastest(&plain, count)
-            .unwrap_or_else(|| vec![self.engine.table(mode, residency).pick(count * dtype.size()).algorithm]);
+        let after = near_fastest(&plain, count).unwrap_or_else(|| {
+            if plain.is_empty() {
+                vec![self.engine.table(mode, residency).pick(count * dtype.size()).algorithm]
+            } else {
+                Algorithm::CANDIDATES.to_vec()
+            }
+        });
         after.into_iter().map(Choice::unfused).collect()
     }
 
@@ -326,7 +340,9 @@ mod tests {
         assert_eq!(near_fastest(&plain, 1000), Some(vec![SymmLl]));
         // 6000 is nearer 8192 than 1024; 22.5 is past 10% of 20, 21 within it.
         assert_eq!(near_fastest(&plain, 6000), Some(vec![Car1Shot, SymmZc2Shot]));
-        assert_eq!(near_fastest(&plain, 1 << 30), Some(vec![Car1Shot, SymmZc2Shot]));
+        assert_eq!(near_fastest(&plain, 16384), Some(vec![Car1Shot, SymmZc2Shot]));
+        // Nothing measured within a factor 2: no judgement.
+        assert_eq!((near_fastest(&plain, 16385), near_fastest(&plain, 511)), (None, None));
         assert_eq!(near_fastest(&[], 64), None);
     }
 }
