@@ -290,7 +290,7 @@ impl PyCommunicator {
 
     /// Measures every algorithm on this machine (eager and graph, on your tensors, on the registered buffers and on
     /// registered tensors), checked first, and stores the fastest per size in the tune cache, where later
-    /// communicators find them. `counts`: the element counts to measure [default: comm_bench.py's sizes up to the
+    /// communicators find them; this one follows them at once (unless `tune_table` named a file). `counts`: the element counts to measure [default: comm_bench.py's sizes up to the
     /// capacity]. Calls with the residual add and RMSNorm get tables of their own, measured at rows of
     /// `norm_hidden` elements (your model's hidden size; 0: not measured); `norm_only` measures those alone.
     /// Collective. Returns the files written.
@@ -343,7 +343,8 @@ impl PyCommunicator {
                 "residency {residency:?}: expected \"caller\", \"registered\" or \"caller_registered\""
             ))
         })?;
-        Ok(self.sources[mode_of(mode)? as usize][r as usize].clone())
+        let mode = mode_of(mode)?;
+        self.with(|state| Ok(state.comm.table_source(mode, r).to_string()))
     }
 
     /// Begins recording a CUDA graph capture on your own tensors (use `graph_capture()` around

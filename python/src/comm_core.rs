@@ -5,7 +5,7 @@
 use crate::args::{self, Arg};
 use crate::errors::{from_error, AllreduceError, ArgumentError};
 use crate::reach::Reach;
-use allreduce::{Algorithm, Call, Choice, Communicator, DType, DevicePtr, DriverKind, Mode, Options, Residency};
+use allreduce::{Algorithm, Call, Choice, Communicator, DType, DevicePtr, DriverKind, Options};
 use collective_core::{Op, VEC_BYTES};
 use pyo3::prelude::*;
 use std::sync::atomic::AtomicUsize;
@@ -42,8 +42,6 @@ pub struct PyCommunicator {
     pub(crate) device_name: String,
     pub(crate) placement: allreduce::Placement,
     pub(crate) notes: Vec<String>,
-    /// `table_source` of the eager and graph tables, fixed at construction.
-    pub(crate) sources: [[String; 3]; 2],
     /// Live DLPack views of the registered buffers.
     pub(crate) views: Arc<AtomicUsize>,
     /// Ends the communicator from any thread without its lock (a call may hold it, waiting for a dead peer).
@@ -73,7 +71,6 @@ impl PyCommunicator {
             reach: Reach { driver: i.kind, ordinal: i.ordinal, world: comm.world() },
             device_name: i.name,
             notes: comm.notes().to_vec(),
-            sources: Mode::ALL.map(|m| Residency::ALL.map(|r| comm.table_source(m, r).to_string())),
             placement,
             views: Arc::new(AtomicUsize::new(0)),
             abort: comm.abort_handle(),

@@ -287,6 +287,11 @@ def facts():
     # A tune stores plain tables and, rows of norm_hidden fitting the sizes, the norm calls' own (none with 0).
     files = comm.tune(counts=[1024, 2048], norm_hidden=1024)
     assert len(files) == 12 and sum(str(f).endswith("-rms_norm.json") for f in files) == 6, files
+    # ... which this communicator follows from now on.
+    for mode in ["eager", "graph"]:
+        for residency in ["caller", "registered", "caller_registered"]:
+            source = comm.table_source(mode, residency)
+            assert source.startswith("tuned on this machine") and source.endswith(f"{mode}-{residency}.json)"), source
     assert len(comm.tune(counts=[1024], norm_hidden=0)) == 6
     files = comm.tune(counts=[1024], norm_hidden=512, norm_only=True)
     assert len(files) == 6 and all(str(f).endswith("-rms_norm.json") for f in files), files

@@ -43,6 +43,11 @@ impl Engine {
         &self.tables
     }
 
+    /// The tables later calls follow (every rank sets the same ones).
+    pub fn tables_mut(&mut self) -> &mut Tables {
+        &mut self.tables
+    }
+
     /// The tuned designs (their registered buffers and views).
     pub fn symm(&self) -> &SymmTuned {
         &self.symm

@@ -396,6 +396,15 @@ impl Tables {
         &self.tables[mode as usize][residency as usize]
     }
 
+    /// Makes `table` the one calls of `op` in `mode` on buffers in `residency` follow.
+    pub fn set(&mut self, op: TableOp, mode: Mode, residency: Residency, table: LoadedTable) {
+        let (m, r) = (mode as usize, residency as usize);
+        match op {
+            TableOp::AllReduce => self.tables[m][r] = table,
+            TableOp::AddRmsNorm => self.norm[m][r] = Some(table),
+        }
+    }
+
     /// The norm calls' table of `mode` and `residency`, if one was found.
     pub fn norm(&self, mode: Mode, residency: Residency) -> Option<&LoadedTable> {
         self.norm[mode as usize][residency as usize].as_ref()

@@ -701,3 +701,55 @@ fn ranks_that_captured_different_calls_are_refused_on_every_rank() {
         assert!(matches!(unsafe { comm.end_graph_capture() }, Err(Error::BadArgs(_))));
     });
 }
+
+/// The communicator that ran a tune follows its tables at once, plain and norm calls', in every mode and residency;
+/// one whose options named a table file keeps following that file.
+#[test]
+fn a_tune_is_followed_at_once_unless_the_tables_were_named() {
+    as_job("a_tune_is_followed_at_once_unless_the_tables_were_named", ranks(2), |info| {
+        let dir = std::env::temp_dir().join(format!("arx-tune-followed-{}", info.job.as_str()));
+        let named = dir.join("named.json");
+        if info.rank == 0 {
+            std::fs::create_dir_all(&dir).unwrap();
+            let one = r#"{"measured_on": "by hand", "entries": [{"max_bytes": null, "method": "car_2shot"}]}"#;
+            std::fs::write(&named, one).unwrap();
+        }
+        while !named.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        for tune_table in [None, Some(named.clone())] {
+            let opts = Options {
+                backend: backend(),
+                capacity_bytes: 1 << 20,
+                tune_dir: Some(dir.join("cache")),
+                tune_table: tune_table.clone(),
+                ..Options::default()
+            };
+            let mut comm = Communicator::new(info.clone(), opts).unwrap();
+            let mut req = allreduce::TuneRequest::new(DType::F32);
+            req.counts = Some(vec![256, 1024]);
+            req.norm_hidden = Some(256);
+            req.timing = measure::timing::TimingOptions { iters: 2, warmup: 1, repeats: 1, graph: false };
+            let report = comm.tune_with(&req, &mut |_| {}).unwrap();
+            for (op, mode, residency, table) in comm.tables().iter() {
+                let want = match &tune_table {
+                    Some(file) => allreduce::TableSource::File(file.clone()),
+                    None => {
+                        let stored = report.tables.iter().find(|(t, _)| {
+                            t.key.as_ref().is_some_and(|k| (k.op, k.mode, k.residency) == (op, mode, residency))
+                        });
+                        allreduce::TableSource::Cache(stored.expect("measured").1.clone())
+                    }
+                };
+                assert_eq!(table.source, want, "{op:?} {mode:?} {residency:?}");
+            }
+            if tune_table.is_some() {
+                // Every rank is done with the files.
+                comm.rendezvous().barrier("tune test done").unwrap();
+                if info.rank == 0 {
+                    std::fs::remove_dir_all(&dir).unwrap();
+                }
+            }
+        }
+    });
+}

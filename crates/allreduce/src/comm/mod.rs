@@ -119,6 +119,8 @@ pub struct Communicator {
     /// Ranks whose kernels share each of this communicator's devices (its launch caps leave room for all).
     device_shared_by: usize,
     tune_dir: Option<PathBuf>,
+    /// Whether the caller named the tables to follow ([`Options::tune_table`]), which a tune then leaves in place.
+    named_tables: bool,
     placement: Placement,
     notes: Vec<String>,
     rdv: Rendezvous,
@@ -223,6 +225,7 @@ impl Communicator {
                     last: Cell::new(None),
                     capacity: opts.capacity_bytes,
                     device_shared_by: sharers(&placement, &opts),
+                    named_tables: opts.tune_table.is_some(),
                     tune_dir: opts.tune_dir.or_else(tune::cache_dir),
                     placement,
                     notes,

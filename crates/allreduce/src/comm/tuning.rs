@@ -3,7 +3,7 @@
 //! tables.
 
 use super::Communicator;
-use crate::tune::{Algorithm, Choice, Mode, Residency, TableKey, TableOp, TuneTable};
+use crate::tune::{Algorithm, Choice, LoadedTable, Mode, Residency, TableKey, TableOp, TableSource, TuneTable};
 use crate::Error;
 use collective_core::{AddRmsNorm, DType, Op};
 use gpu::{DeviceBuffer, MemKind};
@@ -97,7 +97,8 @@ impl Communicator {
     /// Measures every candidate at the requested sizes through this communicator's call path, eagerly and in graph
     /// replays, on each residency (the caller's memory, the registered buffers, caller memory registered with every
     /// peer), checks each against the float64 reference first, and stores the fastest per size as this machine's
-    /// tables in the cache directory, where later communicators find them. Collective. `progress` sees each
+    /// tables in the cache directory, where later communicators find them; this one follows them from now on (unless
+    /// its options named a table file). Collective. `progress` sees each
     /// measurement as it is made (a tune takes minutes).
     pub fn tune_with(&mut self, req: &TuneRequest, progress: &mut dyn FnMut(&Measured)) -> Result<TuneReport, Error> {
         let dir = self
@@ -185,6 +186,12 @@ impl Communicator {
                     let path = dir.join(key.file_name());
                     if self.rank() == 0 {
                         table.store(&path)?;
+                    }
+                    // Followed from now on, unless the caller named the tables: every rank built it from the same
+                    // measurements (each the slowest rank's), as the set-up's agreement checks for cached ones.
+                    if !self.named_tables {
+                        let loaded = LoadedTable::new(table.clone(), TableSource::Cache(path.clone()))?;
+                        self.engine.tables_mut().set(op, mode, residency, loaded);
                     }
                     tables.push((table, path));
                 }
