@@ -16,12 +16,13 @@ pub use exchange::{Exchange, TcpExchange};
 pub use paths::{PathEntry, PathKey, PathTable};
 
 use allreduce::{Communicator, DType, Op, Options};
-use collective_core::{Call, Collective, CollectiveError};
+use collective_core::{Call, CollectiveError};
 use gpu::{BorrowedStreams, DeviceBuffer, DevicePtr, DriverKind, MemKind};
 use launch::{RankInfo, Topology};
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::hash::Hasher;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use watchdog::{Hooks, Step, Watchdog};
 
@@ -120,6 +121,8 @@ pub struct Across {
     // Field order is drop order: the watchdog's thread first, then the NCCL communicators and the scratch before the
     // node's communicator.
     watchdog: Watchdog,
+    /// The watchdog's events, reused step after step.
+    events: EventPool,
     rail: nccl::Nccl,
     job: nccl::Nccl,
     /// A rank's shard of the largest allreduce, between the hierarchical path's steps.
@@ -154,6 +157,47 @@ fn watch(nccl: &[&nccl::Nccl], local: &Communicator, deadline: Duration) -> Resu
         }),
     };
     Watchdog::start(hooks, deadline).map_err(|e| Error::Setup(format!("starting the NCCL watchdog thread: {e}")))
+}
+
+/// Events the watchdog is done with, for the next steps: making one per step would add a driver call to each.
+type EventPool = Arc<Mutex<Vec<gpu::Event>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A step's event, back in its pool when the watchdog lets the step go.
+struct PooledEvent {
+    event: Option<gpu::Event>,
+    pool: EventPool,
+}
+
+impl PooledEvent {
+    fn get(&self) -> &gpu::Event {
+        self.event.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for PooledEvent {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            lock(&self.pool).push(e);
+        }
+    }
+}
+
+/// What a step enqueued, formatted only for a failure's message.
+struct StepWhat {
+    op: Op,
+    count: usize,
+    dtype: DType,
+    on: &'static str,
+}
+
+impl fmt::Display for StepWhat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of {} elements of {} on {}", self.op, self.count, self.dtype, self.on)
+    }
 }
 
 /// The job id of node `node`'s communicator: derived from the job's, so the ranks of one node agree on it and no two
@@ -285,6 +329,7 @@ impl Across {
         let watchdog = watch(&[&rail, &job], &local, setup)?;
         Ok(Across {
             watchdog,
+            events: EventPool::default(),
             rail,
             job,
             scratch,
@@ -451,11 +496,15 @@ impl Across {
         // SAFETY: the caller's contract.
         unsafe { nccl.enqueue(call, stream)? };
         if !stream.is_capturing()? {
-            let event = self.local.gpu().event()?;
-            stream.record(&event)?;
-            let what = format!("{} of {} elements of {} on {}", call.op(), call.count(), call.dtype(), nccl.name());
-            let done = Box::new(move || event.query().map_err(|e| e.to_string()));
-            self.watchdog.watch(Step { done, what, since: Instant::now() });
+            let pooled = lock(&self.events).pop();
+            let event = PooledEvent {
+                event: Some(pooled.map_or_else(|| self.local.gpu().event(), Ok)?),
+                pool: self.events.clone(),
+            };
+            stream.record(event.get())?;
+            let what = StepWhat { op: call.op(), count: call.count(), dtype: call.dtype(), on: nccl.name() };
+            let done = Box::new(move || event.get().query().map_err(|e| e.to_string()));
+            self.watchdog.watch(Step { done, what: Box::new(what), since: Instant::now() });
         }
         Ok(())
     }

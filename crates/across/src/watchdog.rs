@@ -4,6 +4,7 @@
 //! dead peer return, so the caller's stream drains and its syncs come back) and records why; every later call
 //! returns that failure. Without it, a peer that dies on another node leaves the survivors' streams spinning.
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -16,8 +17,8 @@ const PERIOD: Duration = Duration::from_millis(100);
 pub(crate) struct Step {
     /// Whether the step's work has completed (Err: the question itself failed, which ends the endpoint too).
     pub done: Box<dyn FnMut() -> Result<bool, String> + Send>,
-    /// What was enqueued, for the failure's message.
-    pub what: String,
+    /// What was enqueued, for the failure's message (formatted only then).
+    pub what: Box<dyn fmt::Display + Send>,
     pub since: Instant,
 }
 
@@ -171,7 +172,7 @@ mod tests {
             asked += 1;
             Ok(asked > polls)
         };
-        Step { done: Box::new(done), what: what.into(), since }
+        Step { done: Box::new(done), what: Box::new(what.to_string()), since }
     }
 
     #[test]
@@ -204,7 +205,7 @@ mod tests {
         let (s, ended) = shared(Duration::from_secs(10), None);
         let broken = Step {
             done: Box::new(|| Err("cuEventQuery failed".into())),
-            what: "ncclAllGather on nccl_job".into(),
+            what: Box::new("ncclAllGather on nccl_job"),
             since: Instant::now(),
         };
         lock(&s.steps).push(broken);

@@ -407,6 +407,11 @@ impl Nccl {
         Ok(())
     }
 
+    /// The method's name (`nccl`, `nccl_job`, ...), for as long as the program runs.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
     /// A handle that aborts this communicator from any thread.
     pub fn abort_handle(&self) -> NcclAbort {
         NcclAbort { comm: self.comm.clone(), name: self.name }
