@@ -3,6 +3,7 @@
 #define __device__ __attribute__((device))
 #define __global__ __attribute__((global))
 #define __shared__ __attribute__((shared))
+#define __launch_bounds__(THREADS) __attribute__((launch_bounds(THREADS)))
 #define __forceinline__ __inline__ __attribute__((always_inline))
 #include <__clang_cuda_builtin_vars.h>
 extern "C" __device__ void __syncthreads() __asm__("llvm.nvvm.barrier0");

@@ -5,6 +5,7 @@
 #define __device__ __attribute__((device))
 #define __global__ __attribute__((global))
 #define __shared__ __attribute__((shared))
+#define __launch_bounds__(THREADS) __attribute__((amdgpu_flat_work_group_size(1, THREADS)))
 #define __forceinline__ inline __attribute__((always_inline))
 
 // Code object v4/v5 hold the dispatch packet (hsa_kernel_dispatch_packet_t) at the dispatch pointer: the

@@ -154,13 +154,14 @@ fn same(lib: &str, what: &str, expected: &BTreeSet<String>, found: &BTreeSet<Str
     Err(format!("{lib} for {what}: entry points missing {missing:?}, unexpected {extra:?}"))
 }
 
-/// The entry points a library's source declares: `ARX_INSTANTIATE(name, ...)` and `ARX_INSTANTIATE_K(name, ...)` give
-/// `name_{bf16,fp16,fp32}`,
+/// The entry points a library's source declares: `ARX_INSTANTIATE(name, ...)`, `ARX_INSTANTIATE_K(name, ...)` and
+/// `ARX_INSTANTIATE_BOUNDED(name, ...)` give `name_{bf16,fp16,fp32}`,
 /// `ARX_KERNEL void name(` gives `name`.
 fn declared_entries(src: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for line in src.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
-        if let Some(rest) = line.strip_prefix("ARX_INSTANTIATE(").or_else(|| line.strip_prefix("ARX_INSTANTIATE_K(")) {
+        let instantiation = ["ARX_INSTANTIATE(", "ARX_INSTANTIATE_K(", "ARX_INSTANTIATE_BOUNDED("];
+        if let Some(rest) = instantiation.iter().find_map(|p| line.strip_prefix(p)) {
             let name = rest.split(',').next().unwrap_or("").trim();
             names.extend(DTYPES.iter().map(|d| format!("{name}_{d}")));
         } else if let Some(rest) = line.strip_prefix("ARX_KERNEL void ") {
@@ -229,9 +230,12 @@ mod tests {
     fn entries_are_read_from_instantiations_and_plain_kernels() {
         let src = "#define ARX_INSTANTIATE(NAME, PARAMS) \\\n ARX_KERNEL void NAME##_bf16(PARAMS p) {}\n\
                    ARX_KERNEL void car_barrier_only(CarParams p) { car_barrier(p); }\n\
-                   ARX_INSTANTIATE(car_1shot, CarParams)\n";
+                   ARX_INSTANTIATE(car_1shot, CarParams)\n\
+                   ARX_INSTANTIATE_BOUNDED(car_1shot_norm, CarParams, ARX_NORM_LANES)\n";
         let names: Vec<String> = declared_entries(src).into_iter().collect();
-        assert_eq!(names, ["car_1shot_bf16", "car_1shot_fp16", "car_1shot_fp32", "car_barrier_only"]);
+        let want = ["car_1shot_bf16", "car_1shot_fp16", "car_1shot_fp32", "car_1shot_norm_bf16", "car_1shot_norm_fp16"];
+        assert_eq!(names[..5], want);
+        assert_eq!(names[5..], ["car_1shot_norm_fp32", "car_barrier_only"]);
     }
 
     #[test]

@@ -212,22 +212,26 @@ impl Stem {
     }
 }
 
+/// Threads of a tuned design's blocks on a GPU: its kernels are compiled for blocks of at most this many
+/// (`ARX_TUNED_THREADS`, their launch bound), so a forced launch shape may not ask for more.
+pub const THREADS: u32 = 512;
+
 /// Launch rules per kernel, driver and message size.
 fn rule(kind: DriverKind, kernel: Stem, bytes: usize) -> LaunchRule {
     match (kind, kernel) {
         (DriverKind::Host, _) => LaunchRule { threads: 1, bytes_per_block: 256 << 10, max_grid: 4 },
         // One packet (4 bytes) per thread: a single pass, so no thread waits for peers twice.
-        (_, Stem::Ll) => LaunchRule { threads: 512, bytes_per_block: 2 << 10, max_grid: 64 },
-        (_, Stem::ZeroCopyTwoShotLl) => LaunchRule { threads: 512, bytes_per_block: 8 << 10, max_grid: 32 },
+        (_, Stem::Ll) => LaunchRule { threads: THREADS, bytes_per_block: 2 << 10, max_grid: 64 },
+        (_, Stem::ZeroCopyTwoShotLl) => LaunchRule { threads: THREADS, bytes_per_block: 8 << 10, max_grid: 32 },
         // Few blocks, whatever the size: every extra block is one more waiter at the barrier, and the launch-shape
         // sweep found 16 as fast as car's one block per 16 KiB at every size the tuned one-shot sends here.
         (_, Stem::EpochOneShot) if bytes <= 160 << 10 => {
-            LaunchRule { threads: 512, bytes_per_block: 1 << 10, max_grid: 16 }
+            LaunchRule { threads: THREADS, bytes_per_block: 1 << 10, max_grid: 16 }
         }
         (_, Stem::EpochOneShot) if bytes <= EPOCH_MAX_BYTES => {
-            LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 16 }
+            LaunchRule { threads: THREADS, bytes_per_block: 16 << 10, max_grid: 16 }
         }
-        _ => LaunchRule { threads: 512, bytes_per_block: 16 << 10, max_grid: 32 },
+        _ => LaunchRule { threads: THREADS, bytes_per_block: 16 << 10, max_grid: 32 },
     }
 }
 
@@ -413,6 +417,12 @@ impl SymmTuned {
         }
         let fixed = match opts.rule {
             Some(asked) => {
+                if gpu.kind() != DriverKind::Host && asked.threads > THREADS {
+                    return Err(CollectiveError::Unsupported(format!(
+                        "{name}: blocks of {} threads asked; its kernels are compiled for at most {THREADS}",
+                        asked.threads
+                    )));
+                }
                 let first = design.kernel(0, Mode::Eager) as usize * DType::ALL.len();
                 let cap = team.resident_cap(name, &kernels[first..first + DType::ALL.len()], asked.threads)?;
                 asked.check_requested(name, cap, world)?;
@@ -711,8 +721,17 @@ mod tests {
         }
         let source = include_str!("../../../kernels/symm_tuned.cu");
         for stem in Stem::ALL {
-            assert!(source.contains(&format!("ARX_INSTANTIATE({}, ", stem.name())), "{stem:?} has no kernel");
+            for name in std::iter::once(stem.name()).chain(stem.table_name()) {
+                let entry = format!("ARX_INSTANTIATE_BOUNDED({name}, TunedParams, ARX_TUNED_THREADS)");
+                assert!(source.contains(&entry), "{name} has no kernel compiled for blocks of THREADS");
+            }
         }
+        let (_, portability) = collective_core::KERNEL_HEADERS.iter().find(|(n, _)| *n == "arx/portability.h").unwrap();
+        assert!(
+            portability.contains(&format!("#define ARX_TUNED_THREADS {THREADS}\n")),
+            "THREADS == ARX_TUNED_THREADS"
+        );
+        assert_eq!(NORM_LANES as u32, THREADS, "a norm design's row blocks are tuned blocks too");
         for mode in [Mode::Eager, Mode::Graph] {
             let handover = ll_handover_bytes(mode);
             for design in [Design::OneShotTuned, Design::TwoShotTuned] {

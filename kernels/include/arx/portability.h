@@ -20,6 +20,9 @@ struct alignas(16) vec16 { u32 w[4]; };
 #define ARX_PHASES 3  // barriers per call that the epoch flags can tell apart (== collective_core::host_sync::PHASES)
 #define ARX_DEV static __device__ __forceinline__
 #define ARX_KERNEL extern "C" __global__
+// Blocks of the tuned designs (== symm::tuned::THREADS): the bound caps a kernel's registers so that a block of that
+// many threads always fits on a multiprocessor (the fused norm designs took more than 65536 / 512 without it).
+#define ARX_TUNED_THREADS 512
 
 #if defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
 // ---------------------------------------------------------------- AMD (hipRTC / hipcc), wave size 64
