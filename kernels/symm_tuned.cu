@@ -15,6 +15,8 @@
 //    each reduced shard straight into every peer's registered output. Epoch flags (release store / acquire load,
 //    one per block and phase) replace torch's CAS handshake. Phase 0: inputs ready; phase 1: this block's reads of
 //    every input and its pushes are done, so the caller may reuse its input and read its output once the kernel ends.
+//  - symm_zc_2shot_ll_norm: symm_zc_2shot_ll carrying them: each rank sends r of its share of the rows as packets,
+//    then every rank normalises every row from its own output.
 //  - symm_zc_2shot_push: symm_zc_2shot with a copy-in pushed: each rank writes each shard of its input into a slot of
 //    the shard's owner's staging, which sums locally; every remote access is a write.
 //  - symm_epoch_1shot: car's one-shot protocol on symmetric memory (copy-in fused per block into a staging half
@@ -496,6 +498,63 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
     ll_clean(p, epoch);
 }
 
+// symm_zc_2shot_ll with the residual add and RMSNorm, ARX_NORM_LANES threads per block: the rows split among the ranks
+// and each share among the blocks, as symm_zc_2shot_norm's. Past the phase-0 barrier block b sums its rows of this
+// rank's share from every input and adds the residual (r, into this rank's output), then sends r as packets (rows in
+// symm_ll_norm's layout, from the share's first row) to every rank; it polls block b's rows of every other share
+// into its output and normalises all of them there: r into the residual, y over r. Block b of a share's owner sends
+// exactly the rows block b of every rank polls, so, as in symm_zc_2shot_ll, receiving them means that block is done
+// reading this rank's input: no exit barrier. When the flags wrap, each block zeroes the slots it polled (and its
+// own, which nobody polls) and its part of those past every share's rows, so no block zeroes a slot another polls.
+template <int DT> ARX_DEV void zc_2shot_ll_norm(const TunedParams& p, const u64* in, const u64* out) {
+    u64 epoch = next_epoch(p.counters);
+    if (!tuned_barrier(p, 0, epoch)) return;
+    u64 flag = ll_flag(epoch);
+    u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
+    u64 ppr = ll_row_packets<DT>(p.hidden);
+    Range all = Range{0, p.count / p.hidden};
+    void* mine = (void*)pick(out, p.rank);
+    Range share = row_range(all, p.rank, p.world);
+    Range rows = row_range(share, blockIdx.x, gridDim.x);
+    for (u64 row = rows.lo; row < rows.hi; ++row)
+        add_residual_row<DT>(in, p.world, (const void*)p.residual, mine, row * p.hidden, p.hidden);
+    __syncthreads();  // r of the block's rows before other threads of the block pack it
+    for (u64 j = threadIdx.x; j < (rows.hi - rows.lo) * ppr; j += blockDim.x) {
+        u64 row = rows.lo + j / ppr;
+        ll_push(p.packets, p.world, area + p.rank * p.ll_packets + (row - share.lo) * ppr + j % ppr,
+                row_packet<DT>(mine, row * p.hidden, p.hidden, j % ppr), flag);
+    }
+    const u64* inbox = (const u64*)p.packets[p.rank] + area;
+    Spin s = spin_start(p.timeout_ns, p.status);
+    for (u32 src = 0; src < p.world && !s.failed; ++src) {
+        if (src == p.rank) continue;
+        Range sh = row_range(all, src, p.world);
+        Range m = row_range(sh, blockIdx.x, gridDim.x);
+        for (u64 j = threadIdx.x; j < (m.hi - m.lo) * ppr && !s.failed; j += blockDim.x) {
+            u32 w = LlPacket::poll(inbox + src * p.ll_packets + (m.lo - sh.lo) * ppr + j, flag, s, src);
+            if (!s.failed) store_row_packet<DT>(mine, (m.lo + j / ppr) * p.hidden, p.hidden, j % ppr, w);
+        }
+    }
+    // Ends the block at once if a wait failed, and orders every thread's stores before the norm's reads.
+    if (block_any(s.failed)) return;
+    for (u32 src = 0; src < p.world; ++src) {
+        Range m = row_range(row_range(all, src, p.world), blockIdx.x, gridDim.x);
+        for (u64 row = m.lo; row < m.hi; ++row)
+            rms_norm_row<DT>(mine, (void*)p.residual, (const void*)p.weight, mine, row * p.hidden, p.hidden, p.eps);
+    }
+    if (ll_flag(epoch + 2) > ll_flag(epoch)) return;
+    u64* own = (u64*)p.packets[p.rank] + area;
+    for (u32 src = 0; src < ARX_MAX_RANKS; ++src) {
+        Range sh = src < p.world ? row_range(all, src, p.world) : Range{0, 0};
+        Range m = row_range(sh, blockIdx.x, gridDim.x);
+        for (u64 j = (m.lo - sh.lo) * ppr + threadIdx.x; j < (m.hi - sh.lo) * ppr; j += blockDim.x)
+            st_relaxed_sys(own + src * p.ll_packets + j, 0);
+        for (u64 j = (sh.hi - sh.lo) * ppr + (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets;
+             j += (u64)gridDim.x * blockDim.x)
+            st_relaxed_sys(own + src * p.ll_packets + j, 0);
+    }
+}
+
 // Each zero-copy design twice: views from the parameters, and from the peer table.
 #define ARX_ZC_ENTRIES(NAME, BODY)                                                                     \
     template <int DT> ARX_DEV void NAME(TunedParams p) { BODY<DT>(p, p.inputs, p.outputs); }           \
@@ -511,6 +570,7 @@ ARX_ZC_ENTRIES(symm_zc_2shot_push, zc_2shot_push)
 ARX_ZC_ENTRIES(symm_zc_2shot_norm, zc_2shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot_push_norm, zc_2shot_push_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot_ll, zc_2shot_ll)
+ARX_ZC_ENTRIES(symm_zc_2shot_ll_norm, zc_2shot_ll_norm)
 
 ARX_INSTANTIATE_BOUNDED(symm_ll, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_ll_norm, TunedParams, ARX_TUNED_THREADS)
@@ -530,3 +590,5 @@ ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_norm_table, TunedParams, ARX_TUNED_THREADS
 ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_push_norm, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_push_norm_table, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_ll_table, TunedParams, ARX_TUNED_THREADS)
+ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_ll_norm, TunedParams, ARX_TUNED_THREADS)
+ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_ll_norm_table, TunedParams, ARX_TUNED_THREADS)

@@ -389,7 +389,7 @@ impl Across {
         stream: u64,
         path: Option<Path>,
     ) -> Result<Path, Error> {
-        self.check()?;
+        self.failed()?;
         let path = path.unwrap_or_else(|| self.path_for(count, dtype));
         let world = self.topology.world();
         // Checked as a whole first, so a bad call fails before any step is enqueued.
@@ -488,13 +488,18 @@ impl Across {
     /// # Safety
     /// `raw` is a live stream of this rank's device context; as [`nccl::Nccl::enqueue`] for `call`.
     unsafe fn enqueue_on(&self, raw: u64, nccl: &nccl::Nccl, call: &Call) -> Result<(), Error> {
-        self.check()?;
+        self.failed()?;
         let mut streams = self.streams.borrow_mut();
         // SAFETY: the caller's contract.
         let k = unsafe { streams.position(self.local.gpu(), raw)? };
         let stream = &streams[k];
-        // SAFETY: the caller's contract.
-        unsafe { nccl.enqueue(call, stream)? };
+        let what = StepWhat { op: call.op(), count: call.count(), dtype: call.dtype(), on: nccl.name() };
+        // SAFETY: the caller's contract. The call was checked whole before: a refusal here is NCCL's own state (a
+        // peer lost), which ends the endpoint as the watchdog would.
+        if let Err(e) = unsafe { nccl.enqueue(call, stream) } {
+            self.watchdog.fail(format!("{what} could not be enqueued: {e}"));
+            return Err(self.failed().expect_err("the endpoint has just failed"));
+        }
         if !stream.is_capturing()? {
             let pooled = lock(&self.events).pop();
             let event = PooledEvent {
@@ -502,16 +507,24 @@ impl Across {
                 pool: self.events.clone(),
             };
             stream.record(event.get())?;
-            let what = StepWhat { op: call.op(), count: call.count(), dtype: call.dtype(), on: nccl.name() };
             let done = Box::new(move || event.get().query().map_err(|e| e.to_string()));
             self.watchdog.watch(Step { done, what: Box::new(what), since: Instant::now() });
         }
         Ok(())
     }
 
-    /// The failure that ended this endpoint, if any: a step past its deadline or a communicator's error
-    /// (the watchdog's), or a wait of the node's communicator. Every later call returns it.
+    /// The failure that ended this endpoint, if any: a step past its deadline, a communicator's error or a step NCCL
+    /// refused (the watchdog's; looked for now, not at the watchdog's next period), or a wait of the node's
+    /// communicator. Every later call returns it.
     pub fn check(&self) -> Result<(), Error> {
+        if let Some(what) = self.watchdog.look() {
+            return Err(allreduce::Error::Peer { ranks: Vec::new(), what }.into());
+        }
+        Ok(self.local.check()?)
+    }
+
+    /// The failure already recorded, without looking again: what every call checks first.
+    fn failed(&self) -> Result<(), Error> {
         if let Some(what) = self.watchdog.failure() {
             return Err(allreduce::Error::Peer { ranks: Vec::new(), what }.into());
         }

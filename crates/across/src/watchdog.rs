@@ -126,6 +126,17 @@ impl Watchdog {
     pub fn failure(&self) -> Option<String> {
         lock(&self.shared.failure).clone()
     }
+
+    /// Looks now, on the caller's thread, as the thread does every period; then why the endpoint failed, if it did.
+    pub fn look(&self) -> Option<String> {
+        self.shared.tick(Instant::now());
+        self.failure()
+    }
+
+    /// Ends the endpoint for `why` (a step NCCL refused to enqueue, say), as a failure the thread found would.
+    pub fn fail(&self, why: String) {
+        self.shared.fail(why);
+    }
 }
 
 impl Drop for Watchdog {
@@ -213,6 +224,33 @@ mod tests {
         let why = lock(&s.failure).clone().unwrap();
         assert!(why.contains("ncclAllGather on nccl_job was done failed: cuEventQuery failed"), "{why}");
         assert_eq!(ended.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_look_finds_a_communicator_error_before_the_thread_does_and_a_refused_step_ends_everything() {
+        let (broken, ended) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+        let (is_broken, count) = (broken.clone(), ended.clone());
+        let hooks = Hooks {
+            end: Box::new(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            }),
+            errors: Box::new(move || match is_broken.load(Ordering::SeqCst) {
+                true => Err("ncclRemoteError: a peer's connection closed".into()),
+                false => Ok(()),
+            }),
+        };
+        let w = Watchdog::start(hooks, Duration::from_secs(60)).unwrap();
+        assert_eq!(w.look(), None);
+        broken.store(true, Ordering::SeqCst);
+        let why = w.look().expect("the error, found by this look rather than at the thread's next period");
+        assert!(why.starts_with("ncclRemoteError") && why.ends_with("aborted"), "{why}");
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
+        let (s, ended) = shared(Duration::from_secs(10), None);
+        let w = Watchdog { shared: s, thread: None };
+        w.fail("ncclAllReduce of 8 elements could not be enqueued: ncclRemoteError".into());
+        assert!(w.failure().unwrap().contains("could not be enqueued"), "a refused step ends the endpoint");
+        w.fail("again".into());
+        assert_eq!(ended.load(Ordering::SeqCst), 1, "ended once");
     }
 
     #[test]

@@ -290,7 +290,9 @@ fn registered_caller_buffers_are_read_in_place() {
         // SAFETY: as above.
         let id = unsafe { comm.register(mine.ptr(), 2 * capacity).unwrap() };
         let out = mine.ptr().offset(capacity);
-        for count in [8, 4099, 300_000] {
+        // The last count lies past the packet two-shot's area (a packet area of every source), at any world size.
+        let past_packets = symm::tuned::LL_MAX_BYTES * world / 2 + 4099;
+        for count in [8, 4099, past_packets] {
             let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
             let dtype = DType::Bf16;
             let want = reference(seed, world, count, dtype, 0, count);
@@ -406,7 +408,7 @@ fn a_job_that_spans_nodes_is_refused_at_once() {
 /// result exact, three times (near 2^32, 2^33 and 3 * 2^32). The last rank starts each call late, so the others
 /// poll slots it has not written yet: with the old flags (the epoch's low 32 bits, no cleaning), epoch 2^32's flag
 /// was 0, which every never-written slot holds, and they read those as data. Calls with the residual add and RMSNorm
-/// (`symm_ll_norm`, whose rows take packets of their own) among them: r is the exact sum (a zero residual).
+/// (`symm_ll_norm` and `symm_zc_2shot_ll_norm`, whose rows take packets of their own) among them: r is the exact sum (a zero residual).
 #[test]
 fn packets_stay_exact_across_the_flag_wrap() {
     as_job("packets_stay_exact_across_the_flag_wrap", ranks(3), |info| {
@@ -426,16 +428,17 @@ fn packets_stay_exact_across_the_flag_wrap() {
         // A call of `count` elements; with a row length, it carries the norm.
         // Call c runs at epoch m * 2^32 - 7 + c: the first full-area packet call is epoch m * 2^32, whose slots past
         // the small calls' were never written; the flags' own wrap (a multiple of 2^32 - 1) falls in the same run.
-        // The wrap's cleaning calls are 4 and 5 (m = 1), 3 and 4 (m = 2), 2 and 3 (m = 3).
+        // The wrap's cleaning calls are 4 and 5 (m = 1), 3 and 4 (m = 2), 2 and 3 (m = 3): the fused packet two-shot
+        // (call 3), whose blocks each zero their own rows' slots, among them.
         let plan = [
             (Design::Ll, 13, None),
             (Design::Ll, 13, None),
             (Design::Ll, 3 * 8000, Some(8000)),
+            (Design::ZeroCopyTwoShotLl, 7 * 300, Some(300)),
             (Design::EpochOneShot, 5000, None),
             (Design::ZeroCopyOneShot, 300, None),
             (Design::Ll, 1000, None),
             (Design::ZeroCopyTwoShot, 7000, None),
-            (Design::Ll, 13, None),
             (Design::Ll, full, None),
             (Design::Ll, full, None),
             (Design::ZeroCopyTwoShotLl, 4096, None),

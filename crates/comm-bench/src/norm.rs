@@ -33,13 +33,14 @@ pub struct NormArgs {
     /// Comma-separated: fused_1shot, fused_2shot (car's designs with the norm in their kernel), fused_ll (symm_ll's
     /// packets with the norm in their kernel; car's fused one-shot where the rows do not fit the packets),
     /// fused_zc_1shot, fused_zc_2shot (the zero-copy designs with the norm in their kernel, the caller's input copied
-    /// in first), fused_zc_2shot_push (the two-shot with its rows pushed into their owners' staging), fused_epoch_1shot
+    /// in first), fused_zc_2shot_push (the two-shot with its rows pushed into their owners' staging), fused_zc_2shot_ll
+    /// (the two-shot whose r travels as packets, where the largest share's rows fit them), fused_epoch_1shot
     /// (car's one-shot protocol on symmetric memory with the norm in its kernel), unfused (auto's allreduce, then the norm kernel), auto (the communicator's choice).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "fused_1shot,fused_2shot,fused_ll,fused_zc_1shot,fused_zc_2shot,fused_zc_2shot_push,\
-                         fused_epoch_1shot,unfused,auto"
+                         fused_zc_2shot_ll,fused_epoch_1shot,unfused,auto"
     )]
     pub methods: Vec<String>,
     #[arg(long, default_value_t = 1e-5)]
@@ -77,13 +78,14 @@ fn way(name: &str) -> Result<Way, BenchError> {
         "fused_zc_1shot" => Way::Fused(Algorithm::SymmZc1Shot),
         "fused_zc_2shot" => Way::Fused(Algorithm::SymmZc2Shot),
         "fused_zc_2shot_push" => Way::Fused(Algorithm::SymmZc2ShotPush),
+        "fused_zc_2shot_ll" => Way::Fused(Algorithm::SymmZc2ShotLl),
         "fused_epoch_1shot" => Way::Fused(Algorithm::SymmEpoch1Shot),
         "unfused" => Way::Unfused,
         "auto" => Way::Auto,
         _ => {
             return Err(BenchError::Config(format!(
                 "unknown norm method {name:?}; known: fused_1shot, fused_2shot, fused_ll, fused_zc_1shot, \
-                 fused_zc_2shot, fused_zc_2shot_push, fused_epoch_1shot, unfused, auto"
+                 fused_zc_2shot, fused_zc_2shot_push, fused_zc_2shot_ll, fused_epoch_1shot, unfused, auto"
             )))
         }
     })

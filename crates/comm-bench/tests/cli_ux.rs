@@ -298,7 +298,9 @@ fn norm_checks_every_method_and_names_what_ran() {
     assert!(row("16", "fused_ll (car_1shot)").is_some(), "{t}");
     assert!(row("16", "unfused (").is_some() && row("16", "auto (").is_some(), "{t}");
     // The default methods: every fused design, each checked once and over consecutive calls, at both sizes.
-    for method in ["fused_1shot", "fused_2shot", "fused_zc_1shot", "fused_zc_2shot", "fused_zc_2shot_push"] {
+    let fused =
+        ["fused_1shot", "fused_2shot", "fused_zc_1shot", "fused_zc_2shot", "fused_zc_2shot_push", "fused_zc_2shot_ll"];
+    for method in fused {
         assert!(row("1", method).is_some() && row("16", method).is_some(), "{method}: {t}");
     }
     assert!(row("1", "fused_epoch_1shot").is_some() && row("16", "fused_epoch_1shot").is_some(), "{t}");

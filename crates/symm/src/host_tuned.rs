@@ -69,6 +69,12 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_2shot_ll_table_bf16", zc_two_shot_ll_table),
     ("symm_zc_2shot_ll_table_fp16", zc_two_shot_ll_table),
     ("symm_zc_2shot_ll_table_fp32", zc_two_shot_ll_table),
+    ("symm_zc_2shot_ll_norm_bf16", zc_two_shot_ll_norm),
+    ("symm_zc_2shot_ll_norm_fp16", zc_two_shot_ll_norm),
+    ("symm_zc_2shot_ll_norm_fp32", zc_two_shot_ll_norm),
+    ("symm_zc_2shot_ll_norm_table_bf16", zc_two_shot_ll_norm_table),
+    ("symm_zc_2shot_ll_norm_table_fp16", zc_two_shot_ll_norm_table),
+    ("symm_zc_2shot_ll_norm_table_fp32", zc_two_shot_ll_norm_table),
 ];
 
 struct Call {
@@ -258,7 +264,7 @@ fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
             }
         }
         // The slots this block's threads read, and their share of those past the rows, which nobody reads.
-        ll_clean_slots(p, c.rank, epoch, mine(npk));
+        ll_clean_slots(p, c.rank, epoch, mine(npk).flat_map(every_source));
     }
     Ok(())
 }
@@ -266,22 +272,25 @@ fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 /// The kernels' `ll_clean`: block b zeroes the slots j = b (mod grid) of this rank's area of `epoch`'s parity, for
 /// every source, when the packet flags wrap before the area's next use.
 fn ll_clean(p: &TunedParams, rank: usize, epoch: u64, b: usize, grid: usize) {
-    ll_clean_slots(p, rank, epoch, (b..p.ll_packets as usize).step_by(grid));
+    ll_clean_slots(p, rank, epoch, (b..p.ll_packets as usize).step_by(grid).flat_map(every_source));
 }
 
-/// Zeroes `slots` of this rank's area of `epoch`'s parity, for every source, when the flags wrap before the area's
+/// Slot `j` of every source's part of an area, as `(source, slot)`.
+fn every_source(j: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..MAX_RANKS).map(move |src| (src, j))
+}
+
+/// Zeroes `slots` (`(source, slot)`) of this rank's area of `epoch`'s parity when the flags wrap before the area's
 /// next use.
-fn ll_clean_slots(p: &TunedParams, rank: usize, epoch: u64, slots: impl Iterator<Item = usize>) {
+fn ll_clean_slots(p: &TunedParams, rank: usize, epoch: u64, slots: impl Iterator<Item = (usize, usize)>) {
     if ll_flag(epoch + 2) > ll_flag(epoch) {
         return;
     }
     let npk = p.ll_packets as usize;
     let area = (epoch as usize & 1) * MAX_RANKS * npk;
-    for j in slots {
-        for src in 0..MAX_RANKS {
-            // SAFETY: this rank's packet area, mapped at setup: 2 parities x MAX_RANKS sources x npk slots.
-            unsafe { packet(p.packets[rank], area + src * npk + j).store(0, Ordering::Relaxed) };
-        }
+    for (src, j) in slots {
+        // SAFETY: this rank's packet area, mapped at setup: 2 parities x MAX_RANKS sources x npk slots.
+        unsafe { packet(p.packets[rank], area + src * npk + j).store(0, Ordering::Relaxed) };
     }
 }
 
@@ -501,6 +510,81 @@ fn zc_two_shot_ll(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn zc_two_shot_ll_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc_2shot_ll(call_from_table(l)?)
+}
+fn zc_two_shot_ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc_2shot_ll_norm(call(l)?, l.dims.block as usize)
+}
+fn zc_two_shot_ll_norm_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc_2shot_ll_norm(call_from_table(l)?, l.dims.block as usize)
+}
+
+/// The packet two-shot with the residual add and RMSNorm, block by block as the kernel: block b adds the residual to
+/// the sum of its rows of this rank's share (r, into the output) and sends r's packets (rows from the share's first)
+/// to every rank, then waits for block b's rows of every other share, stores them and normalises all of them there.
+/// Only the peers' block b, which ran before, sends them. At the flags' wrap it zeroes the slots it polled, this
+/// rank's own, and (as thread t of the kernel's `threads`) its part of those past every share's rows.
+fn zc_2shot_ll_norm(c: Call, threads: usize) -> Result<(), KernelFault> {
+    let (p, size) = (&c.p, c.dtype.size());
+    let norm = norm_of(p);
+    let (hidden, per, npk) = (norm.hidden, 4 / size, p.ll_packets as usize);
+    let (rows, ppr) = (p.count as usize / hidden, row_packets(hidden, size));
+    if rows.div_ceil(c.world) * ppr > npk {
+        return Err(
+            format!("symm_zc_2shot_ll_norm: shares of {rows} rows of {hidden} need more than {npk} packets").into()
+        );
+    }
+    let share = |s: usize| row_range((0, rows), s, c.world);
+    let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+    let (output, residual) = (p.outputs[c.rank] as *mut u8, norm.residual.0 as *mut u8);
+    // Packet q of `row` in the output: its first element and how many it holds.
+    let at = |row: usize, q: usize| (row * hidden + q * per, (hidden - q * per).min(per));
+    for b in 0..c.grid {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
+        let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_zc_2shot_ll_norm")? };
+        let (flag, area) = (ll_flag(epoch), (epoch as usize & 1) * MAX_RANKS * npk);
+        let mine = share(c.rank);
+        let (lo, hi) = row_range(mine, b, c.grid);
+        // SAFETY: registered inputs, the output and the residual hold `count` elements.
+        unsafe { add_residual(c.dtype, &inputs, residual, output, hidden, (lo, hi)) };
+        for (row, q) in (lo..hi).flat_map(|row| (0..ppr).map(move |q| (row, q))) {
+            let ((e, k), mut word) = (at(row, q), [0u8; 4]);
+            // SAFETY: the output holds the packet's elements; a half-filled packet's high bytes stay 0.
+            unsafe { std::ptr::copy_nonoverlapping(output.add(e * size), word.as_mut_ptr(), k * size) };
+            c.push(area, (row - mine.0) * ppr + q, flag | u32::from_le_bytes(word) as u64);
+        }
+        let what = format!("symm_zc_2shot_ll_norm rank {} block {b}", c.rank);
+        for s in (0..c.world).filter(|&s| s != c.rank) {
+            let (lo, hi) = row_range(share(s), b, c.grid);
+            for (row, q) in (lo..hi).flat_map(|row| (0..ppr).map(move |q| (row, q))) {
+                let slot = area + s * npk + (row - share(s).0) * ppr + q;
+                let mut v = 0;
+                // SAFETY: this rank's packet area, as above.
+                let arrived = |_| {
+                    v = unsafe { packet(p.packets[c.rank], slot) }.load(Ordering::Relaxed);
+                    v & 0xffff_ffff_0000_0000 == flag
+                };
+                wait_all(&what, [s], &c.deadline, arrived, || None)?;
+                let ((e, k), word) = (at(row, q), (v as u32).to_le_bytes());
+                // SAFETY: the output holds `count` elements; the packet's lie in row `row`.
+                unsafe { std::ptr::copy_nonoverlapping(word.as_ptr(), output.add(e * size), k * size) };
+            }
+        }
+        for s in 0..c.world {
+            // SAFETY: the output and the residual hold `count` elements, the weight `hidden`.
+            unsafe { rms_norm(c.dtype, output, Some(residual), output, &norm, row_range(share(s), b, c.grid)) };
+        }
+        let stride = c.grid * threads;
+        let polled = (0..MAX_RANKS).flat_map(|src| {
+            let sh = if src < c.world { share(src) } else { (0, 0) };
+            let (lo, hi) = row_range(sh, b, c.grid);
+            let past =
+                ((sh.1 - sh.0) * ppr + b * threads..npk).step_by(stride).flat_map(move |j| j..(j + threads).min(npk));
+            ((lo - sh.0) * ppr..(hi - sh.0) * ppr).chain(past).map(move |j| (src, j))
+        });
+        ll_clean_slots(p, c.rank, epoch, polled);
+    }
+    Ok(())
 }
 
 /// Block b sums packets j = b (mod grid) of this rank's shard and sends them to every peer, then waits for packets

@@ -145,10 +145,12 @@ enum Stem {
     EpochOneShotNorm,
     /// `ZeroCopyTwoShotNorm` with the input pushed into the share owners' staging, as `ZeroCopyTwoShotPush`.
     ZeroCopyTwoShotPushNorm,
+    /// `ZeroCopyTwoShotLl` with the residual add and RMSNorm: the rows split among the ranks, r sent as packets.
+    ZeroCopyTwoShotLlNorm,
 }
 
 impl Stem {
-    const ALL: [Stem; 11] = [
+    const ALL: [Stem; 12] = [
         Stem::Ll,
         Stem::EpochOneShot,
         Stem::ZeroCopyOneShot,
@@ -160,6 +162,7 @@ impl Stem {
         Stem::ZeroCopyTwoShotNorm,
         Stem::EpochOneShotNorm,
         Stem::ZeroCopyTwoShotPushNorm,
+        Stem::ZeroCopyTwoShotLlNorm,
     ];
 
     /// The kernel's name in `kernels/symm_tuned.cu`, without the dtype suffix.
@@ -175,6 +178,7 @@ impl Stem {
             Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
             Stem::EpochOneShotNorm => "symm_epoch_1shot_norm",
             Stem::ZeroCopyTwoShotPushNorm => "symm_zc_2shot_push_norm",
+            Stem::ZeroCopyTwoShotLlNorm => "symm_zc_2shot_ll_norm",
             Stem::ZeroCopyTwoShotNorm => "symm_zc_2shot_norm",
         }
     }
@@ -186,7 +190,8 @@ impl Stem {
             | Stem::ZeroCopyOneShotNorm
             | Stem::ZeroCopyTwoShotNorm
             | Stem::EpochOneShotNorm
-            | Stem::ZeroCopyTwoShotPushNorm => NORM_LANES as u32,
+            | Stem::ZeroCopyTwoShotPushNorm
+            | Stem::ZeroCopyTwoShotLlNorm => NORM_LANES as u32,
             _ => rule(kind, self, 0).threads,
         }
     }
@@ -208,6 +213,7 @@ impl Stem {
             Stem::ZeroCopyTwoShotPush => Some("symm_zc_2shot_push_table"),
             Stem::ZeroCopyTwoShotPushNorm => Some("symm_zc_2shot_push_norm_table"),
             Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
+            Stem::ZeroCopyTwoShotLlNorm => Some("symm_zc_2shot_ll_norm_table"),
         }
     }
 }
@@ -512,8 +518,8 @@ impl SymmTuned {
 
     /// The kernel that carries `call`'s residual add and RMSNorm on `design`, if it has one: `symm_ll_norm` where the
     /// call's rows fit the packet area (each row from a packet of its own, so up to a packet more per row than the
-    /// bytes), `symm_zc_1shot_norm`, `symm_zc_2shot_norm`, `symm_epoch_1shot_norm`, and `symm_zc_2shot_push_norm` where
-    /// its slots fit a staging half.
+    /// bytes), `symm_zc_1shot_norm`, `symm_zc_2shot_norm`, `symm_epoch_1shot_norm`, `symm_zc_2shot_push_norm` where
+    /// its slots fit a staging half, and `symm_zc_2shot_ll_norm` where the largest share's rows fit a source's packets.
     fn norm_stem(&self, design: Design, call: &Call) -> Option<Stem> {
         let norm = call.norm()?;
         match design {
@@ -525,6 +531,11 @@ impl SymmTuned {
             Design::ZeroCopyOneShot => Some(Stem::ZeroCopyOneShotNorm),
             Design::ZeroCopyTwoShot => Some(Stem::ZeroCopyTwoShotNorm),
             Design::EpochOneShot => Some(Stem::EpochOneShotNorm),
+            Design::ZeroCopyTwoShotLl => {
+                let packets =
+                    norm.rows(call.count()).div_ceil(call.world()) * row_packets(norm.hidden, call.dtype().size());
+                (packets <= self.base.ll_packets as usize).then_some(Stem::ZeroCopyTwoShotLlNorm)
+            }
             Design::ZeroCopyTwoShotPush => {
                 // Slots of the largest share's rows per rank: up to a row per rank more than the message.
                 let slots = call.count() + (call.world() - 1) * norm.hidden;
