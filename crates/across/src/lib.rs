@@ -497,8 +497,9 @@ impl Across {
         // SAFETY: the caller's contract. The call was checked whole before: a refusal here is NCCL's own state (a
         // peer lost), which ends the endpoint as the watchdog would.
         if let Err(e) = unsafe { nccl.enqueue(call, stream) } {
-            self.watchdog.fail(format!("{what} could not be enqueued: {e}"));
-            return Err(self.failed().expect_err("the endpoint has just failed"));
+            let why = format!("{what} could not be enqueued: {e}");
+            self.watchdog.fail(why.clone());
+            return Err(ended(self.watchdog.failure().unwrap_or(why)));
         }
         if !stream.is_capturing()? {
             let pooled = lock(&self.events).pop();
@@ -517,19 +518,22 @@ impl Across {
     /// refused (the watchdog's; looked for now, not at the watchdog's next period), or a wait of the node's
     /// communicator. Every later call returns it.
     pub fn check(&self) -> Result<(), Error> {
-        if let Some(what) = self.watchdog.look() {
-            return Err(allreduce::Error::Peer { ranks: Vec::new(), what }.into());
-        }
-        Ok(self.local.check()?)
+        self.watchdog.look();
+        self.failed()
     }
 
     /// The failure already recorded, without looking again: what every call checks first.
     fn failed(&self) -> Result<(), Error> {
-        if let Some(what) = self.watchdog.failure() {
-            return Err(allreduce::Error::Peer { ranks: Vec::new(), what }.into());
+        match self.watchdog.failure() {
+            Some(what) => Err(ended(what)),
+            None => Ok(self.local.check()?),
         }
-        Ok(self.local.check()?)
     }
+}
+
+/// The error of an endpoint the watchdog ended, for `what`.
+fn ended(what: String) -> Error {
+    allreduce::Error::Peer { ranks: Vec::new(), what }.into()
 }
 
 /// The placement report of a job over nodes: this rank's place among the nodes, then its node's placement.

@@ -127,10 +127,9 @@ impl Watchdog {
         lock(&self.shared.failure).clone()
     }
 
-    /// Looks now, on the caller's thread, as the thread does every period; then why the endpoint failed, if it did.
-    pub fn look(&self) -> Option<String> {
+    /// Looks now, on the caller's thread, as the thread does every period (what it finds, `failure` then says).
+    pub fn look(&self) {
         self.shared.tick(Instant::now());
-        self.failure()
     }
 
     /// Ends the endpoint for `why` (a step NCCL refused to enqueue, say), as a failure the thread found would.
@@ -240,9 +239,11 @@ mod tests {
             }),
         };
         let w = Watchdog::start(hooks, Duration::from_secs(60)).unwrap();
-        assert_eq!(w.look(), None);
+        w.look();
+        assert_eq!(w.failure(), None);
         broken.store(true, Ordering::SeqCst);
-        let why = w.look().expect("the error, found by this look rather than at the thread's next period");
+        w.look();
+        let why = w.failure().expect("the error, found by this look rather than at the thread's next period");
         assert!(why.starts_with("ncclRemoteError") && why.ends_with("aborted"), "{why}");
         assert_eq!(ended.load(Ordering::SeqCst), 1);
         let (s, ended) = shared(Duration::from_secs(10), None);

@@ -555,9 +555,10 @@ fn zc_2shot_ll_norm(c: Call, threads: usize) -> Result<(), KernelFault> {
         }
         let what = format!("symm_zc_2shot_ll_norm rank {} block {b}", c.rank);
         for s in (0..c.world).filter(|&s| s != c.rank) {
-            let (lo, hi) = row_range(share(s), b, c.grid);
+            let sh = share(s);
+            let (lo, hi) = row_range(sh, b, c.grid);
             for (row, q) in (lo..hi).flat_map(|row| (0..ppr).map(move |q| (row, q))) {
-                let slot = area + s * npk + (row - share(s).0) * ppr + q;
+                let slot = area + s * npk + (row - sh.0) * ppr + q;
                 let mut v = 0;
                 // SAFETY: this rank's packet area, as above.
                 let arrived = |_| {
