@@ -80,6 +80,8 @@ fn from_collective(e: &CollectiveError, msg: String) -> PyErr {
         CollectiveError::BadArgs(_) => ArgumentError::new_err(msg),
         CollectiveError::Unsupported(_) => UnsupportedError::new_err(msg),
         CollectiveError::Mismatch(_) => MismatchError::new_err(msg),
+        // A watchdog's abort: a peer failed, which NCCL does not name.
+        CollectiveError::Aborted(_) => PeerError::new_err((msg, Vec::<usize>::new())),
     }
 }
 

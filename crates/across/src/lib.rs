@@ -10,7 +10,6 @@
 mod exchange;
 mod paths;
 mod tune;
-mod watchdog;
 
 pub use exchange::{Exchange, TcpExchange};
 pub use paths::{PathEntry, PathKey, PathTable};
@@ -22,9 +21,6 @@ use launch::{RankInfo, Topology};
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::hash::Hasher;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use watchdog::{Hooks, Step, Watchdog};
 
 /// How an allreduce goes across nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -120,9 +116,7 @@ fn refuse_host(opts: &Options) -> Result<(), Error> {
 pub struct Across {
     // Field order is drop order: the watchdog's thread first, then the NCCL communicators and the scratch before the
     // node's communicator.
-    watchdog: Watchdog,
-    /// The watchdog's events, reused step after step.
-    events: EventPool,
+    watchdog: nccl::Watchdog,
     rail: nccl::Nccl,
     job: nccl::Nccl,
     /// A rank's shard of the largest allreduce, between the hierarchical path's steps.
@@ -137,67 +131,6 @@ pub struct Across {
     path_key: PathKey,
     tune_dir: Option<std::path::PathBuf>,
     local: Communicator,
-}
-
-/// A watchdog over the steps enqueued on `nccl`'s communicators, each given `deadline` from its enqueue: on a failure
-/// it aborts them and ends the node's communicator `local`, whose kernels may wait on the same peers.
-fn watch(nccl: &[&nccl::Nccl], local: &Communicator, deadline: Duration) -> Result<Watchdog, Error> {
-    let aborts: Vec<nccl::NcclAbort> = nccl.iter().map(|n| n.abort_handle()).collect();
-    let errors = aborts.clone();
-    let local = local.abort_handle();
-    let hooks = Hooks {
-        end: Box::new(move || {
-            aborts.iter().for_each(|a| {
-                a.abort();
-            });
-            local.abort();
-        }),
-        errors: Box::new(move || {
-            errors.iter().try_for_each(|a| a.async_error().map_err(|e| format!("{}: {e}", a.name())))
-        }),
-    };
-    Watchdog::start(hooks, deadline).map_err(|e| Error::Setup(format!("starting the NCCL watchdog thread: {e}")))
-}
-
-/// Events the watchdog is done with, for the next steps: making one per step would add a driver call to each.
-type EventPool = Arc<Mutex<Vec<gpu::Event>>>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A step's event, back in its pool when the watchdog lets the step go.
-struct PooledEvent {
-    event: Option<gpu::Event>,
-    pool: EventPool,
-}
-
-impl PooledEvent {
-    fn get(&self) -> &gpu::Event {
-        self.event.as_ref().expect("held until dropped")
-    }
-}
-
-impl Drop for PooledEvent {
-    fn drop(&mut self) {
-        if let Some(e) = self.event.take() {
-            lock(&self.pool).push(e);
-        }
-    }
-}
-
-/// What a step enqueued, formatted only for a failure's message.
-struct StepWhat {
-    op: Op,
-    count: usize,
-    dtype: DType,
-    on: &'static str,
-}
-
-impl fmt::Display for StepWhat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} of {} elements of {} on {}", self.op, self.count, self.dtype, self.on)
-    }
 }
 
 /// The job id of node `node`'s communicator: derived from the job's, so the ranks of one node agree on it and no two
@@ -326,10 +259,14 @@ impl Across {
         let path_key = path_key.expect("the node's communicator is up");
         // A step's clock starts at its enqueue, so it also runs while the stream works through what came before it:
         // the set-up deadline (at least 60 s by default), not a call's, as torch gives its NCCL work minutes.
-        let watchdog = watch(&[&rail, &job], &local, setup)?;
+        // On a failure it also ends the node's communicator, whose kernels may wait on the same peers.
+        let end_local = local.abort_handle();
+        let end_local: Box<dyn Fn() + Send + Sync> = Box::new(move || {
+            end_local.abort();
+        });
+        let watchdog = nccl::Watchdog::start(local.gpu(), &[&rail, &job], Some(end_local), setup)?;
         Ok(Across {
             watchdog,
-            events: EventPool::default(),
             rail,
             job,
             scratch,
@@ -481,9 +418,8 @@ impl Across {
         unsafe { self.enqueue_on(stream, &self.job, &call) }
     }
 
-    /// Enqueues `call` on `nccl` on the caller's stream `raw` (borrowed once and remembered), then an event after it
-    /// for the watchdog, which gives it the set-up deadline (not in a capture: a graph's replays are the caller's to
-    /// wait for).
+    /// Enqueues `call` on `nccl` on the caller's stream `raw` (borrowed once and remembered), under the watchdog,
+    /// which gives each step the set-up deadline ([`nccl::Watchdog::enqueue`]).
     ///
     /// # Safety
     /// `raw` is a live stream of this rank's device context; as [`nccl::Nccl::enqueue`] for `call`.
@@ -492,48 +428,33 @@ impl Across {
         let mut streams = self.streams.borrow_mut();
         // SAFETY: the caller's contract.
         let k = unsafe { streams.position(self.local.gpu(), raw)? };
-        let stream = &streams[k];
-        let what = StepWhat { op: call.op(), count: call.count(), dtype: call.dtype(), on: nccl.name() };
         // SAFETY: the caller's contract. The call was checked whole before: a refusal here is NCCL's own state (a
-        // peer lost), which ends the endpoint as the watchdog would.
-        if let Err(e) = unsafe { nccl.enqueue(call, stream) } {
-            let why = format!("{what} could not be enqueued: {e}");
-            self.watchdog.fail(why.clone());
-            return Err(ended(self.watchdog.failure().unwrap_or(why)));
-        }
-        if !stream.is_capturing()? {
-            let pooled = lock(&self.events).pop();
-            let event = PooledEvent {
-                event: Some(pooled.map_or_else(|| self.local.gpu().event(), Ok)?),
-                pool: self.events.clone(),
-            };
-            stream.record(event.get())?;
-            let done = Box::new(move || event.get().query().map_err(|e| e.to_string()));
-            self.watchdog.watch(Step { done, what: Box::new(what), since: Instant::now() });
-        }
-        Ok(())
+        // peer lost), which ends the endpoint.
+        unsafe { self.watchdog.enqueue(nccl, call, &streams[k]) }.map_err(ended)
     }
 
     /// The failure that ended this endpoint, if any: a step past its deadline, a communicator's error or a step NCCL
     /// refused (the watchdog's; looked for now, not at the watchdog's next period), or a wait of the node's
     /// communicator. Every later call returns it.
     pub fn check(&self) -> Result<(), Error> {
-        self.watchdog.look();
-        self.failed()
+        self.watchdog.check().map_err(ended)?;
+        Ok(self.local.check()?)
     }
 
     /// The failure already recorded, without looking again: what every call checks first.
     fn failed(&self) -> Result<(), Error> {
-        match self.watchdog.failure() {
-            Some(what) => Err(ended(what)),
-            None => Ok(self.local.check()?),
-        }
+        self.watchdog.failed().map_err(ended)?;
+        Ok(self.local.check()?)
     }
 }
 
-/// The error of an endpoint the watchdog ended, for `what`.
-fn ended(what: String) -> Error {
-    allreduce::Error::Peer { ranks: Vec::new(), what }.into()
+/// The error of an endpoint the watchdog ended (a peer failure whose ranks NCCL does not say); other errors as they
+/// are.
+fn ended(e: CollectiveError) -> Error {
+    match e {
+        CollectiveError::Aborted(what) => allreduce::Error::Peer { ranks: Vec::new(), what }.into(),
+        other => other.into(),
+    }
 }
 
 /// The placement report of a job over nodes: this rank's place among the nodes, then its node's placement.

@@ -125,27 +125,42 @@ impl Engine {
 
     /// What runs when `choice` is asked for on `call`: packets carry no more than their area, so larger messages
     /// take the zero-copy design of the same shape, and norm calls whose rows do not fit the fused packets car's fused
-    /// one-shot; a norm call on a design that does not carry the norm ([`SymmTuned::carries_norm`]) runs unfused.
-    /// On a plain call, never `unfused`.
+    /// one-shot; a design that set-up dropped (its kernels fit no block on this device: [`SymmTuned::unfit`]) runs
+    /// car's of the same shape; a norm call on a design that does not carry the norm ([`SymmTuned::carries_norm`],
+    /// [`car::Car::owns_rows`]) runs unfused. On a plain call, never `unfused`.
     pub fn runs_as(&self, choice: Choice, call: &Call) -> Choice {
         let bytes = call.bytes();
         let norm = call.norm().is_some();
         let unfused = norm && choice.unfused;
         let algorithm = match choice.algorithm {
-            Algorithm::SymmLl if norm && !unfused && !self.symm.carries_norm(Design::Ll, call) => {
-                return Choice::of(Algorithm::Car1Shot)
-            }
+            Algorithm::SymmLl if norm && !unfused && !self.symm.carries_norm(Design::Ll, call) => Algorithm::Car1Shot,
             Algorithm::SymmLl if bytes > self.symm.capacity_for(Design::Ll) => Algorithm::SymmZc1Shot,
             Algorithm::SymmZc2ShotLl if bytes > self.symm.capacity_for(Design::ZeroCopyTwoShotLl) => {
                 Algorithm::SymmZc2Shot
             }
             a => a,
         };
-        let carried = match Engine::design(algorithm) {
-            Some(design) => self.symm.carries_norm(design, call),
-            None => true, // car's one-shot and two-shot carry the norm at every size
+        let algorithm = match Engine::design(algorithm) {
+            Some(design) if !self.symm.runs(design) => match algorithm {
+                Algorithm::SymmZc2ShotLl | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotPush => Algorithm::Car2Shot,
+                _ => Algorithm::Car1Shot,
+            },
+            _ => algorithm,
+        };
+        let carried = match (Engine::design(algorithm), algorithm) {
+            (Some(design), _) => self.symm.carries_norm(design, call),
+            (None, Algorithm::Car1Shot) => self.car_1shot.owns_rows(),
+            (None, Algorithm::Car2Shot) => self.car_2shot.owns_rows(),
+            (None, _) => false,
         };
         Choice { algorithm, unfused: unfused || (norm && !carried) }
+    }
+
+    /// Why set-up dropped each kernel that this device fits not even one block of, and what runs instead.
+    pub fn unfit(&self) -> Vec<String> {
+        let designs = self.symm.unfit().iter().map(|why| format!("{why}: the designs that need it run car's"));
+        let car = [&self.car_1shot, &self.car_2shot].into_iter().filter_map(|c| c.unfit());
+        designs.chain(car.map(|why| format!("{why}: the norm runs after the allreduce"))).collect()
     }
 
     /// The tuned design of `algorithm`; None for car's.

@@ -10,7 +10,7 @@ use measure::check::{
 };
 
 mod common;
-use common::{as_job, backend, comm_on, ranks};
+use common::{as_job, as_job_with, backend, comm_on, host_comm, ranks};
 
 /// The residual add and RMSNorm after the sum: fused in car's one-shot and two-shot, the packets (`symm_ll`, car's
 /// fused one-shot where the rows do not fit the packets), the epoch one-shot, the zero-copy one- and two-shot and
@@ -252,5 +252,81 @@ fn reduce_scatter_along_the_last_dimension_gives_each_rank_its_columns() {
         }
         let e = comm.call(Op::ReduceScatter, DType::F32, input.ptr(), output.ptr(), world * 6).unwrap();
         assert!(matches!(e.with_split_last_dim(world * 6 + 1), Err(CallError::SplitLastDim { .. })));
+    });
+}
+
+/// A device that fits not even one block of some kernels (the host driver told so, as a GPU says of a kernel with
+/// too many registers): set-up drops them and says so, instead of failing; a design that needs one runs car's of
+/// its shape, a norm call on a design whose fused kernel was dropped runs unfused, and every run still gives the
+/// reference's sums, the same bits as the others.
+#[test]
+fn kernels_that_fit_no_block_are_dropped_and_their_calls_run_another_way() {
+    let unfit = "symm_zc_2shot,symm_zc_1shot_norm,car_1shot_norm";
+    let env = [(gpu::UNFIT_KERNELS_VAR, unfit)];
+    as_job_with("kernels_that_fit_no_block_are_dropped_and_their_calls_run_another_way", ranks(3), &env, |info| {
+        let (capacity, hidden, rows) = (1 << 20, 1000, 13);
+        let comm = host_comm(info, capacity);
+        let (rank, world) = (comm.rank(), comm.world());
+        for dropped in unfit.split(',') {
+            assert!(comm.notes().iter().any(|n| n.starts_with(&format!("{dropped}:"))), "{:?}", comm.notes());
+        }
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let [input, output, residual, weight] = [0; 4].map(|_| gpu.alloc(capacity, MemKind::Device).unwrap());
+        let (dtype, count) = (DType::Bf16, rows * hidden);
+        let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
+        let x = dtype.encode(&input_values(seed, rank, count, dtype));
+        let want = reference(seed, world, count, dtype, 0, count);
+        let case = NormCase::new(seed, world, count, hidden, dtype, 1e-5);
+        stream.upload(&weight, 0, &dtype.encode(&case.weight)).unwrap();
+        let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
+        use Algorithm::*;
+        // (asked, with the norm, what runs)
+        let runs = [
+            (Choice::of(SymmZc2Shot), false, Choice::of(Car2Shot)),
+            (Choice::of(SymmZc2ShotLl), false, Choice::of(SymmZc2ShotLl)),
+            (Choice::of(SymmZc2ShotPush), false, Choice::of(SymmZc2ShotPush)),
+            (Choice::of(SymmZc1Shot), false, Choice::of(SymmZc1Shot)),
+            (Choice::of(SymmZc2Shot), true, Choice::of(Car2Shot)),
+            (Choice::of(SymmZc1Shot), true, Choice::unfused(SymmZc1Shot)),
+            (Choice::of(Car1Shot), true, Choice::unfused(Car1Shot)),
+            (Choice::of(SymmEpoch1Shot), true, Choice::of(SymmEpoch1Shot)),
+        ];
+        let (mut plain_prints, mut norm_prints) = (Vec::new(), Vec::new());
+        for (asked, with_norm, want_ran) in runs {
+            stream.upload(&input, 0, &x).unwrap();
+            stream.upload(&residual, 0, &dtype.encode(&case.residual)).unwrap();
+            stream.fill(&output, 0xFF).unwrap();
+            // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+            let ran = unsafe {
+                let call = comm.call(Op::AllReduce, dtype, input.ptr(), output.ptr(), count).unwrap();
+                let call = if with_norm { call.with_add_rms_norm(norm).unwrap() } else { call };
+                comm.issue_as(call, asked, stream.handle()).unwrap()
+            };
+            stream.sync().unwrap();
+            assert_eq!(ran, want_ran, "{asked} (norm: {with_norm})");
+            let mut y = vec![0u8; count * dtype.size()];
+            stream.download(&output, 0, &mut y).unwrap();
+            let what = format!("{asked} ran as {ran}");
+            if with_norm {
+                let mut r = vec![0u8; count * dtype.size()];
+                stream.download(&residual, 0, &mut r).unwrap();
+                let tol = add_rms_norm_tolerance(dtype, world);
+                for (part, got, want) in [("r", &r, &case.want_r), ("y", &y, &case.want_y)] {
+                    let verdict = agree_verdict(comm.rendezvous(), got, dtype, want, tol, true, &what);
+                    assert_eq!(verdict.unwrap(), None, "{part}: {what}");
+                }
+                norm_prints.push((what, fingerprint(&r), fingerprint(&y)));
+            } else {
+                let tol = tolerance(dtype, world, false);
+                assert_eq!(agree_verdict(comm.rendezvous(), &y, dtype, &want, tol, true, &what).unwrap(), None);
+                plain_prints.push((what, fingerprint(&y), 0));
+            }
+        }
+        for prints in [plain_prints, norm_prints] {
+            for p in &prints[1..] {
+                assert_eq!((p.1, p.2), (prints[0].1, prints[0].2), "{} and {} differ bitwise", p.0, prints[0].0);
+            }
+        }
     });
 }

@@ -174,6 +174,8 @@ pub struct Car {
     /// peers: car's own one-shot's and two-shot's with the residual add and RMSNorm fused, the reduce-scatter's split
     /// along the last dimension.
     by_rows: Option<(HashMap<DType, Kernel>, usize)>,
+    /// Why `by_rows` is None where this algorithm has such kernels: none of their blocks fits on this device.
+    unfit: Option<String>,
     barrier: Kernel,
     _peers: Vec<DeviceBuffer>,
     _data: DeviceBuffer,
@@ -260,20 +262,22 @@ impl Car {
         let kernels = per_dtype(&module, stem)?;
         let barrier = module.kernel("car_barrier_only")?;
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
-        let cap = team.resident_cap(name, kernels.values(), rule.threads)?;
+        let cap = team.required_cap(name, kernels.values(), rule.threads)?;
         let rows_stem = match (variant, algo) {
             (Variant::Base, Algo::OneShot | Algo::TwoShot) => Some(format!("{stem}_norm")),
             (Variant::Base, Algo::ReduceScatter) => Some(format!("{stem}_cols")),
             _ => None,
         };
-        let by_rows = match rows_stem {
-            Some(rows_stem) => {
-                let kernels = per_dtype(&module, &rows_stem)?;
-                let cap = team.resident_cap(name, kernels.values(), NORM_LANES as u32)?;
-                Some((kernels, cap))
+        // Kernels that own whole rows where they fit: a device that fits none of their blocks runs row calls
+        // another way (the engine's unfused sequence) or refuses them.
+        let (mut by_rows, mut unfit) = (None, None);
+        if let Some(rows_stem) = rows_stem {
+            let kernels = per_dtype(&module, &rows_stem)?;
+            match team.resident_cap(&format!("{name} {rows_stem}"), kernels.values(), NORM_LANES as u32)? {
+                Some(cap) => by_rows = Some((kernels, cap)),
+                None => unfit = Some(team.unfit(&rows_stem, NORM_LANES as u32)),
             }
-            None => None,
-        };
+        }
         if let Some(asked) = opts.rule {
             asked.check_requested(name, cap, world)?;
         }
@@ -288,6 +292,7 @@ impl Car {
             base,
             kernels,
             by_rows,
+            unfit,
             barrier,
             _peers: peers.mapped,
             _data: data,
@@ -334,6 +339,16 @@ impl CarParams {
 }
 
 impl Car {
+    /// Whether calls by rows (the residual add and RMSNorm, the split along the last dimension) run here.
+    pub fn owns_rows(&self) -> bool {
+        self.by_rows.is_some()
+    }
+
+    /// What set-up dropped: kernels that this device fits not even one block of.
+    pub fn unfit(&self) -> Option<&str> {
+        self.unfit.as_deref()
+    }
+
     /// Enqueues `call` on `stream` ([`Collective::run`] without the exclusive borrow, for a caller that shares
     /// the method, as the communicator's engine does).
     ///
@@ -347,7 +362,10 @@ impl Car {
         let params = CarParams { input, output, count, dtype: dtype.code(), bias, ..self.base };
         let by_rows = || {
             self.by_rows.as_ref().ok_or_else(|| {
-                CollectiveError::Unsupported(format!("{} has no kernels that own whole rows", self.name))
+                CollectiveError::Unsupported(match &self.unfit {
+                    Some(why) => why.clone(),
+                    None => format!("{} has no kernels that own whole rows", self.name),
+                })
             })
         };
         // A block per row (per row of a rank's shard, two-shot), as many as fit.

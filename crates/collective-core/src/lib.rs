@@ -225,6 +225,9 @@ pub enum CollectiveError {
     Unsupported(String),
     #[error("ranks disagree: {0}")]
     Mismatch(String),
+    /// A watchdog ended the communicator (a step past its deadline, a peer's connection lost): why.
+    #[error("{0}")]
+    Aborted(String),
 }
 
 /// One allreduce / reduce-scatter / all-gather implementation, driven by the benchmark through this trait alone.

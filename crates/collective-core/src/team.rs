@@ -153,13 +153,14 @@ impl<'a> Team<'a> {
     /// Blocks of any of `kernels` (of `threads` threads; a kernel's dtype variants, which differ in registers) one
     /// rank may launch so that the blocks of every rank sharing a device are resident at once: the least occupancy
     /// of the kernels on this device over the ranks that share it, then the minimum over all ranks, so that no block
-    /// ever waits for a peer block (or a block of its own grid) that was never launched.
+    /// ever waits for a peer block (or a block of its own grid) that was never launched. None where some rank fits
+    /// not even one block (every rank gets the same answer), so the caller can do without these kernels.
     pub fn resident_cap<'k>(
         &self,
         name: &str,
         kernels: impl IntoIterator<Item = &'k Kernel>,
         threads: u32,
-    ) -> Result<usize, CollectiveError> {
+    ) -> Result<Option<usize>, CollectiveError> {
         let mut least: Option<usize> = None;
         for kernel in kernels {
             let blocks = kernel.max_resident_blocks(threads, 0)?;
@@ -168,13 +169,26 @@ impl<'a> Team<'a> {
         let local = least.unwrap_or(0) / self.ranks_per_device;
         let all = self.rdv.all_gather(&format!("{name} resident blocks"), &(local as u64).to_le_bytes())?;
         let cap = all.iter().map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as usize).min();
-        match cap {
-            Some(c) if c > 0 => Ok(c),
-            _ => Err(CollectiveError::Unsupported(format!(
-                "{name}: not even one block of {threads} threads per rank fits beside the {} ranks that share a device",
-                self.ranks_per_device
-            ))),
-        }
+        Ok(cap.filter(|&c| c > 0))
+    }
+
+    /// [`Team::resident_cap`] of kernels the caller cannot do without: none fitting is an error.
+    pub fn required_cap<'k>(
+        &self,
+        name: &str,
+        kernels: impl IntoIterator<Item = &'k Kernel>,
+        threads: u32,
+    ) -> Result<usize, CollectiveError> {
+        self.resident_cap(name, kernels, threads)?
+            .ok_or_else(|| CollectiveError::Unsupported(self.unfit(name, threads)))
+    }
+
+    /// Why kernels of `name` with blocks of `threads` threads cannot run on this team's devices.
+    pub fn unfit(&self, name: &str, threads: u32) -> String {
+        format!(
+            "{name}: not even one block of {threads} thread(s) per rank fits beside the {} ranks that share a device",
+            self.ranks_per_device
+        )
     }
 
     /// How memory that a peer's running kernel polls (flags, packets) travels, where other memory would travel as

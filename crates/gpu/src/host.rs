@@ -79,6 +79,22 @@ pub(crate) struct HostDriver {
     kernels: Mutex<HashMap<KernelHandle, (&'static str, HostKernel)>>,
     graphs: Mutex<HashMap<GraphHandle, Vec<Op>>>,
     launches: Mutex<HashMap<&'static str, u64>>,
+    /// Kernels of which not even one block is "resident" ([`UNFIT_KERNELS_VAR`]).
+    unfit: Vec<String>,
+}
+
+/// Names of kernels (without their dtype suffix, comma-separated) of which the host driver says that not even one
+/// block fits, as a GPU says of a kernel with too many registers: so the host driver can test what a program does
+/// where a device cannot run some kernel.
+pub const UNFIT_KERNELS_VAR: &str = "ARX_HOST_UNFIT_KERNELS";
+
+/// Whether `kernel` (`{stem}_{dtype}`, or a name without a suffix) is one of the `unfit` stems.
+fn is_unfit(unfit: &[String], kernel: &str) -> bool {
+    unfit.iter().any(|stem| {
+        kernel.strip_prefix(stem.as_str()).is_some_and(|rest| {
+            rest.is_empty() || rest.strip_prefix('_').is_some_and(|dtype| !dtype.is_empty() && !dtype.contains('_'))
+        })
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -113,6 +129,9 @@ impl HostDriver {
             kernels: Mutex::default(),
             graphs: Mutex::default(),
             launches: Mutex::default(),
+            unfit: std::env::var(UNFIT_KERNELS_VAR)
+                .map(|v| v.split(',').filter(|s| !s.is_empty()).map(String::from).collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -426,9 +445,10 @@ impl Driver for HostDriver {
         lock(&self.kernels).insert(h, (n, *f));
         Ok(h)
     }
-    fn max_resident_blocks(&self, _kernel: KernelHandle, _block: u32, _shared_bytes: u32) -> Result<usize> {
+    fn max_resident_blocks(&self, kernel: KernelHandle, _block: u32, _shared_bytes: u32) -> Result<usize> {
+        let (name, _) = *lock(&self.kernels).get(&kernel).ok_or_else(|| GpuError::BadArgs("unknown kernel".into()))?;
         // A host kernel runs to completion on its caller's thread: every block is "resident".
-        Ok(usize::MAX)
+        Ok(if is_unfit(&self.unfit, name) { 0 } else { usize::MAX })
     }
     fn launch(&self, stream: StreamHandle, kernel: KernelHandle, dims: LaunchDims, params: &[u8]) -> Result<()> {
         let (name, f) = *lock(&self.kernels).get(&kernel).ok_or_else(|| GpuError::BadArgs("unknown kernel".into()))?;
@@ -506,6 +526,21 @@ mod tests {
     }
 
     static LIB: KernelLibrary = KernelLibrary { name: "test", source: "", headers: &[], host: &[("add_one", add_one)] };
+
+    #[test]
+    fn unfit_kernels_are_named_by_their_stem() {
+        let unfit = ["symm_zc_2shot_norm".to_string(), "car_barrier_only".to_string()];
+        for (kernel, want) in [
+            ("symm_zc_2shot_norm_bf16", true),
+            ("symm_zc_2shot_norm", true),
+            ("car_barrier_only", true),
+            ("symm_zc_2shot_norm_table_bf16", false),
+            ("symm_zc_2shot_bf16", false),
+            ("symm_zc_2shot_norm_", false),
+        ] {
+            assert_eq!(super::is_unfit(&unfit, kernel), want, "{kernel}");
+        }
+    }
 
     #[test]
     fn copy_set_launch_and_graph_replay() {

@@ -14,7 +14,7 @@ mod host;
 mod kernel_cache;
 
 pub use error::{GpuError, KernelFault, Result};
-pub use host::{HostKernel, HostLaunch};
+pub use host::{HostKernel, HostLaunch, UNFIT_KERNELS_VAR};
 
 use std::collections::HashMap;
 use std::fmt;

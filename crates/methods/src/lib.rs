@@ -373,8 +373,11 @@ fn build_kind<'a>(
             let tuned_opts = TunedOptions { capacity_bytes, staging, rule, first_epoch: 0, copy_in };
             Box::new(SymmTuned::new(team, design, tuned_opts)?)
         }
+        // Under a watchdog, as torch runs NCCL (its steps get the set-up deadline, as across's): a stalled or lost
+        // peer ends the run with an error, not a hang.
         Kind::Nccl { symmetric } => {
-            Box::new(nccl::Nccl::new(team, nccl::NcclOptions { op: m.op, symmetric, capacity_bytes })?)
+            let opts = nccl::NcclOptions { op: m.op, symmetric, capacity_bytes };
+            Box::new(nccl::WatchedNccl::new(team, opts, comm.setup_timeout())?)
         }
         Kind::Communicator => Box::new(Public(comm)),
     })

@@ -1,11 +1,16 @@
-//! The vendor baseline: NCCL on the cuda driver, RCCL on the hip driver, behind [`Collective`].
+//! The vendor baseline: NCCL on the cuda driver, RCCL on the hip driver; behind [`collective_core::Collective`]
+//! under a [`Watchdog`] ([`WatchedNccl`]), as torch runs it.
 //!
 //! With [`NcclOptions::symmetric`] the collective runs between two staging buffers from `ncclMemAlloc`
 //! registered as symmetric windows (NCCL 2.27+), which lets NCCL pick its symmetric-memory kernels; the
 //! caller's buffers are copied in and out on the same stream, so the method accepts any device pointers like
 //! the others do.
 
-use collective_core::{Call, Collective, CollectiveError, DType, Op, Team};
+mod watchdog;
+
+pub use watchdog::{Watchdog, WatchedNccl};
+
+use collective_core::{Call, CollectiveError, DType, Op, Team};
 use gpu::{DevicePtr, DriverKind, GpuError, Stream};
 use ipc::Rendezvous;
 use nccl_sys::{
@@ -412,6 +417,16 @@ impl Nccl {
         self.name
     }
 
+    /// The op this instance was made for (its staging windows hold that op's sizes).
+    pub fn op(&self) -> Op {
+        self.op
+    }
+
+    /// Largest input, in bytes.
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity
+    }
+
     /// A handle that aborts this communicator from any thread.
     pub fn abort_handle(&self) -> NcclAbort {
         NcclAbort { comm: self.comm.clone(), name: self.name }
@@ -436,26 +451,6 @@ fn complete(
     match status {
         nccl_sys::ncclInProgress => settle(lib, comm, call, timeout),
         other => lib.check(other, call),
-    }
-}
-
-impl Collective for Nccl {
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn op(&self) -> Op {
-        self.op
-    }
-
-    fn capacity_bytes(&self) -> usize {
-        self.capacity
-    }
-
-    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
-        debug_assert!(call.op() == self.op, "run's contract");
-        // SAFETY: the caller's contract.
-        unsafe { self.enqueue(call, stream) }
     }
 }
 

@@ -141,7 +141,7 @@ impl Symm {
             kernels.insert(dtype, module.kernel(&format!("{name}_{dtype}"))?);
         }
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
-        let cap = team.resident_cap(name, kernels.values(), rule.threads)?;
+        let cap = team.required_cap(name, kernels.values(), rule.threads)?;
         if let Some(asked) = opts.rule {
             asked.check_requested(name, cap, world)?;
         }

@@ -106,6 +106,20 @@ impl Design {
             && bytes <= LL_HANDOVER_EAGER_BYTES
     }
 
+    /// Every kernel [`Design::kernel`] may pick, at any size and in either mode.
+    fn stems(self) -> &'static [Stem] {
+        match self {
+            Design::Ll => &[Stem::Ll],
+            Design::EpochOneShot => &[Stem::EpochOneShot],
+            Design::ZeroCopyOneShot => &[Stem::ZeroCopyOneShot],
+            Design::ZeroCopyTwoShot => &[Stem::ZeroCopyTwoShot],
+            Design::ZeroCopyTwoShotPush => &[Stem::ZeroCopyTwoShotPush],
+            Design::ZeroCopyTwoShotLl => &[Stem::ZeroCopyTwoShotLl],
+            Design::OneShotTuned => &[Stem::Ll, Stem::EpochOneShot, Stem::ZeroCopyOneShot],
+            Design::TwoShotTuned => &[Stem::Ll, Stem::EpochOneShot, Stem::ZeroCopyTwoShot],
+        }
+    }
+
     /// The kernel for a message of `bytes` issued in `mode`.
     fn kernel(self, bytes: usize, mode: Mode) -> Stem {
         match self {
@@ -307,8 +321,8 @@ pub struct SymmTuned {
     design: Design,
     capacity: usize,
     kind: DriverKind,
-    /// Per [`Stem`]: the blocks that fit beside the other ranks.
-    caps: Vec<usize>,
+    /// Per [`Stem`]: the blocks that fit beside the other ranks (None: not even one, so the stem never runs).
+    caps: Vec<Option<usize>>,
     /// The launch shape asked for this communicator's own design, and the blocks of it that fit.
     fixed: Option<(LaunchRule, usize)>,
     copy_in: CopyIn,
@@ -318,7 +332,9 @@ pub struct SymmTuned {
     kernels: Vec<Kernel>,
     /// The same for the `*_table` kernels (None for the stems without one), and the blocks of each that fit.
     table_kernels: Vec<Option<Kernel>>,
-    table_caps: Vec<usize>,
+    table_caps: Vec<Option<usize>>,
+    /// Why each stem that never runs was dropped.
+    unfit: Vec<String>,
     _peers: Vec<DeviceBuffer>,
     input: DeviceBuffer,
     output: DeviceBuffer,
@@ -401,25 +417,33 @@ impl SymmTuned {
             base.flags[r] = if ipc { base.staging[r] } else { base.packets[r] } + flags_at as u64;
         }
         let module = gpu.load(&LIBRARY)?;
-        let (mut kernels, mut caps, mut table_kernels, mut table_caps) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut kernels, mut caps, mut table_kernels, mut table_caps, mut unfit) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for stem in Stem::ALL {
             let first = kernels.len();
             for dtype in DType::ALL {
                 kernels.push(module.kernel(&format!("{}_{dtype}", stem.name()))?);
             }
             let threads = stem.threads(gpu.kind());
-            caps.push(team.resident_cap(&format!("{name} {}", stem.name()), &kernels[first..], threads)?);
+            let cap = team.resident_cap(&format!("{name} {}", stem.name()), &kernels[first..], threads)?;
+            if cap.is_none() {
+                unfit.push(team.unfit(stem.name(), threads));
+            }
+            caps.push(cap);
             let Some(table) = stem.table_name() else {
                 table_kernels.extend(DType::ALL.map(|_| None));
-                table_caps.push(0);
+                table_caps.push(None);
                 continue;
             };
             for dtype in DType::ALL {
                 table_kernels.push(Some(module.kernel(&format!("{table}_{dtype}"))?));
             }
             let of_stem = table_kernels[first..].iter().flatten();
-            table_caps.push(team.resident_cap(&format!("{name} {table}"), of_stem, threads)?);
+            let table_cap = team.resident_cap(&format!("{name} {table}"), of_stem, threads)?;
+            if table_cap.is_none() {
+                unfit.push(team.unfit(table, threads));
+            }
+            table_caps.push(table_cap);
         }
         let fixed = match opts.rule {
             Some(asked) => {
@@ -430,7 +454,7 @@ impl SymmTuned {
                     )));
                 }
                 let first = design.kernel(0, Mode::Eager) as usize * DType::ALL.len();
-                let cap = team.resident_cap(name, &kernels[first..first + DType::ALL.len()], asked.threads)?;
+                let cap = team.required_cap(name, &kernels[first..first + DType::ALL.len()], asked.threads)?;
                 asked.check_requested(name, cap, world)?;
                 Some((asked, cap))
             }
@@ -450,6 +474,7 @@ impl SymmTuned {
             kernels,
             table_kernels,
             table_caps,
+            unfit,
             _peers: peers.mapped,
             input,
             output,
@@ -520,9 +545,10 @@ impl SymmTuned {
     /// call's rows fit the packet area (each row from a packet of its own, so up to a packet more per row than the
     /// bytes), `symm_zc_1shot_norm`, `symm_zc_2shot_norm`, `symm_epoch_1shot_norm`, `symm_zc_2shot_push_norm` where
     /// its slots fit a staging half, and `symm_zc_2shot_ll_norm` where the largest share's rows fit a source's packets.
+    /// None also where that kernel fits on this device not even one block.
     fn norm_stem(&self, design: Design, call: &Call) -> Option<Stem> {
         let norm = call.norm()?;
-        match design {
+        let stem = match design {
             Design::Ll => {
                 let packets = norm.rows(call.count()) * row_packets(norm.hidden, call.dtype().size());
                 let fits = call.bytes() <= self.capacity_for(design) && packets <= self.base.ll_packets as usize;
@@ -542,12 +568,30 @@ impl SymmTuned {
                 (slots * call.dtype().size() <= self.base.half_bytes as usize).then_some(Stem::ZeroCopyTwoShotPushNorm)
             }
             _ => None,
-        }
+        };
+        stem.filter(|&stem| self.fits(stem))
     }
 
     /// Whether `design` carries `call`'s residual add and RMSNorm in its kernel (see [`SymmTuned::run_design`]).
     pub fn carries_norm(&self, design: Design, call: &Call) -> bool {
         self.norm_stem(design, call).is_some()
+    }
+
+    /// Whether at least one block of `stem`, and of its `*_table` variant where it has one, fits beside the peers.
+    fn fits(&self, stem: Stem) -> bool {
+        let s = stem as usize;
+        self.caps[s].is_some() && (stem.table_name().is_none() || self.table_caps[s].is_some())
+    }
+
+    /// Whether every kernel of `design`'s plain calls fits on this device (set-up drops those that do not; see
+    /// [`SymmTuned::unfit`]).
+    pub fn runs(&self, design: Design) -> bool {
+        design.stems().iter().all(|&stem| self.fits(stem))
+    }
+
+    /// Why set-up dropped each kernel that this device fits not even one block of (empty where every one fits).
+    pub fn unfit(&self) -> &[String] {
+        &self.unfit
     }
 
     /// The kernel `design` runs for `bytes` on `stream`: asking whether the stream captures costs a driver call,
@@ -602,8 +646,11 @@ impl SymmTuned {
                 return Err(CollectiveError::BadArgs(what));
             }
         };
+        if !self.fits(stem) {
+            let what = format!("{} does not run on this device: {}", design.method(), self.unfit.join("; "));
+            return Err(CollectiveError::Unsupported(what));
+        }
         let s = stem as usize;
-        // Blocks of the norm's lanes own rows; `cap` of them fit.
         // Blocks of the norm's lanes; the fused packets spread their exchange over a packet per thread where the
         // cap allows (and at least a block per row), the zero-copy one-shot's blocks own rows.
         let dims = |cap| match call.norm() {
@@ -616,7 +663,7 @@ impl SymmTuned {
         };
         let own_dims = match (self.fixed, call.norm()) {
             (Some((asked, cap)), None) if design == self.design => asked.plan(bytes, cap).dims(),
-            _ => dims(self.caps[s]),
+            _ => dims(self.caps[s].expect("the stem fits")),
         };
         let me = self.base.rank as usize;
         let (input, output) = (call.input(), call.output());
@@ -678,7 +725,7 @@ impl SymmTuned {
             Some(def) => {
                 params.peer_table = def.table.0;
                 let k = self.table_kernels[s * DType::ALL.len() + d].as_ref().expect("zero-copy stems have one");
-                (k, dims(self.table_caps[s]))
+                (k, dims(self.table_caps[s].expect("the stem fits")))
             }
             None => (&self.kernels[s * DType::ALL.len() + d], own_dims),
         };

@@ -116,6 +116,8 @@ pub struct Communicator {
     own: Stream,
     last: Cell<Option<Choice>>,
     capacity: usize,
+    /// How long set-up waited for a peer at most ([`Options::setup_timeout`]).
+    setup_timeout: Duration,
     /// Ranks whose kernels share each of this communicator's devices (its launch caps leave room for all).
     device_shared_by: usize,
     tune_dir: Option<PathBuf>,
@@ -224,6 +226,7 @@ impl Communicator {
                     own,
                     last: Cell::new(None),
                     capacity: opts.capacity_bytes,
+                    setup_timeout: setup,
                     device_shared_by: sharers(&placement, &opts),
                     named_tables: opts.tune_table.is_some(),
                     tune_dir: opts.tune_dir.or_else(tune::cache_dir),
@@ -341,6 +344,10 @@ impl Communicator {
         };
         let reduce_scatter = car::Car::new(team, car::Algo::ReduceScatter, car_opts)?;
         let all_gather = car::Car::new(team, car::Algo::AllGather, car_opts)?;
+        notes.extend(engine.unfit());
+        if let Some(why) = reduce_scatter.unfit() {
+            notes.push(format!("{why}: reduce-scatter along the last dimension is refused"));
+        }
         let mut seen = std::collections::HashSet::new();
         notes.retain(|n| seen.insert(n.clone()));
         Ok((engine, [reduce_scatter, all_gather], placement, notes, gpu.stream()?, watch))
@@ -361,6 +368,11 @@ impl Communicator {
     /// The largest message, in bytes.
     pub fn capacity_bytes(&self) -> usize {
         self.capacity
+    }
+    /// How long set-up waited for a peer at most: the deadline work that queues deep (an NCCL step beside this
+    /// communicator, say) gets, where a call's would end healthy programs.
+    pub fn setup_timeout(&self) -> Duration {
+        self.setup_timeout
     }
     /// Which device every rank runs on.
     pub fn placement(&self) -> &Placement {

@@ -16,6 +16,11 @@ pub fn ranks(default: usize) -> usize {
 
 /// Runs `body` as every rank of a `world`-rank job: the launcher starts this test binary again, filtered to `test`.
 pub fn as_job(test: &str, world: usize, body: impl FnOnce(launch::RankInfo)) {
+    as_job_with(test, world, &[], body)
+}
+
+/// [`as_job`], with `env` set in every rank's environment.
+pub fn as_job_with(test: &str, world: usize, env: &[(&str, &str)], body: impl FnOnce(launch::RankInfo)) {
     if let Some(info) = launch::detect().unwrap() {
         body(info);
         return;
@@ -23,6 +28,7 @@ pub fn as_job(test: &str, world: usize, body: impl FnOnce(launch::RankInfo)) {
     let mut opts = launch::LaunchOptions::new(world, launch::self_exe().unwrap());
     opts.args = ["--exact", test, "--nocapture", "--test-threads", "1"].map(Into::into).to_vec();
     opts.env = vec![("ALLREDUCE_TUNE_DIR".into(), std::env::temp_dir().join("arx-no-tables").display().to_string())];
+    opts.env.extend(env.iter().map(|&(k, v)| (k.into(), v.into())));
     // On a GPU, one job at a time, whatever the harness's thread count (or other test processes) would start: the
     // kernels of two 8-rank jobs on one device need not all be resident, and their waits would end at the deadline.
     let _one_job = (backend() != gpu::Backend::Host).then(|| {

@@ -1,9 +1,12 @@
-//! A deadline on the work an endpoint enqueues on NCCL/RCCL, as torch's NCCL watchdog: each step is followed by an
-//! event on the caller's stream, and a thread that finds a step not done by its deadline, or a communicator with an
-//! asynchronous error (a peer's connection lost), ends every communicator (`ncclCommAbort`: kernels waiting for a
-//! dead peer return, so the caller's stream drains and its syncs come back) and records why; every later call
-//! returns that failure. Without it, a peer that dies on another node leaves the survivors' streams spinning.
+//! A deadline on the work enqueued on NCCL/RCCL, as torch's NCCL watchdog: each step is followed by an event on the
+//! caller's stream, and a thread that finds a step not done by its deadline, or a communicator with an asynchronous
+//! error (a peer's connection lost), ends every communicator it watches (`ncclCommAbort`: kernels waiting for a dead
+//! peer return, so the caller's stream drains and its syncs come back) and records why; every later call returns
+//! that failure. Without it, a peer that dies on another node, or stalls, leaves the survivors' streams spinning.
 
+use crate::Nccl;
+use collective_core::{Call, Collective, CollectiveError, DType, Op, Team};
+use gpu::{Gpu, Stream};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -82,22 +85,22 @@ impl Shared {
             if failure.is_some() {
                 return;
             }
-            *failure = Some(format!("{why}; every NCCL communicator of this endpoint was aborted"));
+            *failure = Some(format!("{why}; every NCCL communicator under this watchdog was aborted"));
         }
         (self.hooks.end)();
         lock(&self.steps).clear();
     }
 }
 
-/// The watchdog of one endpoint: its thread runs until the watchdog is dropped.
-pub(crate) struct Watchdog {
+/// The thread that looks at the steps: it runs until dropped.
+pub(crate) struct Looker {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Watchdog {
+impl Looker {
     /// Starts the thread; a step not done `deadline` after it was enqueued fails the endpoint.
-    pub fn start(hooks: Hooks, deadline: Duration) -> Result<Watchdog, std::io::Error> {
+    pub fn start(hooks: Hooks, deadline: Duration) -> Result<Looker, std::io::Error> {
         let shared = Arc::new(Shared {
             steps: Mutex::default(),
             failure: Mutex::default(),
@@ -106,13 +109,13 @@ impl Watchdog {
             deadline,
         });
         let looking = shared.clone();
-        let thread = std::thread::Builder::new().name("across-watchdog".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("nccl-watchdog".into()).spawn(move || {
             while !looking.stop.load(Ordering::Acquire) {
                 looking.tick(Instant::now());
                 std::thread::park_timeout(PERIOD);
             }
         })?;
-        Ok(Watchdog { shared, thread: Some(thread) })
+        Ok(Looker { shared, thread: Some(thread) })
     }
 
     /// Watches a step just enqueued.
@@ -138,15 +141,165 @@ impl Watchdog {
     }
 }
 
-impl Drop for Watchdog {
+impl Drop for Looker {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             if t.join().is_err() {
-                eprintln!("warning: the across watchdog thread panicked");
+                eprintln!("warning: the NCCL watchdog thread panicked");
             }
         }
+    }
+}
+
+/// NCCL communicators under one watchdog (an endpoint's several, or one benchmark method's): their calls go
+/// through [`Watchdog::enqueue`], which follows each with an event for the watchdog's thread.
+pub struct Watchdog {
+    // Field order is drop order: the thread first, then the events its steps hold.
+    looker: Looker,
+    /// Events the thread is done with, for the next steps: making one per step would add a driver call to each.
+    events: EventPool,
+    gpu: Gpu,
+}
+
+type EventPool = Arc<Mutex<Vec<gpu::Event>>>;
+
+/// A step's event, back in its pool when the watchdog lets the step go.
+struct PooledEvent {
+    event: Option<gpu::Event>,
+    pool: EventPool,
+}
+
+impl PooledEvent {
+    fn get(&self) -> &gpu::Event {
+        self.event.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for PooledEvent {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            lock(&self.pool).push(e);
+        }
+    }
+}
+
+/// What a step enqueued, formatted only for a failure's message.
+struct StepWhat {
+    op: Op,
+    count: usize,
+    dtype: DType,
+    on: &'static str,
+}
+
+impl fmt::Display for StepWhat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of {} elements of {} on {}", self.op, self.count, self.dtype, self.on)
+    }
+}
+
+impl Watchdog {
+    /// Watches the steps enqueued on `comms` (of `gpu`'s device), each given `deadline` from its enqueue: at the
+    /// first failure it aborts every one of them, then runs `also_end` (another communicator whose kernels may wait
+    /// on the same peers, say).
+    pub fn start(
+        gpu: &Gpu,
+        comms: &[&Nccl],
+        also_end: Option<Box<dyn Fn() + Send + Sync>>,
+        deadline: Duration,
+    ) -> Result<Watchdog, CollectiveError> {
+        let aborts: Vec<crate::NcclAbort> = comms.iter().map(|n| n.abort_handle()).collect();
+        let errors = aborts.clone();
+        let hooks = Hooks {
+            end: Box::new(move || {
+                aborts.iter().for_each(|a| {
+                    a.abort();
+                });
+                if let Some(end) = &also_end {
+                    end();
+                }
+            }),
+            errors: Box::new(move || {
+                errors.iter().try_for_each(|a| a.async_error().map_err(|e| format!("{}: {e}", a.name())))
+            }),
+        };
+        let looker = Looker::start(hooks, deadline)
+            .map_err(|e| CollectiveError::Unsupported(format!("starting the NCCL watchdog thread: {e}")))?;
+        Ok(Watchdog { looker, events: EventPool::default(), gpu: gpu.clone() })
+    }
+
+    /// Enqueues `call` on `nccl` (one of the watched communicators) on `stream`, then an event after it for the
+    /// thread (not in a capture: a graph's replays are the caller's to wait for). A call NCCL refuses to enqueue
+    /// (its own state: a peer lost) ends every watched communicator as a late step would. After a failure, every
+    /// call returns it ([`CollectiveError::Aborted`]) without enqueueing anything.
+    ///
+    /// # Safety
+    /// As [`Nccl::enqueue`].
+    pub unsafe fn enqueue(&self, nccl: &Nccl, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        self.failed()?;
+        let what = StepWhat { op: call.op(), count: call.count(), dtype: call.dtype(), on: nccl.name() };
+        // SAFETY: the caller's contract.
+        if let Err(e) = unsafe { nccl.enqueue(call, stream) } {
+            self.looker.fail(format!("{what} could not be enqueued: {e}"));
+            return self.failed();
+        }
+        if !stream.is_capturing()? {
+            let pooled = lock(&self.events).pop();
+            let event =
+                PooledEvent { event: Some(pooled.map_or_else(|| self.gpu.event(), Ok)?), pool: self.events.clone() };
+            stream.record(event.get())?;
+            let done = Box::new(move || event.get().query().map_err(|e| e.to_string()));
+            self.looker.watch(Step { done, what: Box::new(what), since: Instant::now() });
+        }
+        Ok(())
+    }
+
+    /// The failure already recorded, without looking again: what every call checks first.
+    pub fn failed(&self) -> Result<(), CollectiveError> {
+        self.looker.failure().map_or(Ok(()), |why| Err(CollectiveError::Aborted(why)))
+    }
+
+    /// Looks now, on the caller's thread, as the thread does every period, and returns what [`Watchdog::failed`]
+    /// then says.
+    pub fn check(&self) -> Result<(), CollectiveError> {
+        self.looker.look();
+        self.failed()
+    }
+}
+
+/// [`Nccl`] under a watchdog of its own, as a benchmark method: a step not done `deadline` after its enqueue, or an
+/// asynchronous error, aborts it, and its later calls fail with why.
+pub struct WatchedNccl {
+    // Field order is drop order: the watchdog's thread stops before the communicator goes.
+    watchdog: Watchdog,
+    nccl: Nccl,
+}
+
+impl WatchedNccl {
+    /// As [`Nccl::new`], watched. Collective: every rank calls it.
+    pub fn new(team: Team<'_>, opts: crate::NcclOptions, deadline: Duration) -> Result<WatchedNccl, CollectiveError> {
+        let nccl = Nccl::new(team, opts)?;
+        Ok(WatchedNccl { watchdog: Watchdog::start(team.gpu, &[&nccl], None, deadline)?, nccl })
+    }
+}
+
+impl Collective for WatchedNccl {
+    fn name(&self) -> &str {
+        self.nccl.name()
+    }
+
+    fn op(&self) -> Op {
+        self.nccl.op()
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        self.nccl.capacity_bytes()
+    }
+
+    unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.watchdog.enqueue(&self.nccl, call, stream) }
     }
 }
 
@@ -238,7 +391,7 @@ mod tests {
                 false => Ok(()),
             }),
         };
-        let w = Watchdog::start(hooks, Duration::from_secs(60)).unwrap();
+        let w = Looker::start(hooks, Duration::from_secs(60)).unwrap();
         w.look();
         assert_eq!(w.failure(), None);
         broken.store(true, Ordering::SeqCst);
@@ -247,7 +400,7 @@ mod tests {
         assert!(why.starts_with("ncclRemoteError") && why.ends_with("aborted"), "{why}");
         assert_eq!(ended.load(Ordering::SeqCst), 1);
         let (s, ended) = shared(Duration::from_secs(10), None);
-        let w = Watchdog { shared: s, thread: None };
+        let w = Looker { shared: s, thread: None };
         w.fail("ncclAllReduce of 8 elements could not be enqueued: ncclRemoteError".into());
         assert!(w.failure().unwrap().contains("could not be enqueued"), "a refused step ends the endpoint");
         w.fail("again".into());
@@ -264,7 +417,7 @@ mod tests {
             }),
             errors: Box::new(|| Ok(())),
         };
-        let w = Watchdog::start(hooks, Duration::from_millis(200)).unwrap();
+        let w = Looker::start(hooks, Duration::from_millis(200)).unwrap();
         let t0 = Instant::now();
         w.watch(step("ncclAllReduce on nccl_job", t0, usize::MAX));
         while w.failure().is_none() {
