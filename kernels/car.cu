@@ -26,7 +26,7 @@ struct CarParams {
     u32 rank;
     u32 world;
     u32 dtype;
-    u32 reserved;
+    u32 tag;         // the kernel's epoch-flag tag (arx/sync.h, collective_core::flag_tags)
     u64 status;  // the communicator's status words (arx/sync.h), which every wait watches
     u64 bias;    // allreduce: added to every sum after the ranks' inputs (car's `z`), or 0
     u64 residual;  // the *_norm kernels (arx/norm.h): residual, written back as r
@@ -52,7 +52,7 @@ template <int K> ARX_DEV const u64* car_flags(const CarParams& p) {
 // False (in every thread of the block) when a peer did not arrive: the kernel then returns.
 template <int K> ARX_DEV bool car_barrier(const CarParams& p, u32 ph, u64 epoch) {
     if (K & CAR_CAS) return cas_barrier(car_flags<K>(p), p.rank, p.world, p.timeout_ns, p.status);
-    return flag_barrier(car_flags<K>(p), p.rank, p.world, ph, epoch, p.timeout_ns, p.status);
+    return flag_barrier(car_flags<K>(p), p.rank, p.world, ph, epoch, p.tag, p.timeout_ns, p.status);
 }
 
 template <int K> ARX_DEV void car_views(const CarParams& p, u64 epoch, u64* views) {
@@ -76,14 +76,14 @@ template <int K> ARX_DEV bool one_block_barrier(const CarParams& p, u64 epoch) {
     __syncthreads();
     if (blockIdx.x == 0) {
         for (u32 b = threadIdx.x + 1; b < gridDim.x; b += blockDim.x)
-            if (!wait_epoch(arrived + b, epoch, p.timeout_ns, p.status, p.rank, ARX_WAIT_BLOCKS)) s_failed = 1;
+            if (!wait_epoch(arrived + b, epoch, 0, p.timeout_ns, p.status, p.rank, ARX_WAIT_BLOCKS)) s_failed = 1;
         // A failed wait set the abort word, which ends the other blocks' waits for the release too.
         if (!car_barrier<K>(p, 0, epoch) || s_failed) return false;
         if (threadIdx.x == 0) st_release_sys(release, epoch);
     } else {
         if (threadIdx.x == 0) {
             st_release_sys(arrived + blockIdx.x, epoch);
-            if (!wait_epoch(release, epoch, p.timeout_ns, p.status, p.rank, ARX_WAIT_BLOCKS)) s_failed = 1;
+            if (!wait_epoch(release, epoch, 0, p.timeout_ns, p.status, p.rank, ARX_WAIT_BLOCKS)) s_failed = 1;
         }
         __syncthreads();
     }

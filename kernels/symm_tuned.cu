@@ -46,7 +46,7 @@ struct TunedParams {
     u32 rank;
     u32 world;
     u32 dtype;
-    u32 reserved;
+    u32 tag;                     // the kernel's epoch-flag tag (arx/sync.h, collective_core::flag_tags)
     u64 peer_table;              // the *_table kernels: u64 [inputs ARX_MAX_RANKS][outputs ARX_MAX_RANKS]
     u64 copy_from;               // zero-copy one- and two-shot: a caller's input to copy in first, or 0
     u64 status;                  // the communicator's status words (arx/sync.h), which every wait watches
@@ -59,7 +59,7 @@ struct TunedParams {
 
 // False (in every thread of the block) when a peer did not arrive: the kernel then returns.
 ARX_DEV bool tuned_barrier(const TunedParams& p, u32 ph, u64 epoch) {
-    return flag_barrier(p.flags, p.rank, p.world, ph, epoch, p.timeout_ns, p.status);
+    return flag_barrier(p.flags, p.rank, p.world, ph, epoch, p.tag, p.timeout_ns, p.status);
 }
 
 // The zero-copy bodies take every rank's input and output views apart from the parameters: the plain kernels pass

@@ -205,7 +205,8 @@ class Communicator:
         DLPack exporter: ``x = torch.from_dlpack(comm.registered_input(torch.bfloat16, n))``. Writing the input
         there and passing ``x`` (from its start) saves the zero-copy algorithms their copy-in. Collective use: where
         one rank passes its registered input, every rank must pass its own (the algorithm is chosen by where the
-        input lies, and ranks that chose differently would read buffers their peers never wrote). On the host driver
+        input lies; ranks that chose differently fail the call with a ``PeerError`` naming each other and both
+        kernels, or at the deadline, and the communicator with it). On the host driver
         ``numpy.from_dlpack`` takes fp16 and fp32 views (view a bf16 buffer as fp16, then
         ``.view(ml_dtypes.bfloat16)``).
 

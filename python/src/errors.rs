@@ -104,6 +104,7 @@ fn from_gpu(e: &GpuError, msg: String) -> PyErr {
         GpuError::Kernel { fault: KernelFault::Wait(deadline::WaitError::Aborted { .. }), .. } => {
             PeerError::new_err((msg, Vec::<usize>::new()))
         }
+        GpuError::Kernel { fault: KernelFault::Mismatch { peer, .. }, .. } => PeerError::new_err((msg, vec![*peer])),
         GpuError::NotAvailable { .. } | GpuError::Unsupported(_) => UnsupportedError::new_err(msg),
         GpuError::BadArgs(_) => ArgumentError::new_err(msg),
         _ => AllreduceError::new_err(msg),

@@ -705,6 +705,49 @@ fn ranks_that_captured_different_calls_are_refused_on_every_rank() {
     });
 }
 
+/// Ranks that run different designs of one flag array on one call (what inputs registered on some ranks and not on
+/// others lead `auto` to) fail, the first to see it naming the peer and both kernels, instead of passing each other's
+/// barriers and returning sums of buffers their peers never wrote: rank 0 forces the zero-copy two-shot, the others
+/// the epoch one-shot. On the host driver the call returns the error; on a GPU `check` after the stream drained.
+#[test]
+fn ranks_that_run_different_algorithms_on_one_call_fail_naming_each_other() {
+    as_job("ranks_that_run_different_algorithms_on_one_call_fail_naming_each_other", ranks(3), |info| {
+        let capacity = 1 << 20;
+        let comm = comm_on(backend(), info, capacity);
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let (input, output) = (comm.registered_input(), gpu.alloc(capacity, MemKind::Device).unwrap());
+        let (count, dtype) = (4096, DType::F32);
+        stream.upload(input, 0, &dtype.encode(&input_values(1, comm.rank(), count, dtype))).unwrap();
+        let algo = if comm.rank() == 0 { Algorithm::SymmZc2Shot } else { Algorithm::SymmEpoch1Shot };
+        // SAFETY: the registered input and our own output, of `capacity` bytes.
+        let issued =
+            unsafe { all_reduce_with(&comm, Some(algo), input.ptr(), output.ptr(), count, dtype, stream.handle()) };
+        let err = match issued {
+            Err(e) => e,
+            Ok(_) => {
+                stream.sync().unwrap();
+                comm.check().expect_err("a call whose ranks ran different kernels must fail")
+            }
+        };
+        let Error::Peer { ranks, what } = &err else { panic!("{err}") };
+        let (mine, theirs) = if comm.rank() == 0 {
+            ("symm_zc_2shot", "symm_epoch_1shot")
+        } else {
+            ("symm_epoch_1shot", "symm_zc_2shot")
+        };
+        // The first rank to see it names the peer and both kernels; another may be ended by that rank's abort first.
+        if what.contains("where this rank ran") {
+            assert!(what.starts_with(&format!("ran {theirs} where this rank ran {mine}")), "{err}");
+            assert_eq!(ranks.len(), 1, "{err}");
+            assert_eq!(ranks[0] == 0, comm.rank() != 0, "{err}");
+        }
+        let named = u8::from(what.contains("where this rank ran"));
+        let all = comm.rendezvous().all_gather("named", &[named]).unwrap();
+        assert!(all.iter().any(|b| b[0] == 1), "no rank named the mismatch: {err}");
+    });
+}
+
 /// The communicator that ran a tune follows its tables at once, plain and norm calls', in every mode and residency;
 /// one whose options named a table file keeps following that file.
 #[test]

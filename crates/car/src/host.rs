@@ -160,7 +160,7 @@ impl Call<'_> {
                 let what = format!("{} rank {} block {block} barrier {phase}", self.name, self.rank);
                 cas_barrier(&self.flags, self.rank, block, &self.deadline, &what)
             } else {
-                flag_barrier(&self.flags, self.rank, block, phase, epoch, &self.deadline, self.name)
+                flag_barrier(&self.flags, self.rank, block, phase, epoch, self.p.tag, &self.deadline, self.name)
             }
         }
     }

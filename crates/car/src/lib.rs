@@ -11,6 +11,7 @@
 
 mod host;
 
+use collective_core::flag_tags;
 use collective_core::host_sync::FLAG_SLOTS;
 use collective_core::norm::{norm_dims, row_grid, NORM_LANES};
 pub use collective_core::Algo;
@@ -46,7 +47,8 @@ pub struct CarParams {
     pub rank: u32,
     pub world: u32,
     pub dtype: u32,
-    pub reserved: u32,
+    /// The kernel's epoch-flag tag ([`collective_core::flag_tags`]), set per launch.
+    pub tag: u32,
     /// The communicator's status words (`kernels/include/arx/sync.h`), which every wait watches.
     pub status: u64,
     /// Allreduce: added to every sum after the ranks' inputs (car's `z`), or 0.
@@ -170,13 +172,14 @@ pub struct Car {
     cap: usize,
     base: CarParams,
     kernels: HashMap<DType, Kernel>,
-    /// The kernels whose blocks own whole rows, and how many blocks of [`NORM_LANES`] threads fit beside the
-    /// peers: car's own one-shot's and two-shot's with the residual add and RMSNorm fused, the reduce-scatter's split
+    /// The kernels whose blocks own whole rows (car's own one-shot's and two-shot's with the residual add and RMSNorm fused, the reduce-scatter's split
     /// along the last dimension.
-    by_rows: Option<(HashMap<DType, Kernel>, usize)>,
+    /// peers, and their epoch-flag tag.
+    by_rows: Option<(HashMap<DType, Kernel>, usize, u32)>,
     /// Why `by_rows` is None where this algorithm has such kernels: none of their blocks fits on this device.
     unfit: Option<String>,
-    barrier: Kernel,
+    /// `car_barrier_only`, and its epoch-flag tag.
+    barrier: (Kernel, u32),
     _peers: Vec<DeviceBuffer>,
     _data: DeviceBuffer,
     /// The two-shot's fixed input buffer (`base.inputs[rank]`), which a plain allreduce's input is copied into.
@@ -260,7 +263,8 @@ impl Car {
         let module = gpu.load(&LIBRARY)?;
         let stem = variant.kernel(algo).expect("the method exists, so does its kernel");
         let kernels = per_dtype(&module, stem)?;
-        let barrier = module.kernel("car_barrier_only")?;
+        base.tag = tag_of(stem)?;
+        let barrier = (module.kernel("car_barrier_only")?, tag_of("car_barrier_only")?);
         let rule = opts.rule.unwrap_or_else(|| default_rule(gpu.kind()));
         let cap = team.required_cap(name, kernels.values(), rule.threads)?;
         let rows_stem = match (variant, algo) {
@@ -274,7 +278,7 @@ impl Car {
         if let Some(rows_stem) = rows_stem {
             let kernels = per_dtype(&module, &rows_stem)?;
             match team.resident_cap(&format!("{name} {rows_stem}"), kernels.values(), NORM_LANES as u32)? {
-                Some(cap) => by_rows = Some((kernels, cap)),
+                Some(cap) => by_rows = Some((kernels, cap, tag_of(&rows_stem)?)),
                 None => unfit = Some(team.unfit(&rows_stem, NORM_LANES as u32)),
             }
         }
@@ -305,6 +309,11 @@ impl Car {
     }
 }
 
+/// The epoch-flag tag of the kernel `stem` ([`collective_core::flag_tags`]).
+fn tag_of(stem: &str) -> Result<u32, CollectiveError> {
+    flag_tags::flag_tag(stem).ok_or_else(|| CollectiveError::BadArgs(format!("{stem} has no epoch-flag tag")))
+}
+
 /// The kernels `{stem}_{dtype}` of every element type.
 fn per_dtype(module: &gpu::Module, stem: &str) -> Result<HashMap<DType, Kernel>, CollectiveError> {
     let mut kernels = HashMap::new();
@@ -321,7 +330,7 @@ impl Car {
         let grid = grid.clamp(1, self.cap as u32);
         let dims = LaunchDims { grid, block: self.rule.threads.max(self.base.world), shared_bytes: 0 };
         // SAFETY: the barrier kernel touches only this communicator's flags and counters, live while `self` is.
-        unsafe { stream.launch(&self.barrier, dims, &self.base)? };
+        unsafe { stream.launch(&self.barrier.0, dims, &CarParams { tag: self.barrier.1, ..self.base })? };
         Ok(())
     }
 }
@@ -371,14 +380,15 @@ impl Car {
         // A block per row (per row of a rank's shard, two-shot), as many as fit.
         let (kernel, params, dims) = match (call.norm(), call.split_last_dim()) {
             (Some(norm), _) => {
-                let (kernels, cap) = by_rows()?;
+                let (kernels, cap, tag) = by_rows()?;
                 let rows = norm.rows(call.count());
                 let rows = if self.algo == Algo::TwoShot { rows.div_ceil(call.world()) } else { rows };
-                (&kernels[&dtype], with_norm(params, &norm), norm_dims(row_grid(rows, *cap)))
+                let params = CarParams { tag: *tag, ..with_norm(params, &norm) };
+                (&kernels[&dtype], params, norm_dims(row_grid(rows, *cap)))
             }
             (None, Some(row_len)) => {
-                let (kernels, cap) = by_rows()?;
-                let params = CarParams { hidden: row_len as u32, ..params };
+                let (kernels, cap, tag) = by_rows()?;
+                let params = CarParams { hidden: row_len as u32, tag: *tag, ..params };
                 (&kernels[&dtype], params, norm_dims(row_grid(call.count() / row_len, *cap)))
             }
             (None, None) => (&self.kernels[&dtype], params, self.rule.plan(call.bytes(), self.cap).dims()),

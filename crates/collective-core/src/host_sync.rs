@@ -7,6 +7,7 @@
 //! so `tests/loom_protocols.rs` model-checks this very code (there the flag arrays and pads it is handed are
 //! arrays of loom atomics, allocated by the test, instead of shared mappings of plain words).
 
+use crate::flag_tags::{flag_kernel, flag_word, TAG_BITS};
 use crate::{MAX_BLOCKS, MAX_RANKS};
 use deadline::Deadline;
 use gpu::KernelFault;
@@ -88,31 +89,48 @@ unsafe fn flag<'a>(base: u64, block: usize, phase: usize, src: usize) -> &'a Ato
     unsafe { &*(base as *const AtomicU64).add((block * PHASES + phase) * MAX_RANKS + src) }
 }
 
-/// Tells every rank that `block` of `rank` reached `epoch` in `phase` (release store into their slot for us), then
-/// waits until every rank's `block` said the same: relaxed loads of our slots, then one acquire fence, as the kernels'
-/// `wait_epoch` waits. The error names who did not come.
+/// Tells every rank that `block` of `rank` reached `epoch` in `phase` in the kernel of `tag` (release store of
+/// [`flag_word`] into their slot for us), then waits until every rank's `block` said it reached `epoch`: relaxed loads
+/// of our slots, then one acquire fence, as the kernels' `flag_barrier` waits. The error names who did not come, or
+/// the first peer met at this epoch in another kernel ([`KernelFault::Mismatch`]; a peer already past this epoch
+/// is not judged).
 ///
 /// # Safety
 /// `flags[r]` for r < `flags.len()` are live flag arrays of [`FLAG_SLOTS`] u64 (rank r's, mapped here).
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn flag_barrier(
     flags: &[u64],
     rank: usize,
     block: usize,
     phase: usize,
     epoch: u64,
+    tag: u32,
     deadline: &Deadline,
     what: &str,
 ) -> Result<(), KernelFault> {
+    let mut other = None;
     // SAFETY: the caller's contract.
     unsafe {
         for &peer in flags {
-            flag(peer, block, phase, rank).store(epoch, Ordering::Release);
+            flag(peer, block, phase, rank).store(flag_word(epoch, tag), Ordering::Release);
         }
         let what = format!("{what} rank {rank} block {block} barrier {phase}");
-        wait(&what, 0..flags.len(), deadline, |t| flag(flags[rank], block, phase, t).load(Ordering::Relaxed) >= epoch)?;
+        wait(&what, 0..flags.len(), deadline, |t| {
+            let word = flag(flags[rank], block, phase, t).load(Ordering::Relaxed);
+            let theirs = word & ((1 << TAG_BITS) - 1);
+            if word >> TAG_BITS == epoch && theirs != u64::from(tag) {
+                other.get_or_insert((t, theirs));
+            }
+            word >> TAG_BITS >= epoch
+        })?;
     }
     fence(Ordering::Acquire);
-    Ok(())
+    match other {
+        Some((peer, theirs)) => {
+            Err(KernelFault::Mismatch { peer, ours: flag_kernel(u64::from(tag)), theirs: flag_kernel(theirs) })
+        }
+        None => Ok(()),
+    }
 }
 
 /// # Safety

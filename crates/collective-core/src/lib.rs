@@ -5,6 +5,7 @@
 
 mod call;
 mod elem;
+pub mod flag_tags;
 pub mod host_sync;
 mod kernel_headers;
 pub mod norm;

@@ -103,7 +103,7 @@ fn car_rank(s: &Car, rank: usize, calls: u64, parity: bool) {
         let half = if parity { (epoch & 1) as usize } else { 0 };
         s.bufs[rank][half].write(epoch);
         // SAFETY: flags[r] are live arrays of loom atomics covering block 0's slots.
-        unsafe { flag_barrier(&flags, rank, 0, 0, epoch, &deadline, "car_1shot") }.unwrap();
+        unsafe { flag_barrier(&flags, rank, 0, 0, epoch, 1, &deadline, "car_1shot") }.unwrap();
         for (t, buf) in s.bufs.iter().enumerate() {
             let got = buf[half].read();
             assert_eq!(got, epoch, "rank {rank} call {call}: rank {t}'s half {half} holds call {got}");

@@ -28,9 +28,19 @@ pub enum KernelFault {
     /// It waited for peers past its deadline, or a peer's abort ended the wait: the ranks are in the error.
     #[error(transparent)]
     Wait(#[from] deadline::WaitError),
+    /// A barrier met `peer` at this call's epoch in another kernel (the ranks chose different designs for one
+    /// call): neither may read what the other wrote.
+    #[error("rank {peer} {}", mismatch(ours, theirs))]
+    Mismatch { peer: usize, ours: &'static str, theirs: &'static str },
     /// Anything else (a malformed parameter block, a message larger than an area).
     #[error("{0}")]
     Other(String),
+}
+
+/// What a peer met at the same epoch in another kernel did, for any error that names it (the host twins', the
+/// device kernels' record in the status words).
+pub fn mismatch(ours: &str, theirs: &str) -> String {
+    format!("ran {theirs} where this rank ran {ours} (every rank must make the same call, on buffers of the same residency)")
 }
 
 impl From<String> for KernelFault {

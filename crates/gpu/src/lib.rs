@@ -13,7 +13,7 @@ mod hip;
 mod host;
 mod kernel_cache;
 
-pub use error::{GpuError, KernelFault, Result};
+pub use error::{mismatch, GpuError, KernelFault, Result};
 pub use host::{HostKernel, HostLaunch, UNFIT_KERNELS_VAR};
 
 use std::collections::HashMap;

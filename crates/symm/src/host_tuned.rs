@@ -375,7 +375,7 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
                 unsafe { HostElem::copy(c.dtype, p.copy_from as *const u8, p.inputs[c.rank] as *mut u8, lo, hi) };
             }
         }
-        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, p.tag, &c.deadline, name)? };
         let (lo, hi) = part(c.rank);
         let mine = p.outputs[c.rank] as *mut u8;
         let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
@@ -413,7 +413,7 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
             }
         }
         // SAFETY: as above.
-        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, &c.deadline, name)? };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, p.tag, &c.deadline, name)? };
         if matches!(kind, Zc::TwoShotNorm | Zc::TwoShotPushNorm) {
             // Block b's rows of every share, whose r block b of every rank pushed: r into the residual, y over r.
             for s in 0..c.world {
@@ -454,7 +454,7 @@ fn epoch(c: Call, with_norm: bool) -> Result<(), KernelFault> {
         };
         // SAFETY: registered input and staging halves hold `count` elements.
         unsafe { HostElem::copy(c.dtype, p.inputs[c.rank] as *const u8, views[c.rank] as *mut u8, lo, hi) };
-        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, name)? };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, p.tag, &c.deadline, name)? };
         let out = p.outputs[c.rank] as *mut u8;
         if with_norm {
             // SAFETY: the staging halves, the output and the residual hold `count` elements, the weight `hidden`.
@@ -541,7 +541,7 @@ fn zc_2shot_ll_norm(c: Call, threads: usize) -> Result<(), KernelFault> {
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_zc_2shot_ll_norm")? };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, p.tag, &c.deadline, "symm_zc_2shot_ll_norm")? };
         let (flag, area) = (ll_flag(epoch), (epoch as usize & 1) * MAX_RANKS * npk);
         let mine = share(c.rank);
         let (lo, hi) = row_range(mine, b, c.grid);
@@ -606,7 +606,7 @@ fn zc_2shot_ll(c: Call) -> Result<(), KernelFault> {
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, &c.deadline, "symm_zc_2shot_ll")? };
+        unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, p.tag, &c.deadline, "symm_zc_2shot_ll")? };
         let flag = ll_flag(epoch);
         let area = (epoch as usize & 1) * MAX_RANKS * npk;
         let (lo, hi) = shard_range(count, shard, c.rank);

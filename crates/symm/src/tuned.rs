@@ -23,6 +23,7 @@
 //! (and the output out of it) on the stream.
 
 use crate::host_tuned::{self, row_packets};
+use collective_core::flag_tags::flag_tag;
 use collective_core::host_sync::FLAG_SLOTS;
 use collective_core::norm::{norm_dims, row_grid, NORM_LANES};
 use collective_core::{
@@ -335,6 +336,8 @@ pub struct SymmTuned {
     table_caps: Vec<Option<usize>>,
     /// Why each stem that never runs was dropped.
     unfit: Vec<String>,
+    /// Per [`Stem`]: the epoch-flag tag its kernels (and its `*_table` kernels) store.
+    tags: Vec<u32>,
     _peers: Vec<DeviceBuffer>,
     input: DeviceBuffer,
     output: DeviceBuffer,
@@ -419,6 +422,11 @@ impl SymmTuned {
         let module = gpu.load(&LIBRARY)?;
         let (mut kernels, mut caps, mut table_kernels, mut table_caps, mut unfit) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let tags = Stem::ALL
+            .map(|stem| flag_tag(stem.name()).ok_or_else(|| format!("{} has no epoch-flag tag", stem.name())))
+            .into_iter()
+            .collect::<Result<Vec<u32>, String>>()
+            .map_err(CollectiveError::BadArgs)?;
         for stem in Stem::ALL {
             let first = kernels.len();
             for dtype in DType::ALL {
@@ -475,6 +483,7 @@ impl SymmTuned {
             table_kernels,
             table_caps,
             unfit,
+            tags,
             _peers: peers.mapped,
             input,
             output,
@@ -651,6 +660,7 @@ impl SymmTuned {
             return Err(CollectiveError::Unsupported(what));
         }
         let s = stem as usize;
+        params.tag = self.tags[s];
         // Blocks of the norm's lanes; the fused packets spread their exchange over a packet per thread where the
         // cap allows (and at least a block per row), the zero-copy one-shot's blocks own rows.
         let dims = |cap| match call.norm() {

@@ -26,7 +26,8 @@ pub struct TunedParams {
     pub rank: u32,
     pub world: u32,
     pub dtype: u32,
-    pub reserved: u32,
+    /// The kernel's epoch-flag tag ([`collective_core::flag_tags`]), set per launch.
+    pub tag: u32,
     /// The `*_table` kernels read every rank's input and output from here: u64 [inputs; MAX_RANKS][outputs; MAX_RANKS].
     pub peer_table: u64,
     /// Zero-copy one- and two-shot: a caller's input that the kernel copies into the registered one first (0: none).

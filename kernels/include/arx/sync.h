@@ -27,6 +27,22 @@ ARX_DEV u64 next_epoch(u64 counters) {
 #define ARX_WAIT_PACKETS 0x200u  // LL packets
 #define ARX_WAIT_CAS 0x300u      // torch's compare-and-swap handshake
 #define ARX_WAIT_BLOCKS 0x400u   // car's one-block barrier: this rank's own blocks
+#define ARX_WAIT_MISMATCH 0x500u // a peer at this epoch in another kernel: | its tag, | this kernel's tag << 16
+
+// An epoch flag is (epoch << ARX_TAG_BITS) | tag, the tag naming the kernel that stored it (collective_core::flag_tags).
+#define ARX_TAG_BITS 8
+#define ARX_TAG_MASK ((1ull << ARX_TAG_BITS) - 1)
+
+// Records the first failure of a call in the status words (the peer and what was waited for) and sets the abort
+// word, which ends every wait of this rank.
+ARX_DEV void record_failure(u64* status, u32 peer, u32 what) {
+    if (ld_relaxed_sys(status + 1) == 0) {
+        st_relaxed_sys(status + 2, peer);
+        st_relaxed_sys(status + 3, what);
+        st_relaxed_sys(status + 1, 1);
+    }
+    st_release_sys(status, 1);
+}
 
 // A spin with a deadline that watches the status words: check() is false (and `failed` set) once the wait must end.
 struct Spin {
@@ -43,12 +59,10 @@ struct Spin {
         bool aborted = ld_relaxed_sys(status) != 0;
         if (!aborted && now - start <= timeout) return true;
         // The first failure of a call is what the host reports; a later one's record would describe the same stall.
-        if (!aborted && ld_relaxed_sys(status + 1) == 0) {
-            st_relaxed_sys(status + 2, peer);
-            st_relaxed_sys(status + 3, what);
-            st_relaxed_sys(status + 1, 1);
-        }
-        st_release_sys(status, 1);
+        if (aborted)
+            st_release_sys(status, 1);
+        else
+            record_failure(status, peer, what);
         failed = true;
         return false;
     }
@@ -68,38 +82,49 @@ ARX_DEV bool block_any(bool x) {
     return any;
 }
 
-// Waits until the epoch word *p reaches `epoch`, then acquires what its writer released; false when the wait ended
-// without it (the communicator aborted, or the deadline passed: recorded as waiting for `peer`, `what`).
-ARX_DEV bool wait_epoch(const u64* p, u64 epoch, u64 timeout_ns, u64 status, u32 peer, u32 what) {
+// Waits until the word *p, shifted right by `shift`, reaches `epoch`, then acquires what its writer released; the
+// word, or 0 when the wait ended without it (the communicator aborted, or the deadline passed: recorded as waiting
+// for `peer`, `what`). Epochs start at 1, so a word that reached one is never 0.
+ARX_DEV u64 wait_epoch(const u64* p, u64 epoch, u32 shift, u64 timeout_ns, u64 status, u32 peer, u32 what) {
     Spin s = spin_start(timeout_ns, status);
+    u64 word;
 #ifdef ARX_IS_HIP
     // On GFX942 every system-scope acquire load invalidates the caches: poll relaxed, then acquire once.
-    while (ld_relaxed_sys(p) < epoch)
-        if (!s.check(peer, what)) return false;
+    while (((word = ld_relaxed_sys(p)) >> shift) < epoch)
+        if (!s.check(peer, what)) return 0;
     fence_acquire_sys();
 #else
     // On NVIDIA an acquire load per poll is cheaper than relaxed polls and PTX's only acquire fence, a full
     // fence.acq_rel.
-    while (ld_acquire_sys(p) < epoch)
-        if (!s.check(peer, what)) return false;
+    while (((word = ld_acquire_sys(p)) >> shift) < epoch)
+        if (!s.check(peer, what)) return 0;
 #endif
-    return true;
+    return word;
 }
 
 // Block-level barrier of phase `ph` over epoch flags u64 [ARX_MAX_BLOCKS][ARX_PHASES][ARX_MAX_RANKS] per rank: thread t
-// tells rank t that this block reached `epoch` (remote release store), then waits until rank t's block said the
-// same (wait_epoch on the local slot). Block b's work depends only on block b of the peers. False, in every thread of
-// the block, when a wait ended without its peer: the kernel then returns.
-ARX_DEV bool flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epoch, u64 timeout_ns, u64 status) {
+// tells rank t that this block reached `epoch` in the kernel of `tag` (remote release store), then waits until rank
+// t's block said it reached `epoch` (wait_epoch on the local slot). Block b's work depends only on block b of the
+// peers. False, in every thread of the block, when a wait ended without its peer, or met it at this epoch in another
+// kernel (recorded, and the communicator aborted; a peer already past this epoch is not judged): the kernel then
+// returns.
+ARX_DEV bool flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epoch, u32 tag, u64 timeout_ns,
+                          u64 status) {
     __shared__ u32 s_failed;
     if (threadIdx.x == 0) s_failed = 0;
     __syncthreads();
     u32 t = threadIdx.x;
     if (t < world) {
         u64 slot = ((u64)blockIdx.x * ARX_PHASES + ph) * ARX_MAX_RANKS;
-        st_release_sys((u64*)flags[t] + slot + rank, epoch);
-        if (!wait_epoch((const u64*)flags[rank] + slot + t, epoch, timeout_ns, status, t, ARX_WAIT_FLAGS | ph))
+        st_release_sys((u64*)flags[t] + slot + rank, (epoch << ARX_TAG_BITS) | tag);
+        u64 word = wait_epoch((const u64*)flags[rank] + slot + t, epoch, ARX_TAG_BITS, timeout_ns, status, t,
+                              ARX_WAIT_FLAGS | ph);
+        if (word == 0) {
             s_failed = 1;
+        } else if ((word >> ARX_TAG_BITS) == epoch && (word & ARX_TAG_MASK) != tag) {
+            record_failure((u64*)status, t, ((u32)tag << 16) | ARX_WAIT_MISMATCH | (u32)(word & ARX_TAG_MASK));
+            s_failed = 1;
+        }
     }
     __syncthreads();
     return s_failed == 0;

@@ -452,10 +452,13 @@ impl Communicator {
     /// - every rank makes the same calls, with the same counts and dtypes, in the same order, each rank either
     ///   capturing or not;
     /// - where the input or output lies in a buffer passed to [`Communicator::register`], every rank's lies in
-    ///   its own buffer of that registration, at the same offset;
-    /// - where one rank's input is its [registered input](Communicator::registered_input), every rank's is (`auto`
-    ///   picks by where the buffers lie, and ranks that pick different designs of one flag protocol would read
-    ///   buffers their peers never wrote).
+    ///   its own buffer of that registration, at the same offset.
+    ///
+    /// Where one rank's input is its [registered input](Communicator::registered_input), every rank's should be:
+    /// `auto` picks by where the buffers lie, and ranks that run different kernels on one call fail it (every epoch
+    /// flag names the kernel that stored it, so a barrier that meets a peer at its epoch in another kernel records
+    /// [`Error::Peer`] naming the peer and both kernels; designs of different flag arrays end at the deadline), and
+    /// the communicator with it.
     pub unsafe fn issue(&self, call: Call, algo: Option<Algorithm>, stream: u64) -> Result<Algorithm, Error> {
         let ask = algo.map_or(Ask::Table, |a| Ask::Choice(Choice::of(a)));
         // SAFETY: the caller's contract.
@@ -496,24 +499,25 @@ impl Communicator {
         Ok(ran)
     }
 
-    /// A host kernel's wait that ended without its peers poisons the communicator, as a device kernel's record in
-    /// the status words does; any other error is returned as it is.
+    /// A host kernel's wait that ended without its peers, or met one in another kernel, poisons the communicator, as
+    /// a device kernel's record in the status words does; any other error is returned as it is.
     fn poisoned_by(&self, e: Error) -> Error {
-        let wait = match &e {
-            Error::Gpu(gpu::GpuError::Kernel { fault: gpu::KernelFault::Wait(w), .. }) => w,
-            Error::Collective(collective_core::CollectiveError::Gpu(gpu::GpuError::Kernel {
-                fault: gpu::KernelFault::Wait(w),
-                ..
-            })) => w,
+        let fault = match &e {
+            Error::Gpu(gpu::GpuError::Kernel { fault, .. }) => fault,
+            Error::Collective(collective_core::CollectiveError::Gpu(gpu::GpuError::Kernel { fault, .. })) => fault,
             _ => return e,
         };
-        let failure = match wait {
-            deadline::WaitError::TimedOut(t) => {
+        let failure = match fault {
+            gpu::KernelFault::Wait(deadline::WaitError::TimedOut(t)) => {
                 Failure { ranks: t.missing.clone(), what: format!("never arrived ({})", t.what) }
             }
-            deadline::WaitError::Aborted { what, reason } => {
+            gpu::KernelFault::Wait(deadline::WaitError::Aborted { what, reason }) => {
                 Failure { ranks: Vec::new(), what: format!("{what}: {reason}") }
             }
+            gpu::KernelFault::Mismatch { peer, ours, theirs } => {
+                Failure { ranks: vec![*peer], what: gpu::mismatch(ours, theirs) }
+            }
+            gpu::KernelFault::Other(_) => return e,
         };
         self.watch.fail(failure);
         let f = self.watch.failure().expect("recorded above");
