@@ -459,7 +459,7 @@ impl Nccl {
     /// on `stream`.
     ///
     /// # Safety
-    /// As [`Collective::run`], with `call` checked for no more than this instance's capacity.
+    /// As [`collective_core::Collective::run`], with `call` checked for no more than this instance's capacity.
     pub unsafe fn enqueue(&self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
         debug_assert!(call.capacity() <= self.capacity && (self.staging.is_empty() || call.op() == self.op));
         let (op, dtype, count, out_count) = (call.op(), call.dtype(), call.count(), call.output_count());
