@@ -11,6 +11,7 @@
 mod host;
 mod host_tuned;
 pub mod tuned;
+mod tuned_designs;
 mod tuned_params;
 
 pub use collective_core::Algo;

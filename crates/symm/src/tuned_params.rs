@@ -45,3 +45,21 @@ pub struct TunedParams {
 
 /// Bytes of one peer table (see [`TunedParams::peer_table`]).
 pub const PEER_TABLE_BYTES: usize = 2 * MAX_RANKS * 8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packet_flags_are_never_zero_and_wrap_once_per_period() {
+        const P: u64 = 0xffff_ffff;
+        for e in [0, 1, 2, P - 3, P - 2, P - 1, P, P + 1, 1 << 32, (1 << 32) + 1, u64::MAX - 2] {
+            assert_ne!(ll_flag(e), 0, "epoch {e}");
+            assert_eq!(ll_flag(e) & 0xffff_ffff, 0, "the flag lives in the high word");
+        }
+        // The flag the old encoding (the epoch's low 32 bits) gave epoch 2^32: zero, which a fresh slot holds.
+        assert_eq!((1u64 << 32) & 0xffff_ffff, 0);
+        let wraps: Vec<u64> = (P - 5..P + 5).filter(|&e| ll_flag(e + 2) <= ll_flag(e)).collect();
+        assert_eq!(wraps, [P - 2, P - 1], "both areas are cleaned by the last call that uses each before the wrap");
+    }
+}
