@@ -171,13 +171,12 @@ impl Across {
         let (_, setup) = opts.timeouts()?;
         let (l, node) = (topology.local_world(), topology.node());
         let job = node_job(&info.job, node);
-        // The driver first (opened again by the node's communicator), for the ids and the device count.
+        // The driver first, for the ids and the device count. The node's communicator opens it again; this handle
+        // lives until then, so the device's primary context is retained once, not made, dropped and made again.
         let driver_opts =
             gpu::DriverOptions { device: None, local_rank: Some(topology.local_rank()), shm_prefix: job.shm_name("p") };
-        let (kind, devices) = {
-            let gpu = gpu::open(opts.backend, &driver_opts)?.gpu;
-            (gpu.kind(), gpu.info().count.max(1))
-        };
+        let first = gpu::open(opts.backend, &driver_opts)?.gpu;
+        let (kind, devices) = (first.kind(), first.info().count.max(1));
         // Ids: the first rank of each rail (node 0) makes its rail's, rank 0 the job's; a rank that cannot says why.
         let mut mine = SetupBlob { host: hostname(), ..SetupBlob::default() };
         let made = (|| -> Result<(), CollectiveError> {
@@ -219,6 +218,7 @@ impl Across {
         // which waits for every rank of its communicator: a rank that failed stops the others here, not at the
         // set-up deadline there. Rank 0 sends the path table its cache holds for this job's shape.
         let local = Communicator::new(local_info, opts);
+        drop(first);
         let path_key = local.as_ref().ok().map(|c| PathKey {
             driver: kind.to_string(),
             device: c.gpu().info().name.clone(),
