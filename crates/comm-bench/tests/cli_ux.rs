@@ -53,6 +53,26 @@ fn header_names_what_cannot_run_once_and_summary_closes_like_nccl_tests() {
     assert!(j["provenance"]["tool"].as_str().unwrap().starts_with("comm-bench"));
 }
 
+/// A design whose kernel the device fits no block of (the host driver told so) is named as not run, with why, and the
+/// others run; `auto`, which would have picked it, runs car's of its shape.
+#[test]
+fn a_design_the_device_cannot_fit_is_not_run_and_the_rest_is() {
+    let o = Command::new(BIN)
+        .args(QUICK)
+        .args(["--num_ranks", "2", "--counts", "1024,1048576", "--methods", "symm_zc_2shot,car_2shot,auto"])
+        .env(gpu::UNFIT_KERNELS_VAR, "symm_zc_2shot")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("Not run: symm_zc_2shot: does not run on this device: symm_zc_2shot: not even one block"),
+        "{t}"
+    );
+    assert!(t.contains("symm_zc_2shot: not even one block of 1 thread(s) per rank fits beside the 2 ranks that share a device: the designs that need it run car's"), "{t}");
+    assert!(t.contains("# Failures: none"), "{t}");
+}
+
 #[test]
 fn nothing_measured_exits_non_zero() {
     let o = comm_bench(&["--num_ranks", "2", "--counts", "64", "--methods", "nccl"]);

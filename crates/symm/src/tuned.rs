@@ -552,6 +552,16 @@ impl Collective for SymmTuned {
         Op::AllReduce
     }
 
+    fn supports(&self, op: Op, _dtype: DType) -> Result<(), String> {
+        if op != Op::AllReduce {
+            return Err(format!("{} runs {}, not {op}", self.name, Op::AllReduce));
+        }
+        match self.runs(self.design) {
+            true => Ok(()),
+            false => Err(format!("does not run on this device: {}", self.unfit.join("; "))),
+        }
+    }
+
     fn capacity_bytes(&self) -> usize {
         self.capacity_for(self.design)
     }
