@@ -7,6 +7,10 @@
 //! * symm's one-shot: copy into my buffer, torch's CAS handshake, read every buffer, handshake again; the next
 //!   call's copy-in overwrites my buffer.
 //!
+//! * the epoch flags' kernel tags: ranks that change kernels call by call, alike, never see a mismatch (a peer's flag
+//!   from the next call is not judged; judging it is caught), and ranks of different kernels on one call all fail,
+//!   naming a peer of the other kernel.
+//!
 //! The buffers are `loom::cell::UnsafeCell`s (plain memory, as the real copies are), so loom reports any read
 //! that races with a write; on top, every read asserts that it saw this call's number (no early read of the
 //! previous call's data, no overwrite by the next call). Every model must terminate: a lost wake-up shows up as
@@ -159,6 +163,61 @@ fn car_one_shot_3_ranks_2_calls() {
 #[should_panic]
 fn car_same_half_every_call_is_caught() {
     model(2, car, |s, r| car_rank(s, r, 2, false));
+}
+
+/// The epoch-flag barrier with the kernel's tag `tag(rank, call)`, `calls` calls back to back on block 0's phase 0,
+/// each call's result checked by `judge(rank, call, result)`.
+fn tagged_rank(
+    s: &Car,
+    rank: usize,
+    calls: u64,
+    tag: fn(usize, u64) -> u32,
+    judge: fn(usize, u64, Result<(), gpu::KernelFault>),
+) {
+    let flags: Vec<u64> = s.flags.iter().map(|f| f.as_ptr() as u64).collect();
+    let mut counters = [0u64; MAX_BLOCKS];
+    let deadline = forever();
+    for call in 1..=calls {
+        // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
+        let epoch = unsafe { next_epoch(counters.as_mut_ptr() as u64, 0, 1) };
+        // SAFETY: flags[r] are live arrays of loom atomics covering block 0's slots.
+        judge(rank, call, unsafe { flag_barrier(&flags, rank, 0, 0, epoch, tag(rank, call), &deadline, "tagged") });
+    }
+}
+
+/// Every rank runs one kernel per call, another each call: a peer already at the next call (whose flag carries the
+/// next kernel's tag) is never taken for a mismatch, however the stores and polls interleave.
+#[test]
+fn tags_that_change_call_by_call_alike_on_every_rank_pass() {
+    model(2, car, |s, r| {
+        tagged_rank(
+            s,
+            r,
+            3,
+            |_, call| call as u32 % 2 + 1,
+            |r, c, got| got.unwrap_or_else(|e| panic!("rank {r} call {c}: {e}")),
+        )
+    });
+}
+
+/// Ranks that run different kernels on one call: every rank's barrier fails naming a peer of the other kernel, in
+/// every interleaving.
+#[test]
+fn ranks_of_different_kernels_name_each_other() {
+    model(3, car, |s, r| {
+        tagged_rank(
+            s,
+            r,
+            1,
+            |rank, _| u32::from(rank == 0) + 1,
+            |rank, _, got| match got {
+                Err(gpu::KernelFault::Mismatch { peer, .. }) => {
+                    assert_eq!(peer == 0, rank != 0, "rank {rank} named {peer}")
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            },
+        )
+    });
 }
 
 #[test]
