@@ -478,6 +478,23 @@ def mismatch():
     raise AssertionError("ranks of different capacities built a communicator")
 
 
+def different_kernels():
+    """Rank 0 forces the zero-copy two-shot and rank 1 the epoch one-shot on one call: each rank's call raises
+    PeerError naming the other rank and both kernels (or, if the other's abort came first, naming no rank), instead
+    of returning a sum of buffers its peer never wrote."""
+    comm = host_comm(timeout_s=10.0)
+    rank = comm.rank
+    algorithm = "symm_zc_2shot" if rank == 0 else "symm_epoch_1shot"
+    e = expect(ar.PeerError, lambda: comm.all_reduce(np.ones(4096, np.float32), algorithm=algorithm))
+    if "where this rank ran" in str(e):
+        other = "symm_epoch_1shot" if rank == 0 else "symm_zc_2shot"
+        assert f"ran {other} where this rank ran {algorithm}" in str(e), e
+        assert e.ranks == (1 - rank,), (e, e.ranks)
+    else:
+        assert e.ranks == (), (e, e.ranks)
+    return rank
+
+
 def peer_dies():
     """Rank 1 exits after set-up; every other rank's next call raises PeerError naming it within 2 s (the deadline is
     10 s), and every later call too; abort() from another thread is refused nothing; then the survivors allreduce

@@ -94,6 +94,10 @@ def test_ranks_that_disagree_are_named():
     run_job(2, "mismatch")
 
 
+def test_ranks_that_run_different_kernels_name_each_other():
+    run_job(2, "different_kernels")
+
+
 def test_a_peer_that_dies_is_named():
     out = run_job(3, "peer_dies")
     assert "[rank 2]" in out
