@@ -469,3 +469,21 @@ impl Collective for Car {
         unsafe { self.enqueue(call, stream) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel a car instance launches stores flags carrying a tag of its own: the variants' kernels, the row
+    /// kernels and the barrier's (set-up refuses a kernel without one).
+    #[test]
+    fn every_kernel_has_an_epoch_flag_tag() {
+        let algos = [Algo::OneShot, Algo::TwoShot, Algo::ReduceScatter, Algo::AllGather];
+        let stems = Variant::ALL.into_iter().flat_map(|v| algos.map(|a| v.kernel(a))).flatten();
+        let rows = ["car_1shot_norm", "car_2shot_norm", "car_rs_cols", "car_barrier_only"];
+        for stem in stems.chain(rows) {
+            assert!(tag_of(stem).is_ok_and(|t| t > 0), "{stem}");
+        }
+        assert!(tag_of("car_1shot_nope").is_err());
+    }
+}
