@@ -81,10 +81,16 @@ impl Deadline {
     }
 }
 
-/// Spin, then yield, then sleep with growing pauses (capped at 200 us so wake-up latency stays small).
+/// Spin, then yield, then sleep with growing pauses (capped at 160 us so wake-up latency stays small). While it
+/// sleeps, the thread's timer slack is 1 us (Linux's default, 50 us, would add up to that to every pause, so a wait
+/// whose peer came would sleep on); the caller's own slack is back when the backoff is dropped.
 #[derive(Default)]
 pub struct Backoff {
     step: u32,
+    /// Whether the first sleep has set the thread's timer slack.
+    precise: bool,
+    /// The thread's timer slack before that, to restore.
+    restore: Option<u64>,
 }
 
 impl Backoff {
@@ -99,10 +105,29 @@ impl Backoff {
         } else if self.step < SPINS + YIELDS {
             std::thread::yield_now();
         } else {
+            if !std::mem::replace(&mut self.precise, true) {
+                // Best effort (a slack that cannot be read is left alone): without it wake-ups are only later.
+                let old = nix::sys::prctl::get_timerslack().ok().and_then(|s| u64::try_from(s).ok());
+                self.restore = old.filter(|&s| s != PRECISE_SLACK_NS);
+                if self.restore.is_some() {
+                    let _ = nix::sys::prctl::set_timerslack(PRECISE_SLACK_NS);
+                }
+            }
             let k = (self.step - SPINS - YIELDS).min(4);
             std::thread::sleep(Duration::from_micros(10 << k));
         }
         self.step = self.step.saturating_add(1);
+    }
+}
+
+/// The timer slack of a thread while it sleeps in a wait.
+const PRECISE_SLACK_NS: u64 = 1_000;
+
+impl Drop for Backoff {
+    fn drop(&mut self) {
+        if let Some(slack) = self.restore {
+            let _ = nix::sys::prctl::set_timerslack(slack);
+        }
     }
 }
 
@@ -160,6 +185,22 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+
+    /// Past its spins and yields a backoff sleeps with a 1 us timer slack, and gives the thread its own back.
+    #[test]
+    fn a_sleeping_backoff_sleeps_precisely_and_gives_the_slack_back() {
+        use nix::sys::prctl::{get_timerslack, set_timerslack};
+        set_timerslack(50_000).unwrap();
+        let mut b = Backoff::new();
+        for _ in 0..128 {
+            b.snooze();
+        }
+        assert_eq!(get_timerslack().unwrap(), 50_000, "no sleep yet");
+        b.snooze();
+        assert_eq!(get_timerslack().unwrap() as u64, PRECISE_SLACK_NS);
+        drop(b);
+        assert_eq!(get_timerslack().unwrap(), 50_000);
+    }
 
     #[test]
     fn names_missing_ranks() {
