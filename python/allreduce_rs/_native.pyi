@@ -315,7 +315,8 @@ class Communicator:
 
     @property
     def notes(self) -> List[str]:
-        """What set-up decided on the caller's behalf (drivers passed over, built-in tables in use)."""
+        """What set-up decided on the caller's behalf (drivers passed over, built-in tables in use, kernels the device
+        fits no block of, dropped, and what runs instead)."""
 
     @property
     def placement(self) -> "Placement":

@@ -460,7 +460,8 @@ impl PyCommunicator {
     fn last_algorithm(&self) -> PyResult<Option<String>> {
         self.with(|state| Ok(state.comm.last_choice().map(|c| c.to_string())))
     }
-    /// What set-up decided on the caller's behalf (drivers passed over, built-in tables in use).
+    /// What set-up decided on the caller's behalf (drivers passed over, built-in tables in use, kernels the device
+    /// fits no block of, dropped, and what runs instead).
     #[getter]
     fn notes(&self) -> Vec<String> {
         self.notes.clone()

@@ -383,7 +383,8 @@ impl Communicator {
     pub fn device_shared_by(&self) -> usize {
         self.device_shared_by
     }
-    /// What set-up decided on the caller's behalf (drivers passed over, built-in tables in use).
+    /// What set-up decided on the caller's behalf (drivers passed over, built-in tables in use, kernels the device
+    /// fits no block of, dropped, and what runs instead).
     pub fn notes(&self) -> &[String] {
         &self.notes
     }
