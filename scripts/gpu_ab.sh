@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two builds' comm-bench timings side by side on a GPU node, passes interleaved (A B A B ...) so drift hits both:
 #   gpu_ab.sh A_DIR B_DIR OUT_DIR
-# A_DIR and B_DIR each hold a comm-bench (e.g. the dist/ of two commits). Writes OUT_DIR/MODE-BUILD-PASS/ and
+# A_DIR and B_DIR each hold a comm-bench (e.g. the dist/ of two commits: `cargo xtask bundle --rev REV` makes
+# dist-REV/ beside dist/). Writes OUT_DIR/MODE-BUILD-PASS/ and
 # OUT_DIR/table.md (scripts/ab_table.py). METHODS, COUNTS, MODES and PASSES override what is timed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

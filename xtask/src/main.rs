@@ -17,7 +17,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Build the release binaries a GPU node needs into dist/ (comm-bench, gpu_smoke, the GPU tests, scripts).
-    Bundle,
+    Bundle {
+        /// Bundle this commit instead of the work tree (built in a git worktree of its own under target/), for an
+        /// A/B against it on a GPU node (scripts/gpu_ab.sh).
+        #[arg(long)]
+        rev: Option<String>,
+        /// Where --rev's bundle goes [default: dist-REV, beside dist/].
+        #[arg(long, requires = "rev")]
+        into: Option<PathBuf>,
+    },
     /// Run comm-bench (release build) with these arguments.
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -130,6 +138,35 @@ fn bundle() -> Result<(), String> {
     Ok(())
 }
 
+/// Bundles commit `rev` (that commit's own `cargo xtask bundle`, in a detached worktree under target/, removed after)
+/// into `into`, which must not exist yet.
+fn bundle_at(rev: &str, into: Option<PathBuf>) -> Result<(), String> {
+    let git = || {
+        let mut c = Command::new("git");
+        c.current_dir(root());
+        c
+    };
+    let short = output(git().args(["rev-parse", "--short", &format!("{rev}^{{commit}}")]))
+        .map_err(|e| format!("{rev} names no commit of this repository: {e}"))?;
+    let short = short.trim();
+    let into = into.unwrap_or_else(|| root().join(format!("dist-{short}")));
+    if into.exists() {
+        return Err(format!("{} exists: remove it, or name another place with --into", into.display()));
+    }
+    let tree = root().join("target/bundle-worktrees").join(short);
+    if tree.exists() {
+        run(git().args(["worktree", "remove", "--force"]).arg(&tree))?;
+    }
+    run(git().args(["worktree", "add", "--detach"]).arg(&tree).arg(short))?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = run(Command::new(cargo).current_dir(&tree).env_remove("CARGO_TARGET_DIR").args(["xtask", "bundle"]))
+        .and_then(|()| std::fs::rename(tree.join("dist"), &into).map_err(|e| format!("move {short}'s dist/: {e}")));
+    run(git().args(["worktree", "remove", "--force"]).arg(&tree))?;
+    built?;
+    println!("{} holds the bundle of {short}", into.display());
+    Ok(())
+}
+
 /// Builds the allreduce_rs wheel (abi3, manylinux) into `dist` with maturin from the virtual environment that
 /// python/tests/pytest.rs keeps under target/ (made here, with maturin alone, when missing), in that test's cargo
 /// target directory, so neither rebuilds the other's pyo3.
@@ -171,7 +208,8 @@ fn strip(dist: &std::path::Path, names: &[&str]) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
-        Task::Bundle => bundle(),
+        Task::Bundle { rev: None, .. } => bundle(),
+        Task::Bundle { rev: Some(rev), into } => bundle_at(&rev, into),
         Task::Bench { args } => {
             run(cargo().args(["run", "--release", "-p", "comm-bench", "--bin", "comm-bench", "--"]).args(args))
         }
