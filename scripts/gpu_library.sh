@@ -19,8 +19,10 @@ step smoke "$here/gpu_smoke" --backend cuda
 step foreign "$here/cuda_foreign"
 step communicator_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/communicator_tests" --test-threads 1 \
     every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover bad_calls_get_typed_errors_before_any_work \
-    registered_caller_buffers_are_read_in_place packets_stay_exact_across_the_flag_wrap \
-    ranks_that_run_different_algorithms_on_one_call_fail_naming_each_other
+    registered_caller_buffers_are_read_in_place packets_stay_exact_across_the_flag_wrap
+# Ranks that run different kernels on one call: named, not passed.
+step disagreeing_ranks_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/disagreeing_ranks_tests" \
+    --test-threads 1 ranks_that_run_different_algorithms_on_one_call_fail_naming_each_other
 # The row calls: the residual add and RMSNorm on every design, fused and unfused, and the last-dimension split.
 step rows_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/rows_tests" --test-threads 1 \
     every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits \

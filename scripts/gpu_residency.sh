@@ -30,8 +30,10 @@ case $what in
 tune)
     step communicator_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/communicator_tests" \
         --test-threads 1 each_residency_follows_its_own_table graph_capture_registers_the_callers_buffers \
-        ranks_that_captured_different_calls_are_refused_on_every_rank registered_caller_buffers_are_read_in_place \
+        registered_caller_buffers_are_read_in_place \
         every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover
+    step disagreeing_ranks_tests env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS="$ranks" "$here/disagreeing_ranks_tests" \
+        --test-threads 1 ranks_that_captured_different_calls_are_refused_on_every_rank
     step cuda_example "$here/comm-bench" launch -n "$ranks" -- "$here/cuda_graph_allreduce"
     step tune "${bench[@]}" --tune "$out/tune.json" "$@"
     ;;

@@ -106,12 +106,13 @@ fn bundle() -> Result<(), String> {
     std::fs::copy(&example, dist.join("row_parallel.py")).map_err(|e| format!("copy {}: {e}", example.display()))?;
     // The test binaries that run on a GPU node: comm-bench's GPU sweep (COMM_BENCH=dist/comm-bench REQUIRE_GPU=1
     // dist/gpu_tests) and the communicator's driver-independent tests (ARX_TEST_BACKEND=cuda dist/communicator_tests,
-    // dist/dead_peer_tests, dist/rows_tests), and the emulated nodes of `across` (ARX_TEST_BACKEND=cuda ARX_TEST_RANKS=8 dist/across_tests).
+    // dist/dead_peer_tests, dist/rows_tests, dist/disagreeing_ranks_tests), and the emulated nodes of `across` (ARX_TEST_BACKEND=cuda ARX_TEST_RANKS=8 dist/across_tests).
     for (package, test, to) in [
         ("comm-bench", "gpu", "gpu_tests"),
         ("allreduce", "communicator", "communicator_tests"),
         ("allreduce", "dead_peer", "dead_peer_tests"),
         ("allreduce", "rows", "rows_tests"),
+        ("allreduce", "disagreeing_ranks", "disagreeing_ranks_tests"),
         ("across", "emulated_nodes", "across_tests"),
     ] {
         let json = output(cargo().args([

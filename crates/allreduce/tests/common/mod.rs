@@ -2,7 +2,7 @@
 //! a job that the project's launcher starts from this test binary.
 #![allow(dead_code)] // each test binary uses its own part
 
-use allreduce::{Communicator, Options};
+use allreduce::{Algorithm, Communicator, DType, DevicePtr, Error, Options};
 
 /// The driver of the driver-independent tests.
 pub fn backend() -> gpu::Backend {
@@ -46,4 +46,22 @@ pub fn comm_on(backend: gpu::Backend, info: launch::RankInfo, capacity_bytes: us
 
 pub fn host_comm(info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
     comm_on(gpu::Backend::Host, info, capacity_bytes)
+}
+
+/// An allreduce checked, then issued with `algo` forced (`None`: the table's).
+///
+/// # Safety
+/// As `Communicator::issue`.
+pub unsafe fn all_reduce_with(
+    comm: &Communicator,
+    algo: Option<Algorithm>,
+    input: DevicePtr,
+    output: DevicePtr,
+    count: usize,
+    dtype: DType,
+    stream: u64,
+) -> Result<Algorithm, Error> {
+    let call = comm.call(allreduce::Op::AllReduce, dtype, input, output, count)?;
+    // SAFETY: the caller's contract.
+    unsafe { comm.issue(call, algo, stream) }
 }
