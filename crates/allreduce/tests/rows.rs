@@ -38,9 +38,9 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
             let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
             let x = dtype.encode(&input_values(seed, rank, count, dtype));
             // The residual and the weights near 1: every rank the same, as a model's are.
-            let NormCase { residual: res, weight: w, want_r, want_y } =
-                NormCase::new(seed, world, count, hidden, dtype, 1e-5);
-            stream.upload(&weight, 0, &dtype.encode(&w)).unwrap();
+            let case = NormCase::new(seed, world, count, hidden, dtype, 1e-5);
+            let (res, w, want_r, want_y) = (&case.residual, &case.weight, &case.want_r, &case.want_y);
+            stream.upload(&weight, 0, &dtype.encode(w)).unwrap();
             let tol = add_rms_norm_tolerance(dtype, world);
             let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
             // Every algorithm fused (where it carries the norm) and unfused, and auto; out of place and in place.
@@ -53,7 +53,7 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
             let mut prints = Vec::new();
             for (choice, in_place) in runs {
                 stream.upload(&input, 0, &x).unwrap();
-                stream.upload(&residual, 0, &dtype.encode(&res)).unwrap();
+                stream.upload(&residual, 0, &dtype.encode(res)).unwrap();
                 stream.fill(&output, 0xFF).unwrap();
                 let out = if in_place { &input } else { &output };
                 // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
@@ -86,11 +86,13 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
                 let (mut got_y, mut got_r) = (vec![0u8; count * dtype.size()], vec![0u8; count * dtype.size()]);
                 stream.download(out, 0, &mut got_y).unwrap();
                 stream.download(&residual, 0, &mut got_r).unwrap();
-                for (part, got, want) in [("r", &got_r, &want_r), ("y", &got_y, &want_y)] {
+                for (part, got, want) in [("r", &got_r, want_r), ("y", &got_y, want_y)] {
                     let when = format!("{what}: {part}");
                     let verdict = agree_verdict(comm.rendezvous(), got, dtype, want, tol, true, &when);
                     assert_eq!(verdict.unwrap(), None);
                 }
+                // The canonical order's bits, on every driver: the host twin's.
+                assert_eq!(case.twin_difference(dtype, &got_r, &got_y), None, "{what}");
                 prints.push((what, fingerprint(&got_r), fingerprint(&got_y)));
             }
             for p in &prints[1..] {
@@ -196,6 +198,7 @@ fn norm_calls_follow_their_own_tables() {
                 let verdict = agree_verdict(comm.rendezvous(), got, dtype, want, tol, true, part);
                 assert_eq!(verdict.unwrap(), None, "{part} after {ran}");
             }
+            assert_eq!(case.twin_difference(dtype, &r, &y), None, "after {ran}");
         }
         if info.rank == 0 {
             std::fs::remove_dir_all(&dir).unwrap();
@@ -316,6 +319,7 @@ fn kernels_that_fit_no_block_are_dropped_and_their_calls_run_another_way() {
                     let verdict = agree_verdict(comm.rendezvous(), got, dtype, want, tol, true, &what);
                     assert_eq!(verdict.unwrap(), None, "{part}: {what}");
                 }
+                assert_eq!(case.twin_difference(dtype, &r, &y), None, "{what}");
                 norm_prints.push((what, fingerprint(&r), fingerprint(&y)));
             } else {
                 let tol = tolerance(dtype, world, false);

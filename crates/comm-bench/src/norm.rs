@@ -188,6 +188,10 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                     return Err(BenchError::Config(failed));
                 }
             }
+            // Every rank holds the same bits now, so every rank judges them alike: the host twin's canonical order.
+            if let Some(differs) = case.twin_difference(dtype, &r, &y) {
+                return Err(BenchError::Config(format!("{name} {tokens}x{hidden}: {differs}")));
+            }
             prints.push((name, fingerprint(&r), fingerprint(&y)));
         }
         if let Some(p) = prints.iter().find(|p| (p.1, p.2) != (prints[0].1, prints[0].2)) {

@@ -3,7 +3,7 @@
 //! bound (none for all-gather, which only moves elements), and bitwise equality across ranks of a result every rank
 //! holds whole (allreduce, all-gather).
 
-use collective_core::{DType, Op};
+use collective_core::{AddRmsNorm, DType, Op};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -69,6 +69,10 @@ pub struct NormCase {
     pub weight: Vec<f32>,
     pub want_r: Vec<f64>,
     pub want_y: Vec<f64>,
+    /// The bits of r and y that the host twin (`collective_core::norm`) gives on the same inputs: every design on
+    /// every driver must give these, so a kernel whose order drifts from the canonical one is caught on the GPU too.
+    pub twin_r: Vec<u8>,
+    pub twin_y: Vec<u8>,
 }
 
 impl NormCase {
@@ -78,8 +82,40 @@ impl NormCase {
         let weight = dtype.decode(&dtype.encode(&weight)).into_iter().map(|v| v as f32).collect::<Vec<f32>>();
         let sum = reference(seed, world, count, dtype, 0, count);
         let (want_r, want_y) = add_rms_norm_reference(&sum, &residual, &weight, eps);
-        NormCase { residual, weight, want_r, want_y }
+        let (twin_r, twin_y) = twin_bits(seed, world, dtype, &residual, &weight, eps);
+        NormCase { residual, weight, want_r, want_y, twin_r, twin_y }
     }
+
+    /// Where `r` and `y` (one call's results, encoded) differ from the host twin's bits, if they do.
+    pub fn twin_difference(&self, dtype: DType, r: &[u8], y: &[u8]) -> Option<String> {
+        [("r", r, &self.twin_r), ("y", y, &self.twin_y)].into_iter().find_map(|(part, got, want)| {
+            let n = dtype.size();
+            let i = got.chunks(n).zip(want.chunks(n)).position(|(g, w)| g != w)?;
+            let (got, want) = (dtype.decode(&got[i * n..][..n])[0], dtype.decode(&want[i * n..][..n])[0]);
+            Some(format!(
+                "{part}[{i}] is {:e} where the host twin's canonical order gives {:e} (the kernels' norm order differs \
+                 from collective_core::norm's)",
+                got, want
+            ))
+        })
+    }
+}
+
+/// r and y of the call [`NormCase::new`] describes, encoded, as the host twin computes them from every rank's input.
+fn twin_bits(seed: u64, world: usize, dtype: DType, residual: &[f32], weight: &[f32], eps: f32) -> (Vec<u8>, Vec<u8>) {
+    let (count, hidden) = (residual.len(), weight.len());
+    let inputs: Vec<Vec<u8>> = (0..world).map(|r| dtype.encode(&input_values(seed, r, count, dtype))).collect();
+    let srcs: Vec<*const u8> = inputs.iter().map(|x| x.as_ptr()).collect();
+    let (mut r, w, mut y) = (dtype.encode(residual), dtype.encode(weight), vec![0u8; count * dtype.size()]);
+    let norm = AddRmsNorm {
+        residual: gpu::DevicePtr(r.as_mut_ptr() as u64),
+        weight: gpu::DevicePtr(w.as_ptr() as u64),
+        hidden,
+        eps,
+    };
+    // SAFETY: every input, r and y hold `count` elements of `dtype`, the weight `hidden`; y overlaps nothing.
+    unsafe { collective_core::norm::add_rms_norm(dtype, &srcs, &norm, y.as_mut_ptr(), (0, count / hidden)) };
+    (r, y)
 }
 
 /// One rank's verdict on one run.
@@ -237,6 +273,35 @@ pub fn agree_verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_twins_norm_bits_are_within_the_bound_and_an_order_that_drifts_from_them_is_named() {
+        let (world, hidden, rows, eps) = (3, 4096, 4, 1e-5);
+        let seed = rand::random::<u64>();
+        let case = NormCase::new(seed, world, rows * hidden, hidden, DType::F32, eps);
+        let tol = add_rms_norm_tolerance(DType::F32, world);
+        let (r, y) = (DType::F32.decode(&case.twin_r), DType::F32.decode(&case.twin_y));
+        assert_eq!(compare(&r, &case.want_r, tol).wrong, 0, "seed {seed}");
+        assert_eq!(compare(&y, &case.want_y, tol).wrong, 0, "seed {seed}");
+        assert_eq!(case.twin_difference(DType::F32, &case.twin_r, &case.twin_y), None);
+        // One element off by an ulp is named.
+        let mut off = case.twin_y.clone();
+        off[4 * 77] ^= 1;
+        let said = case.twin_difference(DType::F32, &case.twin_r, &off).expect("an ulp off");
+        assert!(said.starts_with("y[77] is"), "{said}");
+        // A norm within the bound but of another order (the squares summed in one chain) is caught.
+        let drifted: Vec<f32> = r
+            .chunks(hidden)
+            .flat_map(|row| {
+                let squares = row.iter().fold(0f32, |acc, &v| (v as f32).mul_add(v as f32, acc));
+                let inv = 1.0 / (squares / hidden as f32 + eps).sqrt();
+                row.iter().zip(&case.weight).map(move |(&v, &w)| v as f32 * inv * w).collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(compare(&DType::F32.decode(&DType::F32.encode(&drifted)), &case.want_y, tol).wrong, 0);
+        let said = case.twin_difference(DType::F32, &case.twin_r, &DType::F32.encode(&drifted));
+        assert!(said.is_some_and(|s| s.starts_with("y[")), "seed {seed}: one chain gave the canonical bits");
+    }
 
     #[test]
     fn inputs_are_fresh_per_seed_and_rank_and_exact_in_dtype() {
