@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tables of an A/B measurement of builds from comm-bench JSON: folders named MODE-BUILD-PASS (e.g. graph-A-1), each
-holding one run's comm_ops_benchmark.json. Prints, per mode, every method and build at every size: the mean over the
+holding one run's comm_ops_benchmark.json (or `comm-bench norm`'s norm_benchmark.json). Prints, per mode, every method and build at every size: the mean over the
 passes of the median time, in us, and each pass's value. Fails on any row that failed its checks.
 
     scripts/ab_table.py results/h200-mps/regviews
@@ -14,7 +14,8 @@ from comm_json import times_us
 
 def load(root):
     times = collections.defaultdict(list)
-    for f in sorted(pathlib.Path(root).glob("*-*-*/comm_ops_benchmark.json")):
+    found = [f for name in ("comm_ops_benchmark", "norm_benchmark") for f in pathlib.Path(root).glob(f"*-*-*/{name}.json")]
+    for f in sorted(found):
         mode, build, _ = f.parent.name.split("-")
         for (method, count), us in times_us(f).items():
             times[(mode, method, build, count)].append(us)

@@ -103,7 +103,11 @@ fn soak(args: &comm_bench::soak::SoakArgs) -> Result<(), BenchError> {
 
 fn norm(args: &comm_bench::norm::NormArgs) -> Result<(), BenchError> {
     args.validate()?;
-    match launch::detect()? {
+    let info = launch::detect()?;
+    if let (true, Some(dir)) = (info.as_ref().is_none_or(|i| i.rank == 0), &args.output_dir) {
+        comm_bench::paths::writable_dir(dir).map_err(BenchError::Config)?;
+    }
+    match info {
         Some(info) => comm_bench::norm::run_rank(args, &info),
         None => relaunch(world(args.num_ranks, driver_kind(args.backend)?)),
     }

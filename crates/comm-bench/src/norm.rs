@@ -60,6 +60,32 @@ pub struct NormArgs {
     pub backend: gpu::Backend,
     #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub timeout_s: Option<f64>,
+    /// Also write the timings to DIR/norm_benchmark.json (the rows as comm_ops_benchmark.json's: method, count,
+    /// time_ms, status), for scripts/ab_table.py and the like.
+    #[arg(long = "output_dir", alias = "output-dir")]
+    pub output_dir: Option<std::path::PathBuf>,
+}
+
+/// `norm_benchmark.json`: the run and one row per method and token count.
+#[derive(serde::Serialize)]
+struct NormReport {
+    world: usize,
+    dtype: String,
+    hidden: usize,
+    graph: bool,
+    rows: Vec<NormRow>,
+}
+
+#[derive(serde::Serialize)]
+struct NormRow {
+    method: String,
+    /// What ran: the design, and whether the norm kernel followed it.
+    ran: String,
+    tokens: u64,
+    count: usize,
+    time_ms: f64,
+    /// Always "passed": a method that fails its checks ends the run.
+    status: &'static str,
 }
 
 /// How a method issues the call.
@@ -142,6 +168,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     // Token counts where auto was timed against another method, and those where it was more than AUTO_SLOW_RATIO
     // slower than the fastest of them.
     let (mut judged, mut slow) = (0, 0);
+    let mut report = NormReport { world, dtype: dtype.to_string(), hidden, graph: args.graph, rows: Vec::new() };
     for &tokens in &args.tokens {
         let count = tokens as usize * hidden;
         let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: args.eps };
@@ -260,6 +287,8 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                     _ => format!("{name} ({algo})"),
                 };
                 println!("{tokens:>8} {:>10} {label:<46} {us:>10.2} {vs:>12}", count * dtype.size());
+                let (method, ran, time_ms) = (name.clone(), algo.to_string(), us / 1e3);
+                report.rows.push(NormRow { method, ran, tokens, count, time_ms, status: "passed" });
             }
             let auto = ways.iter().position(|&w| w == Way::Auto).map(|k| times[k]);
             let others = ways.iter().zip(&times).zip(&args.methods).filter(|((&w, _), _)| w != Way::Auto);
@@ -275,6 +304,12 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     }
     if rank == 0 && judged > 0 {
         println!("# auto: {slow} of {judged} token counts above {AUTO_SLOW_RATIO}x the fastest other method");
+    }
+    if let (0, Some(dir)) = (rank, &args.output_dir) {
+        let json = dir.join("norm_benchmark.json");
+        let text = serde_json::to_string_pretty(&report).map_err(|e| BenchError::Config(e.to_string()))?;
+        crate::paths::write(&json, text).map_err(BenchError::Config)?;
+        println!("# wrote {}", json.display());
     }
     stream.sync()?;
     rdv.barrier("norm sweep teardown")?;

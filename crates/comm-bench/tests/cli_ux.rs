@@ -301,9 +301,11 @@ fn compare_overlays_a_comm_bench_py_csv_and_our_json_with_ratios() {
 
 #[test]
 fn norm_checks_every_method_and_names_what_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out");
     let o = Command::new(BIN)
         .args(["norm", "--backend", "host", "--num_ranks", "2", "--hidden", "8192", "--tokens", "1,16"])
-        .args(["-n", "2", "-w", "0", "--repeats", "1"])
+        .args(["-n", "2", "-w", "0", "--repeats", "1", "--output_dir", json.to_str().unwrap()])
         .output()
         .unwrap();
     let t = text(&o);
@@ -327,4 +329,12 @@ fn norm_checks_every_method_and_names_what_ran() {
     // auto against the fastest other method, per token count and in all.
     assert_eq!(t.lines().filter(|l| l.contains("auto / the fastest other method (")).count(), 2, "{t}");
     assert!(t.contains("# auto: ") && t.contains(" of 2 token counts above 1.05x the fastest other method"), "{t}");
+    // --output_dir: a row per method and token count, as comm_ops_benchmark.json's rows, what ran named.
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json.join("norm_benchmark.json")).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!((report["hidden"].as_u64(), report["world"].as_u64(), rows.len()), (Some(8192), Some(2), 2 * 10));
+    let fell_back = rows.iter().find(|r| r["method"] == "fused_ll" && r["tokens"] == 16).unwrap();
+    assert_eq!((fell_back["ran"].as_str(), fell_back["count"].as_u64()), (Some("car_1shot"), Some(16 * 8192)));
+    assert!(rows.iter().all(|r| r["status"] == "passed" && r["time_ms"].as_f64().is_some_and(|t| t > 0.0)), "{rows:?}");
 }
