@@ -4,7 +4,8 @@
 //! though MI300X runs gfx942 code). A check that needs no GPU toolkit: no CUDA, no ROCm.
 //!
 //! Every entry point the sources declare must come out, and nothing else: the PTX's `.visible .entry` lines,
-//! the code object's kernel descriptors (`<name>.kd`). The code object must also have no undefined symbols.
+//! the code object's kernel descriptors (`<name>.kd`). The code object must also have no undefined symbols. Last,
+//! the norm's device code runs on the host against its twin (`norm_sim`).
 
 use crate::{root, run};
 use std::collections::BTreeSet;
@@ -107,6 +108,7 @@ pub fn kernel_check(args: Args) -> Result<(), String> {
             println!("{lib}: {} entry points compile for {arch} (code object)", found.len());
         }
     }
+    crate::norm_sim::check(&amd.clangxx, &kernels, &out)?;
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
@@ -211,14 +213,18 @@ fn which_clang() -> Option<PathBuf> {
 
 struct AmdToolchain {
     clang: PathBuf,
+    /// The same clang's C++ driver, for the norm's host simulation.
+    clangxx: PathBuf,
     readelf: PathBuf,
 }
 
 /// Debian's layout: `/usr/lib/llvm-N/bin/{clang,ld.lld,llvm-readelf}`. The clang there finds its own ld.lld.
 fn amd_toolchain() -> Option<AmdToolchain> {
     AMD_LLVM.iter().map(|v| PathBuf::from(format!("/usr/lib/llvm-{v}/bin"))).find_map(|bin| {
-        let (clang, lld, readelf) = (bin.join("clang"), bin.join("ld.lld"), bin.join("llvm-readelf"));
-        (clang.is_file() && lld.is_file() && readelf.is_file()).then_some(AmdToolchain { clang, readelf })
+        let (clang, clangxx) = (bin.join("clang"), bin.join("clang++"));
+        let (lld, readelf) = (bin.join("ld.lld"), bin.join("llvm-readelf"));
+        let found = [&clang, &clangxx, &lld, &readelf].iter().all(|p| p.is_file());
+        found.then_some(AmdToolchain { clang, clangxx, readelf })
     })
 }
 

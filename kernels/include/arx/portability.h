@@ -24,7 +24,24 @@ struct alignas(16) vec16 { u32 w[4]; };
 // many threads always fits on a multiprocessor (the fused norm designs took more than 65536 / 512 without it).
 #define ARX_TUNED_THREADS 512
 
-#if defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
+#if defined(ARX_HOST_SIM) || defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
+// ---------------------------------------------------------------- clang's builtins: AMD, and the host simulation
+ARX_DEV float u32_as_f32(u32 x) { return __builtin_bit_cast(float, x); }
+ARX_DEV u32 f32_as_u32(float x) { return __builtin_bit_cast(u32, x); }
+ARX_DEV float f16_to_f32(u16 x) { return (float)__builtin_bit_cast(_Float16, x); }
+ARX_DEV u16 f32_to_f16(float x) { return __builtin_bit_cast(u16, (_Float16)x); }
+// Round-to-nearest fused multiply-add, square root and division whatever the compiler's flags (the norm's bits must
+// equal its host twin's).
+ARX_DEV float fma_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+ARX_DEV float sqrt_rn(float x) { return __builtin_sqrtf(x); }
+ARX_DEV float div_rn(float a, float b) { return a / b; }
+#endif
+
+#if defined(ARX_HOST_SIM)
+// ---------------------------------------------------------------- one block run as host threads
+// (kernels/check/norm_sim.cpp): the element, sum and norm code only, which needs nothing more.
+ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }
+#elif defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
 // ---------------------------------------------------------------- AMD (hipRTC / hipcc), wave size 64
 // Nothing in the shared code depends on the wave size: there are no cross-lane operations, and the barriers'
 // signalling threads (`t < world`, at most 8) all sit in a block's first wave. hipRTC provides threadIdx, blockIdx,
@@ -55,15 +72,6 @@ ARX_DEV void st_stage(vec16* p, vec16 v) {
 }
 // s_memrealtime: the 100 MHz constant clock of gfx9 (CDNA: MI200, MI300); RDNA 3 (gfx11) has no such instruction.
 ARX_DEV u64 timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
-ARX_DEV float u32_as_f32(u32 x) { return __builtin_bit_cast(float, x); }
-ARX_DEV u32 f32_as_u32(float x) { return __builtin_bit_cast(u32, x); }
-ARX_DEV float f16_to_f32(u16 x) { return (float)__builtin_bit_cast(_Float16, x); }
-ARX_DEV u16 f32_to_f16(float x) { return __builtin_bit_cast(u16, (_Float16)x); }
-// Round-to-nearest fused multiply-add, square root and division whatever the compiler's flags (the norm's bits must
-// equal its host twin's).
-ARX_DEV float fma_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-ARX_DEV float sqrt_rn(float x) { return __builtin_sqrtf(x); }
-ARX_DEV float div_rn(float a, float b) { return a / b; }
 #else
 // ---------------------------------------------------------------- NVIDIA (NVRTC / nvcc)
 ARX_DEV void st_release_sys(u64* p, u64 v) {

@@ -1,0 +1,72 @@
+//! Part of `cargo xtask kernel-check`: the norm's device code (kernels/include/arx/norm.h) compiled for the host
+//! (kernels/check/norm_sim.cpp, one block of 512 threads) and run on fresh random rows of every dtype and every path
+//! it takes (rows held in registers, rows through memory, rows of scalars; the one-shot designs' epilogue and the
+//! two-shot's), its bits held to the host twin's (collective_core::norm). The GPU runs compare the two as well, but a
+//! change to the kernels' order is caught here first, with no GPU.
+
+use crate::run;
+use collective_core::DType;
+use measure::check::{input_values, NormCase};
+use std::path::Path;
+use std::process::Command;
+
+/// (dtype, world, rows, hidden): every path of norm.h's row functions for each dtype.
+const CASES: [(DType, usize, usize, usize); 10] = [
+    (DType::Bf16, 3, 3, 4096),  // in registers, a vector per thread
+    (DType::Bf16, 8, 2, 8192),  // two per thread, eight sources
+    (DType::Bf16, 2, 2, 16384), // the most rows hold in registers
+    (DType::Bf16, 3, 2, 16392), // a vector more: through memory
+    (DType::Bf16, 3, 3, 300),   // rows off 16-byte boundaries: scalars
+    (DType::F16, 5, 3, 4096),
+    (DType::F16, 3, 2, 257),
+    (DType::F32, 3, 3, 1000),
+    (DType::F32, 2, 2, 8196),
+    (DType::F32, 4, 2, 301),
+];
+
+/// Compiles the simulation with `clangxx` into `out` and checks every case.
+pub fn check(clangxx: &Path, kernels: &Path, out: &Path) -> Result<(), String> {
+    let sim = out.join("norm_sim");
+    run(Command::new(clangxx)
+        .args(["-std=c++20", "-O2", "-pthread", "-ffp-contract=off", "-Werror", "-Wall", "-Wno-unused-function"])
+        .arg("-I")
+        .arg(kernels.join("include"))
+        .arg("-include")
+        .arg(kernels.join("check/host_sim_prelude.h"))
+        .arg("-o")
+        .arg(&sim)
+        .arg(kernels.join("check/norm_sim.cpp")))?;
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?;
+    let seed = seed.as_nanos() as u64;
+    for (k, &(dtype, world, rows, hidden)) in CASES.iter().enumerate() {
+        let seed = seed.wrapping_add(k as u64);
+        let what = format!("{dtype} {rows} x {hidden}, {world} ranks (seed {seed})");
+        let count = rows * hidden;
+        let eps = 1e-5;
+        let case = NormCase::new(seed, world, count, hidden, dtype, eps);
+        let mut blob: Vec<u8> = [dtype.code(), world as u32, rows as u32, hidden as u32]
+            .into_iter()
+            .flat_map(u32::to_le_bytes)
+            .chain(eps.to_le_bytes())
+            .collect();
+        (0..world).for_each(|r| blob.extend(dtype.encode(&input_values(seed, r, count, dtype))));
+        blob.extend(dtype.encode(&case.residual));
+        blob.extend(dtype.encode(&case.weight));
+        let (input, output) = (out.join("norm_sim.in"), out.join("norm_sim.out"));
+        std::fs::write(&input, &blob).map_err(|e| format!("{}: {e}", input.display()))?;
+        run(Command::new(&sim).arg(&input).arg(&output))?;
+        let got = std::fs::read(&output).map_err(|e| format!("{}: {e}", output.display()))?;
+        let bytes = count * dtype.size();
+        if got.len() != 4 * bytes {
+            return Err(format!("norm_sim on {what}: {} bytes out, {} expected", got.len(), 4 * bytes));
+        }
+        let part = |i: usize| &got[i * bytes..(i + 1) * bytes];
+        for (path, r, y) in [("one-shot", part(0), part(1)), ("two-shot", part(2), part(3))] {
+            if let Some(differs) = case.twin_difference(dtype, r, y) {
+                return Err(format!("the norm's device code, {path} path, {what}: {differs}"));
+            }
+        }
+    }
+    println!("norm: the device code's bits equal the host twin's ({} shapes, both paths; seed {seed})", CASES.len());
+    Ok(())
+}
