@@ -1,7 +1,10 @@
-// Stand-ins that let one block of the kernels' element and norm code run on the host (kernels/check/norm_sim.cpp):
-// each of the block's threads is a host thread with its own threadIdx, __shared__ variables are function statics
-// (one per block, as there is one block), and __syncthreads is a barrier of all of them.
+// Stand-ins that let the kernels' device code run on the host (kernels/check/*_sim.cpp): each thread of a block is a
+// host thread with its own threadIdx, __shared__ variables are function statics (one per block: a simulated block
+// is the only block of its process, and a rank's process holds one block), __syncthreads is a barrier of the
+// block's threads, and portability.h's ARX_HOST_SIM branch maps its atomics to the C++ memory model's.
 #include <barrier>
+#include <sched.h>
+#include <time.h>
 
 #define ARX_HOST_SIM 1
 #define __device__
@@ -19,3 +22,9 @@ inline arx_sim_dim blockDim{0};
 // Set before the threads start: blockDim.x participants.
 inline std::barrier<>* arx_sim_block = nullptr;
 inline void __syncthreads() { arx_sim_block->arrive_and_wait(); }
+inline unsigned long long arx_sim_now_ns() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+inline void arx_sim_relax() { sched_yield(); }

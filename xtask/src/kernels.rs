@@ -5,9 +5,9 @@
 //!
 //! Every entry point the sources declare must come out, and nothing else: the PTX's `.visible .entry` lines,
 //! the code object's kernel descriptors (`<name>.kd`). The code object must also have no undefined symbols. Last,
-//! the norm's device code runs on the host against its twin (`norm_sim`).
+//! the norm's and the barrier's device code run on the host against their twins (`host_sim`).
 
-use crate::{root, run};
+use crate::{output, root, run};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -108,7 +108,7 @@ pub fn kernel_check(args: Args) -> Result<(), String> {
             println!("{lib}: {} entry points compile for {arch} (code object)", found.len());
         }
     }
-    crate::norm_sim::check(&amd.clangxx, &kernels, &out)?;
+    crate::host_sim::check(&amd.clangxx, &kernels, &out)?;
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
@@ -137,14 +137,6 @@ fn install() -> Result<(), String> {
 
 fn read(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn output(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cmd:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn same(lib: &str, what: &str, expected: &BTreeSet<String>, found: &BTreeSet<String>) -> Result<(), String> {

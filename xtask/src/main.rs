@@ -1,7 +1,7 @@
 //! `cargo xtask <task>`: the project's chores, in Rust so they run wherever cargo does.
 
+mod host_sim;
 mod kernels;
-mod norm_sim;
 mod perf_gate;
 
 use clap::{Parser, Subcommand};

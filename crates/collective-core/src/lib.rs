@@ -10,6 +10,7 @@ pub mod host_sync;
 mod kernel_headers;
 pub mod norm;
 mod plan;
+pub mod status;
 mod team;
 
 pub use call::{AddRmsNorm, Call, CallError, Residency, MAX_HIDDEN};

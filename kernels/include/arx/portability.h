@@ -38,9 +38,29 @@ ARX_DEV float div_rn(float a, float b) { return a / b; }
 #endif
 
 #if defined(ARX_HOST_SIM)
-// ---------------------------------------------------------------- one block run as host threads
-// (kernels/check/norm_sim.cpp): the element, sum and norm code only, which needs nothing more.
+// ---------------------------------------------------------------- blocks run as host threads, ranks as processes
+// (kernels/check/*_sim.cpp): the C++ memory model's orders for the PTX ones; loads that poll yield the processor
+// (arx_sim_relax), so that a few cores run the many spinning threads of a simulated job.
+ARX_DEV void st_release_sys(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+ARX_DEV u64 ld_acquire_sys(const u64* p) {
+    u64 v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    arx_sim_relax();
+    return v;
+}
+ARX_DEV u64 ld_relaxed_sys(const u64* p) {
+    u64 v = __atomic_load_n(p, __ATOMIC_RELAXED);
+    arx_sim_relax();
+    return v;
+}
+ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return expected;
+}
+ARX_DEV void fence_acq_rel_gpu() { __atomic_thread_fence(__ATOMIC_ACQ_REL); }
+ARX_DEV u32 add_relaxed_gpu(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }
+ARX_DEV u64 timer_ns() { return arx_sim_now_ns(); }
 #elif defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
 // ---------------------------------------------------------------- AMD (hipRTC / hipcc), wave size 64
 // Nothing in the shared code depends on the wave size: there are no cross-lane operations, and the barriers'

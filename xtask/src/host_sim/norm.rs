@@ -1,8 +1,8 @@
-//! Part of `cargo xtask kernel-check`: the norm's device code (kernels/include/arx/norm.h) compiled for the host
-//! (kernels/check/norm_sim.cpp, one block of 512 threads) and run on fresh random rows of every dtype and every path
-//! it takes (rows held in registers, rows through memory, rows of scalars; the one-shot designs' epilogue and the
-//! two-shot's), its bits held to the host twin's (collective_core::norm). The GPU runs compare the two as well, but a
-//! change to the kernels' order is caught here first, with no GPU.
+//! The norm's device code (kernels/include/arx/norm.h) on the host (kernels/check/norm_sim.cpp, one block of 512
+//! threads), on fresh random rows of every dtype and every path it takes (rows held in registers, rows through
+//! memory, rows of scalars; the one-shot designs' epilogue and the two-shot's), its bits held to the host twin's
+//! (collective_core::norm). The GPU runs compare the two as well, but a change to the kernels' order is caught here
+//! first.
 
 use crate::run;
 use collective_core::DType;
@@ -24,18 +24,8 @@ const CASES: [(DType, usize, usize, usize); 10] = [
     (DType::F32, 4, 2, 301),
 ];
 
-/// Compiles the simulation with `clangxx` into `out` and checks every case.
-pub fn check(clangxx: &Path, kernels: &Path, out: &Path) -> Result<(), String> {
-    let sim = out.join("norm_sim");
-    run(Command::new(clangxx)
-        .args(["-std=c++20", "-O2", "-pthread", "-ffp-contract=off", "-Werror", "-Wall", "-Wno-unused-function"])
-        .arg("-I")
-        .arg(kernels.join("include"))
-        .arg("-include")
-        .arg(kernels.join("check/host_sim_prelude.h"))
-        .arg("-o")
-        .arg(&sim)
-        .arg(kernels.join("check/norm_sim.cpp")))?;
+/// Runs the simulation `sim` on every case, its files in `out`.
+pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?;
     let seed = seed.as_nanos() as u64;
     for (k, &(dtype, world, rows, hidden)) in CASES.iter().enumerate() {
@@ -54,7 +44,7 @@ pub fn check(clangxx: &Path, kernels: &Path, out: &Path) -> Result<(), String> {
         blob.extend(dtype.encode(&case.weight));
         let (input, output) = (out.join("norm_sim.in"), out.join("norm_sim.out"));
         std::fs::write(&input, &blob).map_err(|e| format!("{}: {e}", input.display()))?;
-        run(Command::new(&sim).arg(&input).arg(&output))?;
+        run(Command::new(sim).arg(&input).arg(&output))?;
         let got = std::fs::read(&output).map_err(|e| format!("{}: {e}", output.display()))?;
         let bytes = count * dtype.size();
         if got.len() != 4 * bytes {
