@@ -24,7 +24,8 @@ pub struct Team<'a> {
     pub status: Option<DevicePtr>,
 }
 
-/// Bytes of a communicator's status words: u64 [abort, failed, the rank waited for, what was waited for].
+/// Bytes of a communicator's status words: u64 [abort, failed (1; 2 while a kernel writes the record), the rank waited
+/// for, what was waited for].
 pub const STATUS_BYTES: usize = 32;
 
 /// Zeroed status words for `gpu`'s kernels to watch. On HIP they are uncached memory, as the polled flags are: the

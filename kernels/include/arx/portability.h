@@ -57,6 +57,10 @@ ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
     __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     return expected;
 }
+ARX_DEV u64 cas_acq_rel_sys(u64* p, u64 expected, u64 desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return expected;
+}
 ARX_DEV void fence_acq_rel_gpu() { __atomic_thread_fence(__ATOMIC_ACQ_REL); }
 ARX_DEV u32 add_relaxed_gpu(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }
@@ -72,6 +76,11 @@ ARX_DEV void st_release_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_R
 ARX_DEV void fence_acquire_sys() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, ""); }
 // Returns the value seen; the exchange happened when it equals `expected`.
 ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
+    __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE,
+                                         __HIP_MEMORY_SCOPE_SYSTEM);
+    return expected;
+}
+ARX_DEV u64 cas_acq_rel_sys(u64* p, u64 expected, u64 desired) {
     __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE,
                                          __HIP_MEMORY_SCOPE_SYSTEM);
     return expected;
@@ -122,6 +131,12 @@ ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
     u32 old;
     asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], %2, %3;"
                  : "=r"(old) : "l"(p), "r"(expected), "r"(desired) : "memory");
+    return old;
+}
+ARX_DEV u64 cas_acq_rel_sys(u64* p, u64 expected, u64 desired) {
+    u64 old;
+    asm volatile("atom.acq_rel.sys.global.cas.b64 %0, [%1], %2, %3;"
+                 : "=l"(old) : "l"(p), "l"(expected), "l"(desired) : "memory");
     return old;
 }
 ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }

@@ -22,7 +22,8 @@ ARX_DEV u64 next_epoch(u64 counters) {
 
 // The communicator's status words (device memory, u64 [4]) that every wait watches, so no wait traps and a failure
 // ends every wait of this rank: [0] abort (set by the host, or by a wait that timed out), [1] 1 once a wait timed
-// out, [2] the rank it waited for, [3] what it waited for (ARX_WAIT_* | phase). The host reads them and reports.
+// out (2 while its record is being written), [2] the rank it waited for, [3] what it waited for (ARX_WAIT_* |
+// phase). The host reads them and reports.
 #define ARX_WAIT_FLAGS 0x100u    // an epoch-flag barrier, | its phase
 #define ARX_WAIT_PACKETS 0x200u  // LL packets
 #define ARX_WAIT_CAS 0x300u      // torch's compare-and-swap handshake
@@ -34,13 +35,15 @@ ARX_DEV u64 next_epoch(u64 counters) {
 #define ARX_TAG_MASK ((1ull << ARX_TAG_BITS) - 1)
 
 // Records the first failure of a call in the status words (the peer and what was waited for) and sets the abort
-// word, which ends every wait of this rank.
+// word, which ends every wait of this rank. One thread claims the record (`recorded` 0 -> 2) and writes both words,
+// then marks it whole (1) and aborts: threads that fail at once (a warp's lanes, whose stores to one word land in any
+// order) would otherwise leave one's peer beside another's `what`. A thread that loses the claim leaves the abort to
+// the winner, so the host never sees the abort without the record.
 ARX_DEV void record_failure(u64* status, u32 peer, u32 what) {
-    if (ld_relaxed_sys(status + 1) == 0) {
-        st_relaxed_sys(status + 2, peer);
-        st_relaxed_sys(status + 3, what);
-        st_relaxed_sys(status + 1, 1);
-    }
+    if (cas_acq_rel_sys(status + 1, 0ull, 2ull) != 0) return;
+    st_relaxed_sys(status + 2, peer);
+    st_relaxed_sys(status + 3, what);
+    st_release_sys(status + 1, 1);
     st_release_sys(status, 1);
 }
 

@@ -140,6 +140,20 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
             ));
         }
     }
+    // Two peers of two other kernels at once: one record, whose peer ran the kernel it names.
+    let other = tag("car_1shot");
+    let presets = [(1, flag_word(1, theirs)), (2, flag_word(1, other))];
+    for _ in 0..20 {
+        let (ends, _) = run(sim, out, &alone, 1, timeout, &presets)?;
+        let [abort, recorded, peer, what] = ends[0].status;
+        let named = presets.iter().any(|&(p, w)| u64::from(p) == peer && w & 0xff == what & 0xff);
+        if (abort, recorded, what >> 8 & 0xff) != (1, 1, 5) || !named {
+            return Err(format!(
+                "the device barrier on the host, two peers of other kernels: rank 0 ended {:?}",
+                ends[0]
+            ));
+        }
+    }
     println!(
         "sync: the device barrier passes ranks of one kernel per call, fails every rank naming the other kernel's \
          where one rank's differs, and names a rank that left at its deadline (3 and 8 ranks); a peer's flag of the next call is not judged"

@@ -76,7 +76,8 @@ impl Shared {
         stream.sync()
     }
 
-    /// The status words: [abort, failed, the rank waited for, what was waited for].
+    /// The status words: [abort, failed (1; 2 while a kernel writes the record), the rank waited for, what was waited
+    /// for].
     fn read(&self, stream: Option<&gpu::Stream>) -> gpu::Result<[u64; 4]> {
         let mut words = [0u64; 4];
         if self.gpu.kind() == DriverKind::Host {
