@@ -1,7 +1,7 @@
 // Stand-ins that let the kernels' device code run on the host (kernels/check/*_sim.cpp): each thread of a block is a
 // host thread with its own threadIdx, __shared__ variables are function statics (one per block: a simulated block
-// is the only block of its process, and a rank's process holds one block), __syncthreads is a barrier of the
-// block's threads, and portability.h's ARX_HOST_SIM branch maps its atomics to the C++ memory model's.
+// is the only block of its process), __syncthreads is a barrier of the block's threads, and portability.h's
+// ARX_HOST_SIM branch maps its atomics to the C++ memory model's.
 #include <barrier>
 #include <sched.h>
 #include <time.h>
@@ -17,8 +17,8 @@ struct arx_sim_dim {
     unsigned int x;
 };
 inline thread_local arx_sim_dim threadIdx{0};
-inline constexpr arx_sim_dim blockIdx{0}, gridDim{1};
-inline arx_sim_dim blockDim{0};
+// Set by each process before its block's threads start.
+inline arx_sim_dim blockIdx{0}, gridDim{1}, blockDim{0};
 // Set before the threads start: blockDim.x participants.
 inline std::barrier<>* arx_sim_block = nullptr;
 inline void __syncthreads() { arx_sim_block->arrive_and_wait(); }

@@ -5,6 +5,7 @@
 
 mod norm;
 mod sync;
+mod tuned;
 
 use crate::run;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,14 @@ use std::process::Command;
 /// Compiles and runs each simulation with `clangxx`, its files in `out`.
 pub fn check(clangxx: &Path, kernels: &Path, out: &Path) -> Result<(), String> {
     norm::check(&compile(clangxx, kernels, out, "norm_sim")?, out)?;
-    sync::check(&compile(clangxx, kernels, out, "sync_sim")?, out)
+    sync::check(&compile(clangxx, kernels, out, "sync_sim")?, out)?;
+    tuned::check(&compile(clangxx, kernels, out, "tuned_sim")?, out)
+}
+
+/// A seed that differs from run to run (printed with any failure, to rerun it).
+fn fresh_seed() -> Result<u64, String> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?;
+    Ok(now.as_nanos() as u64)
 }
 
 /// kernels/check/`name`.cpp built into `out`/`name`.

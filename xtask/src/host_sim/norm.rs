@@ -26,8 +26,7 @@ const CASES: [(DType, usize, usize, usize); 10] = [
 
 /// Runs the simulation `sim` on every case, its files in `out`.
 pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?;
-    let seed = seed.as_nanos() as u64;
+    let seed = super::fresh_seed()?;
     for (k, &(dtype, world, rows, hidden)) in CASES.iter().enumerate() {
         let seed = seed.wrapping_add(k as u64);
         let what = format!("{dtype} {rows} x {hidden}, {world} ranks (seed {seed})");

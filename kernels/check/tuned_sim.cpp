@@ -1,0 +1,177 @@
+// symm_tuned.cu's packet designs run on the host, whole: a process per block of every rank (its blockIdx and
+// gridDim), a thread per thread of the block, the buffers in memory all processes share, and between calls a
+// kernel boundary per rank (its blocks' processes meet, then block 0 loads the next call's inputs as the caller
+// would). So `cargo xtask kernel-check` runs the packets' exchange, their epoch areas and the norm's row counts
+// call after call, with no GPU.
+//
+// tuned_sim IN OUT: IN holds u32 kernel (0 symm_ll, 1 symm_ll_norm, 2 symm_zc_2shot_ll, 3 symm_zc_2shot_ll_norm),
+// dtype, world, grid, block, calls, hidden (0 without the norm), u64 count, ll_packets, timeout_ns, f32 eps; then
+// per call every rank's input, and with the norm the call's residual (every rank's) and weight. OUT gets per call
+// and rank the output, then with the norm the residual (r).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "../symm_tuned.cu"
+
+namespace {
+
+struct Plan {
+    u32 kernel, dtype, world, grid, block, calls, hidden;
+    u64 count, ll_packets, timeout_ns;
+    float eps;
+};
+
+// Bump allocation in the mapping every process shares, 256-byte aligned as device allocations are.
+struct Arena {
+    char* base;
+    u64 used, size;
+    char* take(u64 bytes) {
+        char* p = base + used;
+        used += (bytes + 255) / 256 * 256;
+        if (used > size) std::exit(3);
+        return p;
+    }
+};
+
+struct Rank {
+    char *input, *output, *residual, *weight;
+    u64 *packets, *flags, *counters, *status;
+    pthread_barrier_t* boundary;  // the rank's blocks at a kernel boundary
+};
+
+template <int DT> void launch(u32 kernel, const TunedParams& p) {
+    switch (kernel) {
+        case 0: symm_ll<DT>(p); break;
+        case 1: symm_ll_norm<DT>(p); break;
+        case 2: symm_zc_2shot_ll<DT>(p); break;
+        default: symm_zc_2shot_ll_norm<DT>(p); break;
+    }
+}
+
+void run_block(const Plan& plan, const TunedParams& p) {
+    std::barrier<> block(plan.block);
+    arx_sim_block = &block;
+    std::vector<std::thread> threads;
+    for (u32 t = 0; t < plan.block; ++t)
+        threads.emplace_back([&, t] {
+            threadIdx.x = t;
+            if (plan.dtype == 0) launch<0>(plan.kernel, p);
+            else if (plan.dtype == 1) launch<1>(plan.kernel, p);
+            else launch<2>(plan.kernel, p);
+        });
+    for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 3) {
+        std::fprintf(stderr, "usage: tuned_sim IN OUT\n");
+        return 2;
+    }
+    FILE* in = std::fopen(argv[1], "rb");
+    Plan plan;
+    u32 head[7];
+    u64 wide[3];
+    if (!in || std::fread(head, 4, 7, in) != 7 || std::fread(wide, 8, 3, in) != 3 || std::fread(&plan.eps, 4, 1, in) != 1)
+        return 2;
+    plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], wide[0], wide[1], wide[2], plan.eps};
+    if (plan.world < 2 || plan.world > ARX_MAX_RANKS || plan.grid == 0 || plan.grid > ARX_MAX_BLOCKS || plan.block == 0 ||
+        plan.dtype > 2 || plan.kernel > 3)
+        return 2;
+    const u64 size = plan.dtype == 2 ? 4 : 2, bytes = plan.count * size, norm = plan.hidden != 0;
+    const u64 rows = norm ? plan.count / plan.hidden : 0, weight_bytes = plan.hidden * size;
+    // Inputs of every call, then the results.
+    const u64 per_call = plan.world * bytes + (norm ? bytes + weight_bytes : 0);
+    std::vector<char> inputs(plan.calls * per_call);
+    if (std::fread(inputs.data(), 1, inputs.size(), in) != inputs.size()) return 2;
+    const u64 results = plan.calls * plan.world * bytes * (norm ? 2 : 1);
+    const u64 packet_bytes = 2ull * ARX_MAX_RANKS * plan.ll_packets * 8;
+    const u64 flag_bytes = (u64)ARX_MAX_BLOCKS * ARX_PHASES * ARX_MAX_RANKS * 8;
+    const u64 counter_bytes = ARX_MAX_BLOCKS * 8 + rows * 4;
+    const u64 each = 4 * (bytes + 256) + packet_bytes + flag_bytes + counter_bytes + sizeof(pthread_barrier_t) + 4 * 256;
+    Arena arena{nullptr, 0, plan.world * each + results + inputs.size() + 4096};
+    void* mem = mmap(nullptr, arena.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return 3;
+    arena.base = (char*)mem;  // zeroed, as the communicator zeroes its flags, packets and counters
+    char* shared_inputs = arena.take(inputs.size());
+    std::memcpy(shared_inputs, inputs.data(), inputs.size());
+    char* out = arena.take(results);
+    std::vector<Rank> ranks(plan.world);
+    pthread_barrierattr_t attr;
+    pthread_barrierattr_init(&attr);
+    pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    TunedParams base{};
+    for (u32 r = 0; r < plan.world; ++r) {
+        Rank& k = ranks[r];
+        k.input = arena.take(bytes), k.output = arena.take(bytes), k.residual = arena.take(bytes);
+        k.weight = arena.take(weight_bytes + 16);
+        k.packets = (u64*)arena.take(packet_bytes), k.flags = (u64*)arena.take(flag_bytes);
+        k.counters = (u64*)arena.take(counter_bytes), k.status = (u64*)arena.take(32);
+        k.boundary = (pthread_barrier_t*)arena.take(sizeof(pthread_barrier_t));
+        pthread_barrier_init(k.boundary, &attr, plan.grid);
+        base.inputs[r] = (u64)k.input, base.outputs[r] = (u64)k.output;
+        base.packets[r] = (u64)k.packets, base.flags[r] = (u64)k.flags;
+    }
+    base.count = plan.count, base.ll_packets = plan.ll_packets, base.timeout_ns = plan.timeout_ns;
+    base.world = plan.world, base.dtype = plan.dtype, base.tag = 1, base.hidden = plan.hidden, base.eps = plan.eps;
+    std::vector<pid_t> children;
+    for (u32 r = 0; r < plan.world; ++r)
+        for (u32 b = 0; b < plan.grid; ++b) {
+            pid_t pid = fork();
+            if (pid < 0) return 3;
+            if (pid > 0) {
+                children.push_back(pid);
+                continue;
+            }
+            alarm(120);
+            blockIdx.x = b, gridDim.x = plan.grid, blockDim.x = plan.block;
+            const Rank& k = ranks[r];
+            TunedParams p = base;
+            p.rank = r, p.counters = (u64)k.counters, p.status = (u64)k.status;
+            p.residual = (u64)k.residual, p.weight = (u64)k.weight;
+            for (u32 c = 0; c < plan.calls; ++c) {
+                const char* call = shared_inputs + c * per_call;
+                pthread_barrier_wait(k.boundary);
+                if (b == 0) {  // the caller between launches: this call's input, residual and weight
+                    std::memcpy(k.input, call + r * bytes, bytes);
+                    if (norm) {
+                        std::memcpy(k.residual, call + plan.world * bytes, bytes);
+                        std::memcpy(k.weight, call + plan.world * bytes + bytes, weight_bytes);
+                    }
+                }
+                pthread_barrier_wait(k.boundary);
+                run_block(plan, p);
+                pthread_barrier_wait(k.boundary);
+                if (b == 0) {
+                    char* dst = out + (c * plan.world + r) * bytes * (norm ? 2 : 1);
+                    std::memcpy(dst, k.output, bytes);
+                    if (norm) std::memcpy(dst + bytes, k.residual, bytes);
+                }
+                if (k.status[1] != 0) break;  // a failed wait: the communicator is poisoned
+            }
+            std::_Exit(0);
+        }
+    int failed = 0;
+    for (pid_t pid : children) {
+        int st = 0;
+        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
+    }
+    for (u32 r = 0; r < plan.world; ++r)
+        if (ranks[r].status[1] != 0) {
+            const u64* s = ranks[r].status;
+            std::fprintf(stderr, "rank %u failed a wait: peer %llu, what %#llx\n", r, s[2], s[3]);
+            failed = 1;
+        }
+    if (failed) return 4;
+    FILE* f = std::fopen(argv[2], "wb");
+    if (!f || std::fwrite(out, 1, results, f) != results || std::fclose(f) != 0) return 4;
+    return 0;
+}
