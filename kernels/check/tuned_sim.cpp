@@ -1,13 +1,14 @@
-// symm_tuned.cu's packet designs run on the host, whole: a process per block of every rank (its blockIdx and
-// gridDim), a thread per thread of the block, the buffers in memory all processes share, and between calls a
-// kernel boundary per rank (its blocks' processes meet, then block 0 loads the next call's inputs as the caller
-// would). So `cargo xtask kernel-check` runs the packets' exchange, their epoch areas and the norm's row counts
-// call after call, with no GPU.
+// symm_tuned.cu's designs run on the host, whole: a process per block of every rank (its blockIdx and gridDim), a
+// thread per thread of the block, the buffers in memory all processes share, and between calls a kernel boundary
+// per rank (its blocks' processes meet, then block 0 loads the next call's inputs as the caller would). So `cargo
+// xtask kernel-check` runs the packets, the zero-copy reads, the pushes, the staging halves, the barriers and the
+// norm's row counts call after call, with no GPU.
 //
-// tuned_sim IN OUT: IN holds u32 kernel (0 symm_ll, 1 symm_ll_norm, 2 symm_zc_2shot_ll, 3 symm_zc_2shot_ll_norm),
-// dtype, world, grid, block, calls, hidden (0 without the norm), u64 count, ll_packets, timeout_ns, f32 eps; then
-// per call every rank's input, and with the norm the call's residual (every rank's) and weight. OUT gets per call
-// and rank the output, then with the norm the residual (r).
+// tuned_sim IN OUT: IN holds u32 kernel (an index into KERNELS), dtype, world, grid, block, calls, hidden (0 without
+// the norm), copy_in (1: each call's input lies in a caller's buffer that the kernel copies or pushes in,
+// `copy_from`; 0: in the registered input), u64 count, ll_packets, timeout_ns, f32 eps; then per call every rank's
+// input, and with the norm the call's residual (every rank's) and weight. OUT gets per call and rank the output,
+// then with the norm the residual (r).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +24,7 @@
 namespace {
 
 struct Plan {
-    u32 kernel, dtype, world, grid, block, calls, hidden;
+    u32 kernel, dtype, world, grid, block, calls, hidden, copy_in;
     u64 count, ll_packets, timeout_ns;
     float eps;
 };
@@ -41,19 +42,22 @@ struct Arena {
 };
 
 struct Rank {
-    char *input, *output, *residual, *weight;
+    char *input, *caller, *output, *residual, *weight, *staging;
     u64 *packets, *flags, *counters, *status;
     pthread_barrier_t* boundary;  // the rank's blocks at a kernel boundary
 };
 
-template <int DT> void launch(u32 kernel, const TunedParams& p) {
-    switch (kernel) {
-        case 0: symm_ll<DT>(p); break;
-        case 1: symm_ll_norm<DT>(p); break;
-        case 2: symm_zc_2shot_ll<DT>(p); break;
-        default: symm_zc_2shot_ll_norm<DT>(p); break;
-    }
-}
+// The designs by index (xtask's host_sim/tuned.rs names them in this order), each one function per dtype.
+template <int DT> using Body = void (*)(TunedParams);
+template <int DT> constexpr Body<DT> KERNELS[] = {
+    symm_ll<DT>,          symm_ll_norm<DT>,          symm_zc_2shot_ll<DT>,      symm_zc_2shot_ll_norm<DT>,
+    symm_zc_1shot<DT>,    symm_zc_1shot_norm<DT>,    symm_zc_2shot<DT>,         symm_zc_2shot_norm<DT>,
+    symm_zc_2shot_push<DT>, symm_zc_2shot_push_norm<DT>, symm_epoch_1shot<DT>, symm_epoch_1shot_norm<DT>,
+    symm_zc_2shot_table<DT>,
+};
+constexpr u32 KERNEL_COUNT = sizeof(KERNELS<0>) / sizeof(KERNELS<0>[0]);
+
+template <int DT> void launch(u32 kernel, const TunedParams& p) { KERNELS<DT>[kernel](p); }
 
 void run_block(const Plan& plan, const TunedParams& p) {
     std::barrier<> block(plan.block);
@@ -78,13 +82,14 @@ int main(int argc, char** argv) {
     }
     FILE* in = std::fopen(argv[1], "rb");
     Plan plan;
-    u32 head[7];
+    u32 head[8];
     u64 wide[3];
-    if (!in || std::fread(head, 4, 7, in) != 7 || std::fread(wide, 8, 3, in) != 3 || std::fread(&plan.eps, 4, 1, in) != 1)
+    if (!in || std::fread(head, 4, 8, in) != 8 || std::fread(wide, 8, 3, in) != 3 || std::fread(&plan.eps, 4, 1, in) != 1)
         return 2;
-    plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], wide[0], wide[1], wide[2], plan.eps};
+    plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], wide[0], wide[1], wide[2],
+                plan.eps};
     if (plan.world < 2 || plan.world > ARX_MAX_RANKS || plan.grid == 0 || plan.grid > ARX_MAX_BLOCKS || plan.block == 0 ||
-        plan.dtype > 2 || plan.kernel > 3)
+        plan.dtype > 2 || plan.kernel >= KERNEL_COUNT)
         return 2;
     const u64 size = plan.dtype == 2 ? 4 : 2, bytes = plan.count * size, norm = plan.hidden != 0;
     const u64 rows = norm ? plan.count / plan.hidden : 0, weight_bytes = plan.hidden * size;
@@ -96,7 +101,11 @@ int main(int argc, char** argv) {
     const u64 packet_bytes = 2ull * ARX_MAX_RANKS * plan.ll_packets * 8;
     const u64 flag_bytes = (u64)ARX_MAX_BLOCKS * ARX_PHASES * ARX_MAX_RANKS * 8;
     const u64 counter_bytes = ARX_MAX_BLOCKS * 8 + rows * 4;
-    const u64 each = 4 * (bytes + 256) + packet_bytes + flag_bytes + counter_bytes + sizeof(pthread_barrier_t) + 4 * 256;
+    // Staging halves: room for a slot of every rank's whole input, more than any design needs.
+    const u64 half_bytes = (plan.world * bytes + 255) / 256 * 256;
+    const u64 table_bytes = 2 * ARX_MAX_RANKS * 8;
+    const u64 each = 5 * (bytes + 256) + 2 * half_bytes + packet_bytes + flag_bytes + counter_bytes +
+                     sizeof(pthread_barrier_t) + table_bytes + 6 * 256;
     Arena arena{nullptr, 0, plan.world * each + results + inputs.size() + 4096};
     void* mem = mmap(nullptr, arena.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) return 3;
@@ -111,15 +120,20 @@ int main(int argc, char** argv) {
     TunedParams base{};
     for (u32 r = 0; r < plan.world; ++r) {
         Rank& k = ranks[r];
-        k.input = arena.take(bytes), k.output = arena.take(bytes), k.residual = arena.take(bytes);
-        k.weight = arena.take(weight_bytes + 16);
+        k.input = arena.take(bytes), k.caller = arena.take(bytes), k.output = arena.take(bytes);
+        k.residual = arena.take(bytes);
+        k.weight = arena.take(weight_bytes + 16), k.staging = arena.take(2 * half_bytes);
         k.packets = (u64*)arena.take(packet_bytes), k.flags = (u64*)arena.take(flag_bytes);
         k.counters = (u64*)arena.take(counter_bytes), k.status = (u64*)arena.take(32);
         k.boundary = (pthread_barrier_t*)arena.take(sizeof(pthread_barrier_t));
         pthread_barrier_init(k.boundary, &attr, plan.grid);
         base.inputs[r] = (u64)k.input, base.outputs[r] = (u64)k.output;
-        base.packets[r] = (u64)k.packets, base.flags[r] = (u64)k.flags;
+        base.packets[r] = (u64)k.packets, base.flags[r] = (u64)k.flags, base.staging[r] = (u64)k.staging;
     }
+    // The *_table kernels read every rank's views from a table: inputs, then outputs.
+    u64* table = (u64*)arena.take(table_bytes);
+    for (u32 r = 0; r < ARX_MAX_RANKS; ++r) table[r] = base.inputs[r], table[ARX_MAX_RANKS + r] = base.outputs[r];
+    base.peer_table = (u64)table, base.half_bytes = half_bytes;
     base.count = plan.count, base.ll_packets = plan.ll_packets, base.timeout_ns = plan.timeout_ns;
     base.world = plan.world, base.dtype = plan.dtype, base.tag = 1, base.hidden = plan.hidden, base.eps = plan.eps;
     std::vector<pid_t> children;
@@ -137,11 +151,12 @@ int main(int argc, char** argv) {
             TunedParams p = base;
             p.rank = r, p.counters = (u64)k.counters, p.status = (u64)k.status;
             p.residual = (u64)k.residual, p.weight = (u64)k.weight;
+            p.copy_from = plan.copy_in ? (u64)k.caller : 0;
             for (u32 c = 0; c < plan.calls; ++c) {
                 const char* call = shared_inputs + c * per_call;
                 pthread_barrier_wait(k.boundary);
                 if (b == 0) {  // the caller between launches: this call's input, residual and weight
-                    std::memcpy(k.input, call + r * bytes, bytes);
+                    std::memcpy(plan.copy_in ? k.caller : k.input, call + r * bytes, bytes);
                     if (norm) {
                         std::memcpy(k.residual, call + plan.world * bytes, bytes);
                         std::memcpy(k.weight, call + plan.world * bytes + bytes, weight_bytes);
