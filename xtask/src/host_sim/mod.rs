@@ -3,9 +3,9 @@
 //! results held to the host twins', so that a change to the kernels' arithmetic order or to their barrier is caught
 //! with no GPU. What it cannot show is a GPU's memory model or its compilers' code.
 
+mod designs;
 mod norm;
 mod sync;
-mod tuned;
 
 use crate::run;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use std::process::Command;
 pub fn check(clangxx: &Path, kernels: &Path, out: &Path) -> Result<(), String> {
     norm::check(&compile(clangxx, kernels, out, "norm_sim")?, out)?;
     sync::check(&compile(clangxx, kernels, out, "sync_sim")?, out)?;
-    tuned::check(&compile(clangxx, kernels, out, "tuned_sim")?, out)
+    designs::check(&compile(clangxx, kernels, out, "kernel_sim")?, out)
 }
 
 /// A seed that differs from run to run (printed with any failure, to rerun it).

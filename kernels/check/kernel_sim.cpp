@@ -1,10 +1,11 @@
-// symm_tuned.cu's designs run on the host, whole: a process per block of every rank (its blockIdx and gridDim), a
-// thread per thread of the block, the buffers in memory all processes share, and between calls a kernel boundary
-// per rank (its blocks' processes meet, then block 0 loads the next call's inputs as the caller would). So `cargo
-// xtask kernel-check` runs the packets, the zero-copy reads, the pushes, the staging halves, the barriers and the
-// norm's row counts call after call, with no GPU.
+// The allreduce kernels (symm_tuned.cu's designs and car.cu's) run on the host, whole: a process per block of every
+// rank (its blockIdx and gridDim), a thread per thread of the block, the buffers in memory all processes share, and
+// between calls a kernel boundary per rank (its blocks' processes meet, then block 0 loads the next call's inputs as
+// the caller would). So `cargo xtask kernel-check` runs the packets, the zero-copy reads, the pushes, the staging
+// halves, car's buffers, the barriers and the norm's row counts call after call, with no GPU.
 //
-// tuned_sim IN OUT: IN holds u32 kernel (an index into KERNELS), dtype, world, grid, block, calls, hidden (0 without
+// kernel_sim IN OUT: IN holds u32 family (0 symm_tuned's, 1 car's), kernel (an index into the family's table),
+// dtype, world, grid, block, calls, hidden (0 without
 // the norm), copy_in (1: each call's input lies in a caller's buffer that the kernel copies or pushes in,
 // `copy_from`; 0: in the registered input), u64 count, ll_packets, timeout_ns, f32 eps; then per call every rank's
 // input, and with the norm the call's residual (every rank's) and weight. OUT gets per call and rank the output,
@@ -19,12 +20,13 @@
 #include <unistd.h>
 #include <vector>
 
+#include "../car.cu"
 #include "../symm_tuned.cu"
 
 namespace {
 
 struct Plan {
-    u32 kernel, dtype, world, grid, block, calls, hidden, copy_in;
+    u32 family, kernel, dtype, world, grid, block, calls, hidden, copy_in;
     u64 count, ll_packets, timeout_ns;
     float eps;
 };
@@ -47,28 +49,43 @@ struct Rank {
     pthread_barrier_t* boundary;  // the rank's blocks at a kernel boundary
 };
 
-// The designs by index (xtask's host_sim/tuned.rs names them in this order), each one function per dtype.
-template <int DT> using Body = void (*)(TunedParams);
-template <int DT> constexpr Body<DT> KERNELS[] = {
+// The kernels by family and index (xtask's host_sim/designs.rs names them in this order), one function per dtype.
+template <int DT> using TunedBody = void (*)(TunedParams);
+template <int DT> constexpr TunedBody<DT> TUNED[] = {
     symm_ll<DT>,          symm_ll_norm<DT>,          symm_zc_2shot_ll<DT>,      symm_zc_2shot_ll_norm<DT>,
     symm_zc_1shot<DT>,    symm_zc_1shot_norm<DT>,    symm_zc_2shot<DT>,         symm_zc_2shot_norm<DT>,
     symm_zc_2shot_push<DT>, symm_zc_2shot_push_norm<DT>, symm_epoch_1shot<DT>, symm_epoch_1shot_norm<DT>,
     symm_zc_2shot_table<DT>,
 };
-constexpr u32 KERNEL_COUNT = sizeof(KERNELS<0>) / sizeof(KERNELS<0>[0]);
+template <int DT> using CarBody = void (*)(CarParams);
+template <int DT> constexpr CarBody<DT> CAR[] = {
+    car_1shot_k<DT, 0>,         car_2shot_k<DT, 0>,         car_1shot_norm<DT>,           car_2shot_norm<DT>,
+    car_add_rms_norm<DT>,       car_1shot_k<DT, CAR_TABLE>, car_1shot_k<DT, CAR_PUSH>,    car_1shot_k<DT, CAR_ONEBLOCK>,
+    car_1shot_k<DT, CAR_CAS>,   car_2shot_k<DT, CAR_EXIT>,
+};
+constexpr u32 COUNTS[2] = {sizeof(TUNED<0>) / sizeof(TUNED<0>[0]), sizeof(CAR<0>) / sizeof(CAR<0>[0])};
 
-template <int DT> void launch(u32 kernel, const TunedParams& p) { KERNELS<DT>[kernel](p); }
+// One block's call: the family's parameters, built for this rank.
+struct Launch {
+    TunedParams tuned;
+    CarParams car;
+};
 
-void run_block(const Plan& plan, const TunedParams& p) {
+template <int DT> void launch(const Plan& plan, const Launch& l) {
+    if (plan.family == 0) TUNED<DT>[plan.kernel](l.tuned);
+    else CAR<DT>[plan.kernel](l.car);
+}
+
+void run_block(const Plan& plan, const Launch& p) {
     std::barrier<> block(plan.block);
     arx_sim_block = &block;
     std::vector<std::thread> threads;
     for (u32 t = 0; t < plan.block; ++t)
         threads.emplace_back([&, t] {
             threadIdx.x = t;
-            if (plan.dtype == 0) launch<0>(plan.kernel, p);
-            else if (plan.dtype == 1) launch<1>(plan.kernel, p);
-            else launch<2>(plan.kernel, p);
+            if (plan.dtype == 0) launch<0>(plan, p);
+            else if (plan.dtype == 1) launch<1>(plan, p);
+            else launch<2>(plan, p);
         });
     for (auto& t : threads) t.join();
 }
@@ -77,19 +94,19 @@ void run_block(const Plan& plan, const TunedParams& p) {
 
 int main(int argc, char** argv) {
     if (argc != 3) {
-        std::fprintf(stderr, "usage: tuned_sim IN OUT\n");
+        std::fprintf(stderr, "usage: kernel_sim IN OUT\n");
         return 2;
     }
     FILE* in = std::fopen(argv[1], "rb");
     Plan plan;
-    u32 head[8];
+    u32 head[9];
     u64 wide[3];
-    if (!in || std::fread(head, 4, 8, in) != 8 || std::fread(wide, 8, 3, in) != 3 || std::fread(&plan.eps, 4, 1, in) != 1)
+    if (!in || std::fread(head, 4, 9, in) != 9 || std::fread(wide, 8, 3, in) != 3 || std::fread(&plan.eps, 4, 1, in) != 1)
         return 2;
-    plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], wide[0], wide[1], wide[2],
+    plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8], wide[0], wide[1], wide[2],
                 plan.eps};
     if (plan.world < 2 || plan.world > ARX_MAX_RANKS || plan.grid == 0 || plan.grid > ARX_MAX_BLOCKS || plan.block == 0 ||
-        plan.dtype > 2 || plan.kernel >= KERNEL_COUNT)
+        plan.dtype > 2 || plan.family > 1 || plan.kernel >= COUNTS[plan.family])
         return 2;
     const u64 size = plan.dtype == 2 ? 4 : 2, bytes = plan.count * size, norm = plan.hidden != 0;
     const u64 rows = norm ? plan.count / plan.hidden : 0, weight_bytes = plan.hidden * size;
@@ -100,12 +117,14 @@ int main(int argc, char** argv) {
     const u64 results = plan.calls * plan.world * bytes * (norm ? 2 : 1);
     const u64 packet_bytes = 2ull * ARX_MAX_RANKS * plan.ll_packets * 8;
     const u64 flag_bytes = (u64)ARX_MAX_BLOCKS * ARX_PHASES * ARX_MAX_RANKS * 8;
-    const u64 counter_bytes = ARX_MAX_BLOCKS * 8 + rows * 4;
+    // The epoch counters, then car's one-block words (arrivals, release) or symm_ll_norm's row counts.
+    const u64 counter_bytes = 3 * ARX_MAX_BLOCKS * 8 + rows * 4;
     // Staging halves: room for a slot of every rank's whole input, more than any design needs.
-    const u64 half_bytes = (plan.world * bytes + 255) / 256 * 256;
-    const u64 table_bytes = 2 * ARX_MAX_RANKS * 8;
+    const u64 half_bytes = plan.world * ((bytes + 255) / 256 * 256);
+    // The *_table kernels' peer tables: symm's (inputs, outputs), car's (both parities' views, then the flags).
+    const u64 table_bytes = 3 * ARX_MAX_RANKS * 8;
     const u64 each = 5 * (bytes + 256) + 2 * half_bytes + packet_bytes + flag_bytes + counter_bytes +
-                     sizeof(pthread_barrier_t) + table_bytes + 6 * 256;
+                     sizeof(pthread_barrier_t) + 2 * table_bytes + 7 * 256;
     Arena arena{nullptr, 0, plan.world * each + results + inputs.size() + 4096};
     void* mem = mmap(nullptr, arena.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) return 3;
@@ -134,6 +153,18 @@ int main(int argc, char** argv) {
     u64* table = (u64*)arena.take(table_bytes);
     for (u32 r = 0; r < ARX_MAX_RANKS; ++r) table[r] = base.inputs[r], table[ARX_MAX_RANKS + r] = base.outputs[r];
     base.peer_table = (u64)table, base.half_bytes = half_bytes;
+    // car: its buffers are the staging halves, its fixed input buffers (the two-shot's) the registered inputs, its
+    // pushed one-shot's slots a whole input apart; the peer-table variant reads both parities' views, then the flags.
+    CarParams car{};
+    u64* car_table = (u64*)arena.take(table_bytes);
+    for (u32 r = 0; r < plan.world; ++r) {
+        car.bufs[r] = base.staging[r], car.flags[r] = base.flags[r], car.inputs[r] = base.inputs[r];
+        car_table[r] = base.staging[r], car_table[ARX_MAX_RANKS + r] = base.staging[r] + half_bytes;
+        car_table[2 * ARX_MAX_RANKS + r] = base.flags[r];
+    }
+    car.count = plan.count, car.half_bytes = half_bytes, car.timeout_ns = plan.timeout_ns, car.table = (u64)car_table;
+    car.slot_bytes = (bytes + 255) / 256 * 256, car.world = plan.world, car.dtype = plan.dtype, car.tag = 1;
+    car.hidden = plan.hidden, car.eps = plan.eps;
     base.count = plan.count, base.ll_packets = plan.ll_packets, base.timeout_ns = plan.timeout_ns;
     base.world = plan.world, base.dtype = plan.dtype, base.tag = 1, base.hidden = plan.hidden, base.eps = plan.eps;
     std::vector<pid_t> children;
@@ -148,15 +179,20 @@ int main(int argc, char** argv) {
             alarm(120);
             blockIdx.x = b, gridDim.x = plan.grid, blockDim.x = plan.block;
             const Rank& k = ranks[r];
-            TunedParams p = base;
-            p.rank = r, p.counters = (u64)k.counters, p.status = (u64)k.status;
-            p.residual = (u64)k.residual, p.weight = (u64)k.weight;
-            p.copy_from = plan.copy_in ? (u64)k.caller : 0;
+            Launch p{base, car};
+            p.tuned.rank = r, p.tuned.counters = (u64)k.counters, p.tuned.status = (u64)k.status;
+            p.tuned.residual = (u64)k.residual, p.tuned.weight = (u64)k.weight;
+            p.tuned.copy_from = plan.copy_in ? (u64)k.caller : 0;
+            p.car.rank = r, p.car.counters = (u64)k.counters, p.car.status = (u64)k.status;
+            p.car.residual = (u64)k.residual, p.car.weight = (u64)k.weight;
+            p.car.input = (u64)k.caller, p.car.output = (u64)k.output;
             for (u32 c = 0; c < plan.calls; ++c) {
                 const char* call = shared_inputs + c * per_call;
                 pthread_barrier_wait(k.boundary);
                 if (b == 0) {  // the caller between launches: this call's input, residual and weight
-                    std::memcpy(plan.copy_in ? k.caller : k.input, call + r * bytes, bytes);
+                    // car reads the caller's buffer, its two-shot the fixed input buffer the host fills.
+                    if (plan.family == 1 || plan.copy_in) std::memcpy(k.caller, call + r * bytes, bytes);
+                    if (plan.family == 1 || !plan.copy_in) std::memcpy(k.input, call + r * bytes, bytes);
                     if (norm) {
                         std::memcpy(k.residual, call + plan.world * bytes, bytes);
                         std::memcpy(k.weight, call + plan.world * bytes + bytes, weight_bytes);

@@ -1,0 +1,159 @@
+//! The allreduce kernels on the host, whole (kernels/check/kernel_sim.cpp: a process per block of every rank, a
+//! kernel boundary per rank between calls): symm_tuned.cu's designs and car.cu's. The plain kernels give every rank
+//! the rank-ordered f32 sum's bits, the norm kernels the host twin's, call after call on fresh inputs (so a read of
+//! the previous call's data shows).
+
+use crate::run;
+use collective_core::{DType, HostElem};
+use measure::check::{input_values, NormCase};
+use std::path::Path;
+use std::process::Command;
+
+/// How a design's input reaches it: from the registered input, or copied (or pushed) in by the kernel from a
+/// caller's buffer (`copy_from`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Input {
+    Registered,
+    CopiedIn,
+}
+use Input::{CopiedIn, Registered};
+
+/// What a kernel computes from every rank's input.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Computes {
+    /// The allreduce.
+    Sum,
+    /// The allreduce, the residual add and RMSNorm.
+    SumNorm,
+    /// The residual add and RMSNorm of an allreduce's result (the unfused sequence's norm kernel): its input on
+    /// every rank is the sum.
+    NormOfSum,
+}
+use Computes::{NormOfSum, Sum, SumNorm};
+
+/// The kernels by family (0: symm_tuned.cu's, 1: car.cu's) in kernel_sim.cpp's order (`TUNED`, `CAR`), what each
+/// computes, and the ways its input may come (the zero-copy designs fuse the copy-in; the pushed two-shots always push
+/// from the caller's buffer; car copies from the caller's buffer, its two-shot reads the fixed input the host fills).
+const KERNELS: [(u32, &str, Computes, &[Input]); 23] = [
+    (0, "symm_ll", Sum, &[Registered]),
+    (0, "symm_ll_norm", SumNorm, &[Registered]),
+    (0, "symm_zc_2shot_ll", Sum, &[Registered]),
+    (0, "symm_zc_2shot_ll_norm", SumNorm, &[Registered]),
+    (0, "symm_zc_1shot", Sum, &[Registered, CopiedIn]),
+    (0, "symm_zc_1shot_norm", SumNorm, &[Registered, CopiedIn]),
+    (0, "symm_zc_2shot", Sum, &[Registered, CopiedIn]),
+    (0, "symm_zc_2shot_norm", SumNorm, &[Registered, CopiedIn]),
+    (0, "symm_zc_2shot_push", Sum, &[CopiedIn]),
+    (0, "symm_zc_2shot_push_norm", SumNorm, &[CopiedIn]),
+    (0, "symm_epoch_1shot", Sum, &[Registered]),
+    (0, "symm_epoch_1shot_norm", SumNorm, &[Registered]),
+    (0, "symm_zc_2shot_table", Sum, &[Registered]),
+    (1, "car_1shot", Sum, &[CopiedIn]),
+    (1, "car_2shot", Sum, &[CopiedIn]),
+    (1, "car_1shot_norm", SumNorm, &[CopiedIn]),
+    (1, "car_2shot_norm", SumNorm, &[CopiedIn]),
+    (1, "car_add_rms_norm", NormOfSum, &[CopiedIn]),
+    (1, "car_1shot_ptrtable", Sum, &[CopiedIn]),
+    (1, "car_1shot_push", Sum, &[CopiedIn]),
+    (1, "car_1shot_oneblock", Sum, &[CopiedIn]),
+    (1, "car_1shot_cas", Sum, &[CopiedIn]),
+    (1, "car_2shot_3bar", Sum, &[CopiedIn]),
+];
+
+/// Every design in turn at (dtype, world, rows, hidden): rows x hidden elements (a plain call's hidden is any row
+/// length), two blocks per rank.
+const SHAPES: [(DType, usize, usize, usize); 3] =
+    [(DType::Bf16, 3, 7, 256), (DType::F32, 4, 5, 300), (DType::F16, 2, 3, 1000)];
+const CALLS: usize = 3;
+const GRID: u32 = 2;
+
+/// The sum of `inputs` (`count` elements of `dtype` each) in rank order with f32 accumulation, as every kernel adds.
+fn rank_ordered_sum(dtype: DType, inputs: &[Vec<u8>], count: usize) -> Vec<u8> {
+    let mut sum = vec![0u8; count * dtype.size()];
+    let srcs: Vec<*const u8> = inputs.iter().map(|x| x.as_ptr()).collect();
+    // SAFETY: every input holds `count` elements of `dtype`, and so does `sum`.
+    unsafe { HostElem::reduce(dtype, &srcs, 0, count, sum.as_mut_ptr()) };
+    sum
+}
+
+/// Runs the simulation `sim` on every case, its files in `out`.
+pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
+    let seed = super::fresh_seed()?;
+    // Each kernel's index within its family.
+    let ids = KERNELS.iter().scan([0u32; 2], |next, k| {
+        next[k.0 as usize] += 1;
+        Some(next[k.0 as usize] - 1)
+    });
+    let cases = KERNELS.iter().zip(ids).flat_map(|(&(family, name, computes, inputs), id)| {
+        inputs.iter().flat_map(move |&input| SHAPES.iter().map(move |&s| (family, id, name, computes, input, s)))
+    });
+    let mut runs = 0;
+    for (k, (family, id, name, computes, input, (dtype, world, rows, hidden))) in cases.enumerate() {
+        runs += 1;
+        let norm = computes != Sum;
+        // The plain designs at a count that is no whole number of vectors, where it differs from the norm's.
+        let count = if norm { rows * hidden } else { rows * hidden + 1 };
+        let what = format!("{name} {dtype} {rows} x {hidden}, {world} ranks, {input:?} input (seed {seed})");
+        // Norm blocks are the canonical order's 512 lanes; the plain designs take any block.
+        let block: u32 = if norm { 512 } else { 64 };
+        let eps = 1e-5f32;
+        let norm_hidden = if norm { hidden as u32 } else { 0 };
+        let copy_in = u32::from(input == CopiedIn);
+        let head = [family, id, dtype.code(), world as u32, GRID, block, CALLS as u32, norm_hidden, copy_in];
+        let mut plan: Vec<u8> = head.into_iter().flat_map(u32::to_le_bytes).collect();
+        // Packets per source: every row's, more than any design needs.
+        let ll_packets = (count * dtype.size()).div_ceil(4) + rows;
+        plan.extend([count as u64, ll_packets as u64, 10_000_000_000].into_iter().flat_map(u64::to_le_bytes));
+        plan.extend(eps.to_le_bytes());
+        let mut want = Vec::new();
+        for c in 0..CALLS {
+            let seed = seed.wrapping_add((k * CALLS + c) as u64);
+            let inputs: Vec<Vec<u8>> = (0..world).map(|r| dtype.encode(&input_values(seed, r, count, dtype))).collect();
+            if computes == NormOfSum {
+                // The norm kernel's input: the allreduce's result, on every rank.
+                let sum = rank_ordered_sum(dtype, &inputs, count);
+                (0..world).for_each(|_| plan.extend(&sum));
+            } else {
+                inputs.iter().for_each(|x| plan.extend(x));
+            }
+            if norm {
+                let case = NormCase::new(seed, world, count, hidden, dtype, eps);
+                plan.extend(dtype.encode(&case.residual));
+                plan.extend(dtype.encode(&case.weight));
+                want.push((case.twin_y, Some(case.twin_r)));
+            } else {
+                want.push((rank_ordered_sum(dtype, &inputs, count), None));
+            }
+        }
+        let (input, output) = (out.join("kernel_sim.in"), out.join("kernel_sim.out"));
+        std::fs::write(&input, &plan).map_err(|e| format!("{}: {e}", input.display()))?;
+        run(Command::new(sim).arg(&input).arg(&output)).map_err(|e| format!("the designs on the host, {what}: {e}"))?;
+        let got = std::fs::read(&output).map_err(|e| format!("{}: {e}", output.display()))?;
+        let bytes = count * dtype.size();
+        let per = if norm { 2 * bytes } else { bytes };
+        if got.len() != CALLS * world * per {
+            return Err(format!("kernel_sim on {what}: {} bytes out, {} expected", got.len(), CALLS * world * per));
+        }
+        for (c, (y, r)) in want.iter().enumerate() {
+            for rank in 0..world {
+                let at = (c * world + rank) * per;
+                let (got_y, got_r) = (&got[at..at + bytes], &got[at + bytes..at + per]);
+                let differs = |part: &str, got: &[u8], want: &[u8]| {
+                    let n = dtype.size();
+                    got.chunks(n)
+                        .zip(want.chunks(n))
+                        .position(|(g, w)| g != w)
+                        .map(|i| format!("{what}, call {c}, rank {rank}: {part}[{i}] is not the host twin's"))
+                };
+                if let Some(e) = differs("y", got_y, y).or_else(|| r.as_ref().and_then(|r| differs("r", got_r, r))) {
+                    return Err(format!("the designs on the host: {e}"));
+                }
+            }
+        }
+    }
+    println!(
+        "kernels: every symm_tuned design's kernel and car's, plain and with the norm, on registered and copied-in \
+         inputs, give the host twins' bits on every rank, {CALLS} calls on fresh inputs ({runs} runs)"
+    );
+    Ok(())
+}
