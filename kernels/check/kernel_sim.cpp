@@ -16,7 +16,6 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -77,17 +76,11 @@ template <int DT> void launch(const Plan& plan, const Launch& l) {
 }
 
 void run_block(const Plan& plan, const Launch& p) {
-    std::barrier<> block(plan.block);
-    arx_sim_block = &block;
-    std::vector<std::thread> threads;
-    for (u32 t = 0; t < plan.block; ++t)
-        threads.emplace_back([&, t] {
-            threadIdx.x = t;
-            if (plan.dtype == 0) launch<0>(plan, p);
-            else if (plan.dtype == 1) launch<1>(plan, p);
-            else launch<2>(plan, p);
-        });
-    for (auto& t : threads) t.join();
+    arx_sim_run_block(plan.block, [&](u32) {
+        if (plan.dtype == 0) launch<0>(plan, p);
+        else if (plan.dtype == 1) launch<1>(plan, p);
+        else launch<2>(plan, p);
+    });
 }
 
 }  // namespace
@@ -177,7 +170,7 @@ int main(int argc, char** argv) {
                 continue;
             }
             alarm(120);
-            blockIdx.x = b, gridDim.x = plan.grid, blockDim.x = plan.block;
+            blockIdx.x = b, gridDim.x = plan.grid;
             const Rank& k = ranks[r];
             Launch p{base, car};
             p.tuned.rank = r, p.tuned.counters = (u64)k.counters, p.tuned.status = (u64)k.status;

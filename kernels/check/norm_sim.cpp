@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "arx/norm.h"
@@ -39,22 +38,15 @@ template <int DT> void run(u32 world, u32 rows, u32 hidden, float eps, FILE* in,
     Buffer r1(bytes), y1(bytes), r2(bytes), y2(bytes);
     std::memcpy(r1.p, residual.p, bytes);
     std::memcpy(r2.p, residual.p, bytes);
-    std::barrier<> block(ARX_NORM_LANES);
-    arx_sim_block = &block;
-    blockDim.x = ARX_NORM_LANES;
-    std::vector<std::thread> threads;
-    for (u32 t = 0; t < ARX_NORM_LANES; ++t)
-        threads.emplace_back([&, t] {
-            threadIdx.x = t;
-            for (u32 row = 0; row < rows; ++row)
-                add_rms_norm_row<DT>(srcs.data(), world, r1.p, weight.p, y1.p, (u64)row * hidden, hidden, eps);
-            for (u32 row = 0; row < rows; ++row)
-                add_residual_row<DT>(srcs.data(), world, r2.p, y2.p, (u64)row * hidden, hidden);
-            __syncthreads();
-            for (u32 row = 0; row < rows; ++row)
-                rms_norm_row<DT>(y2.p, r2.p, weight.p, y2.p, (u64)row * hidden, hidden, eps);
-        });
-    for (auto& t : threads) t.join();
+    arx_sim_run_block(ARX_NORM_LANES, [&](u32) {
+        for (u32 row = 0; row < rows; ++row)
+            add_rms_norm_row<DT>(srcs.data(), world, r1.p, weight.p, y1.p, (u64)row * hidden, hidden, eps);
+        for (u32 row = 0; row < rows; ++row)
+            add_residual_row<DT>(srcs.data(), world, r2.p, y2.p, (u64)row * hidden, hidden);
+        __syncthreads();
+        for (u32 row = 0; row < rows; ++row)
+            rms_norm_row<DT>(y2.p, r2.p, weight.p, y2.p, (u64)row * hidden, hidden, eps);
+    });
     for (const Buffer* b : {&r1, &y1, &r2, &y2})
         if (std::fwrite(b->p, 1, bytes, out) != bytes) std::exit(4);
     for (Buffer* b : inputs) delete b;

@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -37,23 +36,16 @@ void rank_main(Shared* shared, u32 rank, u32 world, u32 calls, u32 phases, u64 t
     u64 flags[ARX_MAX_RANKS];
     for (u32 r = 0; r < world; ++r) flags[r] = (u64)shared->flags[r];
     const u64 status = (u64)shared->status[rank];
-    std::barrier<> block(world);
-    arx_sim_block = &block;
-    blockDim.x = world;
     u32 done = 0;
-    std::vector<std::thread> threads;
-    for (u32 t = 0; t < world; ++t)
-        threads.emplace_back([&, t] {
-            threadIdx.x = t;
-            for (u32 c = 0; c < calls; ++c) {
-                const u32 tag = tags[(u64)rank * calls + c];
-                if (tag == LEAVES) return;
-                for (u32 ph = 0; ph < phases; ++ph)
-                    if (!flag_barrier(flags, rank, world, ph, c + 1, tag, timeout_ns, status)) return;
-                if (t == 0) done = c + 1;
-            }
-        });
-    for (auto& t : threads) t.join();
+    arx_sim_run_block(world, [&](u32 t) {
+        for (u32 c = 0; c < calls; ++c) {
+            const u32 tag = tags[(u64)rank * calls + c];
+            if (tag == LEAVES) return;
+            for (u32 ph = 0; ph < phases; ++ph)
+                if (!flag_barrier(flags, rank, world, ph, c + 1, tag, timeout_ns, status)) return;
+            if (t == 0) done = c + 1;
+        }
+    });
     shared->completed[rank] = done;
 }
 
