@@ -5,11 +5,11 @@
 // halves, car's buffers, the barriers and the norm's row counts call after call, with no GPU.
 //
 // kernel_sim IN OUT: IN holds u32 family (0 symm_tuned's, 1 car's), kernel (an index into the family's table),
-// dtype, world, grid, block, calls, hidden (0 without
-// the norm), copy_in (1: each call's input lies in a caller's buffer that the kernel copies or pushes in,
-// `copy_from`; 0: in the registered input), u64 count, ll_packets, timeout_ns, f32 eps; then per call every rank's
-// input, and with the norm the call's residual (every rank's) and weight. OUT gets per call and rank the output,
-// then with the norm the residual (r).
+// dtype, world, grid, block, calls, hidden (a row's elements, or 0), norm (1: the kernel adds the residual and
+// normalises), copy_in (1: each call's input lies in a caller's buffer that the kernel copies or pushes in,
+// `copy_from`; 0: in the registered input); u64 count, out_count (the output's elements), ll_packets, timeout_ns; f32
+// eps; then per call every rank's input, and with the norm the call's residual (every rank's) and weight. OUT gets
+// per call and rank the output, then with the norm the residual (r).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,8 +25,8 @@
 namespace {
 
 struct Plan {
-    u32 family, kernel, dtype, world, grid, block, calls, hidden, copy_in;
-    u64 count, ll_packets, timeout_ns;
+    u32 family, kernel, dtype, world, grid, block, calls, hidden, norm, copy_in;
+    u64 count, out_count, ll_packets, timeout_ns;
     float eps;
 };
 
@@ -60,7 +60,8 @@ template <int DT> using CarBody = void (*)(CarParams);
 template <int DT> constexpr CarBody<DT> CAR[] = {
     car_1shot_k<DT, 0>,         car_2shot_k<DT, 0>,         car_1shot_norm<DT>,           car_2shot_norm<DT>,
     car_add_rms_norm<DT>,       car_1shot_k<DT, CAR_TABLE>, car_1shot_k<DT, CAR_PUSH>,    car_1shot_k<DT, CAR_ONEBLOCK>,
-    car_1shot_k<DT, CAR_CAS>,   car_2shot_k<DT, CAR_EXIT>,
+    car_1shot_k<DT, CAR_CAS>,   car_2shot_k<DT, CAR_EXIT>,  car_rs<DT>,                   car_ag<DT>,
+    car_rs_cols<DT>,
 };
 constexpr u32 COUNTS[2] = {sizeof(TUNED<0>) / sizeof(TUNED<0>[0]), sizeof(CAR<0>) / sizeof(CAR<0>[0])};
 
@@ -92,22 +93,25 @@ int main(int argc, char** argv) {
     }
     FILE* in = std::fopen(argv[1], "rb");
     Plan plan;
-    u32 head[9];
-    u64 wide[3];
-    if (!in || std::fread(head, 4, 9, in) != 9 || std::fread(wide, 8, 3, in) != 3 || std::fread(&plan.eps, 4, 1, in) != 1)
+    u32 head[10];
+    u64 wide[4];
+    if (!in || std::fread(head, 4, 10, in) != 10 || std::fread(wide, 8, 4, in) != 4 ||
+        std::fread(&plan.eps, 4, 1, in) != 1)
         return 2;
-    plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8], wide[0], wide[1], wide[2],
-                plan.eps};
+    plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8], head[9],
+                wide[0], wide[1], wide[2], wide[3], plan.eps};
     if (plan.world < 2 || plan.world > ARX_MAX_RANKS || plan.grid == 0 || plan.grid > ARX_MAX_BLOCKS || plan.block == 0 ||
         plan.dtype > 2 || plan.family > 1 || plan.kernel >= COUNTS[plan.family])
         return 2;
-    const u64 size = plan.dtype == 2 ? 4 : 2, bytes = plan.count * size, norm = plan.hidden != 0;
-    const u64 rows = norm ? plan.count / plan.hidden : 0, weight_bytes = plan.hidden * size;
+    const u64 size = plan.dtype == 2 ? 4 : 2, bytes = plan.count * size, out_bytes = plan.out_count * size;
+    const bool norm = plan.norm != 0;
+    const u64 rows = plan.hidden ? plan.count / plan.hidden : 0, weight_bytes = plan.hidden * size;
     // Inputs of every call, then the results.
     const u64 per_call = plan.world * bytes + (norm ? bytes + weight_bytes : 0);
     std::vector<char> inputs(plan.calls * per_call);
     if (std::fread(inputs.data(), 1, inputs.size(), in) != inputs.size()) return 2;
-    const u64 results = plan.calls * plan.world * bytes * (norm ? 2 : 1);
+    const u64 per_result = out_bytes + (norm ? bytes : 0);
+    const u64 results = plan.calls * plan.world * per_result;
     const u64 packet_bytes = 2ull * ARX_MAX_RANKS * plan.ll_packets * 8;
     const u64 flag_bytes = (u64)ARX_MAX_BLOCKS * ARX_PHASES * ARX_MAX_RANKS * 8;
     // The epoch counters, then car's one-block words (arrivals, release) or symm_ll_norm's row counts.
@@ -116,7 +120,7 @@ int main(int argc, char** argv) {
     const u64 half_bytes = plan.world * ((bytes + 255) / 256 * 256);
     // The *_table kernels' peer tables: symm's (inputs, outputs), car's (both parities' views, then the flags).
     const u64 table_bytes = 3 * ARX_MAX_RANKS * 8;
-    const u64 each = 5 * (bytes + 256) + 2 * half_bytes + packet_bytes + flag_bytes + counter_bytes +
+    const u64 each = 4 * (bytes + 256) + out_bytes + 256 + 2 * half_bytes + packet_bytes + flag_bytes + counter_bytes +
                      sizeof(pthread_barrier_t) + 2 * table_bytes + 7 * 256;
     Arena arena{nullptr, 0, plan.world * each + results + inputs.size() + 4096};
     void* mem = mmap(nullptr, arena.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -132,7 +136,7 @@ int main(int argc, char** argv) {
     TunedParams base{};
     for (u32 r = 0; r < plan.world; ++r) {
         Rank& k = ranks[r];
-        k.input = arena.take(bytes), k.caller = arena.take(bytes), k.output = arena.take(bytes);
+        k.input = arena.take(bytes), k.caller = arena.take(bytes), k.output = arena.take(out_bytes);
         k.residual = arena.take(bytes);
         k.weight = arena.take(weight_bytes + 16), k.staging = arena.take(2 * half_bytes);
         k.packets = (u64*)arena.take(packet_bytes), k.flags = (u64*)arena.take(flag_bytes);
@@ -195,9 +199,9 @@ int main(int argc, char** argv) {
                 run_block(plan, p);
                 pthread_barrier_wait(k.boundary);
                 if (b == 0) {
-                    char* dst = out + (c * plan.world + r) * bytes * (norm ? 2 : 1);
-                    std::memcpy(dst, k.output, bytes);
-                    if (norm) std::memcpy(dst + bytes, k.residual, bytes);
+                    char* dst = out + (c * plan.world + r) * per_result;
+                    std::memcpy(dst, k.output, out_bytes);
+                    if (norm) std::memcpy(dst + out_bytes, k.residual, bytes);
                 }
                 if (k.status[1] != 0) break;  // a failed wait: the communicator is poisoned
             }

@@ -28,13 +28,54 @@ enum Computes {
     /// The residual add and RMSNorm of an allreduce's result (the unfused sequence's norm kernel): its input on
     /// every rank is the sum.
     NormOfSum,
+    /// Rank r's shard of the sum, `count / world` elements from element `r * count / world`.
+    ReduceScatter,
+    /// Rank r's columns of every row of the sum (`hidden / world` of each), densely.
+    ReduceScatterColumns,
+    /// Every rank's input, in rank order.
+    AllGather,
 }
-use Computes::{NormOfSum, Sum, SumNorm};
+use Computes::{AllGather, NormOfSum, ReduceScatter, ReduceScatterColumns, Sum, SumNorm};
+
+impl Computes {
+    fn norm(self) -> bool {
+        matches!(self, SumNorm | NormOfSum)
+    }
+
+    /// The elements and row length of a call of `rows` x `hidden` at `world` ranks: whole rows for the norm, a count
+    /// that is no whole number of vectors for the plain allreduce and the all-gather, whole shards for the
+    /// reduce-scatters.
+    fn shape(self, world: usize, rows: usize, hidden: usize) -> (usize, usize) {
+        match self {
+            SumNorm | NormOfSum => (rows * hidden, hidden),
+            Sum | AllGather => (rows * hidden + 1, hidden),
+            ReduceScatter => (rows * hidden / world * world, hidden),
+            ReduceScatterColumns => (rows * (hidden / world * world), hidden / world * world),
+        }
+    }
+
+    /// Rank `rank`'s output, from the sum of every rank's input (and the inputs themselves).
+    fn output(self, rank: usize, sum: &[u8], inputs: &[Vec<u8>], dtype: DType, hidden: usize) -> Vec<u8> {
+        let (n, world) = (dtype.size(), inputs.len());
+        match self {
+            Sum | SumNorm | NormOfSum => sum.to_vec(),
+            ReduceScatter => {
+                let shard = sum.len() / world;
+                sum[rank * shard..(rank + 1) * shard].to_vec()
+            }
+            ReduceScatterColumns => {
+                let cols = hidden / world * n;
+                sum.chunks(hidden * n).flat_map(|row| row[rank * cols..(rank + 1) * cols].to_vec()).collect()
+            }
+            AllGather => inputs.concat(),
+        }
+    }
+}
 
 /// The kernels by family (0: symm_tuned.cu's, 1: car.cu's) in kernel_sim.cpp's order (`TUNED`, `CAR`), what each
 /// computes, and the ways its input may come (the zero-copy designs fuse the copy-in; the pushed two-shots always push
 /// from the caller's buffer; car copies from the caller's buffer, its two-shot reads the fixed input the host fills).
-const KERNELS: [(u32, &str, Computes, &[Input]); 23] = [
+const KERNELS: [(u32, &str, Computes, &[Input]); 26] = [
     (0, "symm_ll", Sum, &[Registered]),
     (0, "symm_ll_norm", SumNorm, &[Registered]),
     (0, "symm_zc_2shot_ll", Sum, &[Registered]),
@@ -58,6 +99,9 @@ const KERNELS: [(u32, &str, Computes, &[Input]); 23] = [
     (1, "car_1shot_oneblock", Sum, &[CopiedIn]),
     (1, "car_1shot_cas", Sum, &[CopiedIn]),
     (1, "car_2shot_3bar", Sum, &[CopiedIn]),
+    (1, "car_rs", ReduceScatter, &[CopiedIn]),
+    (1, "car_ag", AllGather, &[CopiedIn]),
+    (1, "car_rs_cols", ReduceScatterColumns, &[CopiedIn]),
 ];
 
 /// Every design in turn at (dtype, world, rows, hidden): rows x hidden elements (a plain call's hidden is any row
@@ -90,20 +134,35 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
     let mut runs = 0;
     for (k, (family, id, name, computes, input, (dtype, world, rows, hidden))) in cases.enumerate() {
         runs += 1;
-        let norm = computes != Sum;
-        // The plain designs at a count that is no whole number of vectors, where it differs from the norm's.
-        let count = if norm { rows * hidden } else { rows * hidden + 1 };
+        let norm = computes.norm();
+        let (count, hidden) = computes.shape(world, rows, hidden);
         let what = format!("{name} {dtype} {rows} x {hidden}, {world} ranks, {input:?} input (seed {seed})");
         // Norm blocks are the canonical order's 512 lanes; the plain designs take any block.
         let block: u32 = if norm { 512 } else { 64 };
         let eps = 1e-5f32;
-        let norm_hidden = if norm { hidden as u32 } else { 0 };
         let copy_in = u32::from(input == CopiedIn);
-        let head = [family, id, dtype.code(), world as u32, GRID, block, CALLS as u32, norm_hidden, copy_in];
+        let head = [
+            family,
+            id,
+            dtype.code(),
+            world as u32,
+            GRID,
+            block,
+            CALLS as u32,
+            hidden as u32,
+            u32::from(norm),
+            copy_in,
+        ];
         let mut plan: Vec<u8> = head.into_iter().flat_map(u32::to_le_bytes).collect();
         // Packets per source: every row's, more than any design needs.
         let ll_packets = (count * dtype.size()).div_ceil(4) + rows;
-        plan.extend([count as u64, ll_packets as u64, 10_000_000_000].into_iter().flat_map(u64::to_le_bytes));
+        let out_count = match computes {
+            ReduceScatter | ReduceScatterColumns => count / world,
+            AllGather => count * world,
+            _ => count,
+        };
+        let fields = [count as u64, out_count as u64, ll_packets as u64, 10_000_000_000];
+        plan.extend(fields.into_iter().flat_map(u64::to_le_bytes));
         plan.extend(eps.to_le_bytes());
         let mut want = Vec::new();
         for c in 0..CALLS {
@@ -120,24 +179,25 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
                 let case = NormCase::new(seed, world, count, hidden, dtype, eps);
                 plan.extend(dtype.encode(&case.residual));
                 plan.extend(dtype.encode(&case.weight));
-                want.push((case.twin_y, Some(case.twin_r)));
+                want.push(vec![(case.twin_y, Some(case.twin_r)); world]);
             } else {
-                want.push((rank_ordered_sum(dtype, &inputs, count), None));
+                let sum = rank_ordered_sum(dtype, &inputs, count);
+                want.push((0..world).map(|r| (computes.output(r, &sum, &inputs, dtype, hidden), None)).collect());
             }
         }
         let (input, output) = (out.join("kernel_sim.in"), out.join("kernel_sim.out"));
         std::fs::write(&input, &plan).map_err(|e| format!("{}: {e}", input.display()))?;
         run(Command::new(sim).arg(&input).arg(&output)).map_err(|e| format!("the designs on the host, {what}: {e}"))?;
         let got = std::fs::read(&output).map_err(|e| format!("{}: {e}", output.display()))?;
-        let bytes = count * dtype.size();
-        let per = if norm { 2 * bytes } else { bytes };
+        let (bytes, out_bytes) = (count * dtype.size(), out_count * dtype.size());
+        let per = if norm { out_bytes + bytes } else { out_bytes };
         if got.len() != CALLS * world * per {
             return Err(format!("kernel_sim on {what}: {} bytes out, {} expected", got.len(), CALLS * world * per));
         }
-        for (c, (y, r)) in want.iter().enumerate() {
-            for rank in 0..world {
+        for (c, ranks) in want.iter().enumerate() {
+            for (rank, (y, r)) in ranks.iter().enumerate() {
                 let at = (c * world + rank) * per;
-                let (got_y, got_r) = (&got[at..at + bytes], &got[at + bytes..at + per]);
+                let (got_y, got_r) = (&got[at..at + out_bytes], &got[at + out_bytes..at + per]);
                 let differs = |part: &str, got: &[u8], want: &[u8]| {
                     let n = dtype.size();
                     got.chunks(n)
@@ -152,8 +212,9 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         }
     }
     println!(
-        "kernels: every symm_tuned design's kernel and car's, plain and with the norm, on registered and copied-in \
-         inputs, give the host twins' bits on every rank, {CALLS} calls on fresh inputs ({runs} runs)"
+        "kernels: every symm_tuned design's kernel and car's (allreduce, with the norm, reduce-scatter, all-gather), on \
+         registered and copied-in inputs, give the host twins' bits on every rank, {CALLS} calls on fresh inputs \
+         ({runs} runs)"
     );
     Ok(())
 }
