@@ -1,10 +1,10 @@
-// The allreduce kernels (symm_tuned.cu's designs and car.cu's) run on the host, whole: a process per block of every
+// The allreduce kernels (symm_tuned.cu's designs, car.cu's and symm.cu's) run on the host, whole: a process per block of every
 // rank (its blockIdx and gridDim), a thread per thread of the block, the buffers in memory all processes share, and
 // between calls a kernel boundary per rank (its blocks' processes meet, then block 0 loads the next call's inputs as
 // the caller would). So `cargo xtask kernel-check` runs the packets, the zero-copy reads, the pushes, the staging
 // halves, car's buffers, the barriers and the norm's row counts call after call, with no GPU.
 //
-// kernel_sim IN OUT: IN holds u32 family (0 symm_tuned's, 1 car's), kernel (an index into the family's table),
+// kernel_sim IN OUT: IN holds u32 family (0 symm_tuned's, 1 car's, 2 symm's), kernel (an index into the family's table),
 // dtype, world, grid, block, calls, hidden (a row's elements, or 0), norm (1: the kernel adds the residual and
 // normalises), copy_in (1: each call's input lies in a caller's buffer that the kernel copies or pushes in,
 // `copy_from`; 0: in the registered input); u64 count, out_count (the output's elements), ll_packets, timeout_ns; f32
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../car.cu"
+#include "../symm.cu"
 #include "../symm_tuned.cu"
 
 namespace {
@@ -63,17 +64,24 @@ template <int DT> constexpr CarBody<DT> CAR[] = {
     car_1shot_k<DT, CAR_CAS>,   car_2shot_k<DT, CAR_EXIT>,  car_rs<DT>,                   car_ag<DT>,
     car_rs_cols<DT>,
 };
-constexpr u32 COUNTS[2] = {sizeof(TUNED<0>) / sizeof(TUNED<0>[0]), sizeof(CAR<0>) / sizeof(CAR<0>[0])};
+template <int DT> using SymmBody = void (*)(SymmParams);
+template <int DT> constexpr SymmBody<DT> SYMM[] = {
+    symm_1shot<DT>, symm_2shot_k<DT, 0>, symm_2shot_k<DT, SYMM_FUSED>, symm_rs<DT>,
+};
+constexpr u32 COUNTS[3] = {sizeof(TUNED<0>) / sizeof(TUNED<0>[0]), sizeof(CAR<0>) / sizeof(CAR<0>[0]),
+                           sizeof(SYMM<0>) / sizeof(SYMM<0>[0])};
 
 // One block's call: the family's parameters, built for this rank.
 struct Launch {
     TunedParams tuned;
     CarParams car;
+    SymmParams symm;
 };
 
 template <int DT> void launch(const Plan& plan, const Launch& l) {
     if (plan.family == 0) TUNED<DT>[plan.kernel](l.tuned);
-    else CAR<DT>[plan.kernel](l.car);
+    else if (plan.family == 1) CAR<DT>[plan.kernel](l.car);
+    else SYMM<DT>[plan.kernel](l.symm);
 }
 
 void run_block(const Plan& plan, const Launch& p) {
@@ -101,7 +109,7 @@ int main(int argc, char** argv) {
     plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8], head[9],
                 wide[0], wide[1], wide[2], wide[3], plan.eps};
     if (plan.world < 2 || plan.world > ARX_MAX_RANKS || plan.grid == 0 || plan.grid > ARX_MAX_BLOCKS || plan.block == 0 ||
-        plan.dtype > 2 || plan.family > 1 || plan.kernel >= COUNTS[plan.family])
+        plan.dtype > 2 || plan.family > 2 || plan.kernel >= COUNTS[plan.family])
         return 2;
     const u64 size = plan.dtype == 2 ? 4 : 2, bytes = plan.count * size, out_bytes = plan.out_count * size;
     const bool norm = plan.norm != 0;
@@ -162,6 +170,11 @@ int main(int argc, char** argv) {
     car.count = plan.count, car.half_bytes = half_bytes, car.timeout_ns = plan.timeout_ns, car.table = (u64)car_table;
     car.slot_bytes = (bytes + 255) / 256 * 256, car.world = plan.world, car.dtype = plan.dtype, car.tag = 1;
     car.hidden = plan.hidden, car.eps = plan.eps;
+    // symm: its symmetric buffers are the registered inputs (the host's memcpy fills them where the kernel does not
+    // copy in), its signal pads the flag arrays.
+    SymmParams symm{};
+    for (u32 r = 0; r < plan.world; ++r) symm.bufs[r] = base.inputs[r], symm.pads[r] = base.flags[r];
+    symm.count = plan.count, symm.timeout_ns = plan.timeout_ns, symm.world = plan.world, symm.dtype = plan.dtype;
     base.count = plan.count, base.ll_packets = plan.ll_packets, base.timeout_ns = plan.timeout_ns;
     base.world = plan.world, base.dtype = plan.dtype, base.tag = 1, base.hidden = plan.hidden, base.eps = plan.eps;
     std::vector<pid_t> children;
@@ -176,20 +189,21 @@ int main(int argc, char** argv) {
             alarm(120);
             blockIdx.x = b, gridDim.x = plan.grid;
             const Rank& k = ranks[r];
-            Launch p{base, car};
+            Launch p{base, car, symm};
             p.tuned.rank = r, p.tuned.counters = (u64)k.counters, p.tuned.status = (u64)k.status;
             p.tuned.residual = (u64)k.residual, p.tuned.weight = (u64)k.weight;
             p.tuned.copy_from = plan.copy_in ? (u64)k.caller : 0;
             p.car.rank = r, p.car.counters = (u64)k.counters, p.car.status = (u64)k.status;
             p.car.residual = (u64)k.residual, p.car.weight = (u64)k.weight;
             p.car.input = (u64)k.caller, p.car.output = (u64)k.output;
+            p.symm.rank = r, p.symm.status = (u64)k.status, p.symm.input = (u64)k.caller, p.symm.output = (u64)k.output;
             for (u32 c = 0; c < plan.calls; ++c) {
                 const char* call = shared_inputs + c * per_call;
                 pthread_barrier_wait(k.boundary);
                 if (b == 0) {  // the caller between launches: this call's input, residual and weight
-                    // car reads the caller's buffer, its two-shot the fixed input buffer the host fills.
-                    if (plan.family == 1 || plan.copy_in) std::memcpy(k.caller, call + r * bytes, bytes);
-                    if (plan.family == 1 || !plan.copy_in) std::memcpy(k.input, call + r * bytes, bytes);
+                    // car and symm read the caller's buffer, or the buffer the host's memcpy fills before them.
+                    if (plan.family != 0 || plan.copy_in) std::memcpy(k.caller, call + r * bytes, bytes);
+                    if (plan.family != 0 || !plan.copy_in) std::memcpy(k.input, call + r * bytes, bytes);
                     if (norm) {
                         std::memcpy(k.residual, call + plan.world * bytes, bytes);
                         std::memcpy(k.weight, call + plan.world * bytes + bytes, weight_bytes);

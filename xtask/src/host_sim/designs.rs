@@ -72,10 +72,11 @@ impl Computes {
     }
 }
 
-/// The kernels by family (0: symm_tuned.cu's, 1: car.cu's) in kernel_sim.cpp's order (`TUNED`, `CAR`), what each
-/// computes, and the ways its input may come (the zero-copy designs fuse the copy-in; the pushed two-shots always push
-/// from the caller's buffer; car copies from the caller's buffer, its two-shot reads the fixed input the host fills).
-const KERNELS: [(u32, &str, Computes, &[Input]); 26] = [
+/// The kernels by family (0: symm_tuned.cu's, 1: car.cu's, 2: symm.cu's) in kernel_sim.cpp's order (`TUNED`, `CAR`,
+/// `SYMM`), what each computes, and the ways its input may come (the zero-copy designs fuse the copy-in; the pushed
+/// two-shots always push from the caller's buffer; car and symm copy from the caller's buffer, or read the buffer the
+/// host's memcpy fills).
+const KERNELS: [(u32, &str, Computes, &[Input]); 30] = [
     (0, "symm_ll", Sum, &[Registered]),
     (0, "symm_ll_norm", SumNorm, &[Registered]),
     (0, "symm_zc_2shot_ll", Sum, &[Registered]),
@@ -102,6 +103,10 @@ const KERNELS: [(u32, &str, Computes, &[Input]); 26] = [
     (1, "car_rs", ReduceScatter, &[CopiedIn]),
     (1, "car_ag", AllGather, &[CopiedIn]),
     (1, "car_rs_cols", ReduceScatterColumns, &[CopiedIn]),
+    (2, "symm_1shot", Sum, &[CopiedIn]),
+    (2, "symm_2shot", Sum, &[Registered]),
+    (2, "symm_2shot_fused", Sum, &[CopiedIn]),
+    (2, "symm_rs", ReduceScatter, &[Registered]),
 ];
 
 /// Every design in turn at (dtype, world, rows, hidden): rows x hidden elements (a plain call's hidden is any row
@@ -124,7 +129,7 @@ fn rank_ordered_sum(dtype: DType, inputs: &[Vec<u8>], count: usize) -> Vec<u8> {
 pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
     let seed = super::fresh_seed()?;
     // Each kernel's index within its family.
-    let ids = KERNELS.iter().scan([0u32; 2], |next, k| {
+    let ids = KERNELS.iter().scan([0u32; 3], |next, k| {
         next[k.0 as usize] += 1;
         Some(next[k.0 as usize] - 1)
     });
@@ -212,9 +217,9 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         }
     }
     println!(
-        "kernels: every symm_tuned design's kernel and car's (allreduce, with the norm, reduce-scatter, all-gather), on \
-         registered and copied-in inputs, give the host twins' bits on every rank, {CALLS} calls on fresh inputs \
-         ({runs} runs)"
+        "kernels: every symm_tuned design's kernel, car's and symm's (allreduce, with the norm, reduce-scatter, \
+         all-gather), on registered and copied-in inputs, give the host twins' bits on every rank, {CALLS} calls on \
+         fresh inputs ({runs} runs)"
     );
     Ok(())
 }
