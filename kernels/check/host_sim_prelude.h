@@ -3,9 +3,15 @@
 // is the only block of its process), __syncthreads is a barrier of the block's threads, and portability.h's
 // ARX_HOST_SIM branch maps its atomics to the C++ memory model's.
 #include <barrier>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <sched.h>
+#include <string>
+#include <sys/wait.h>
 #include <thread>
 #include <time.h>
+#include <unistd.h>
 #include <vector>
 
 #define ARX_HOST_SIM 1
@@ -44,3 +50,34 @@ inline unsigned long long arx_sim_now_ns() {
     return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
 }
 inline void arx_sim_relax() { sched_yield(); }
+// Runs `body(i)` in a child process for each i < count (memory mapped shared before the call is shared with them),
+// each ended by SIGALRM should it run past `limit_s` seconds (a wait that never returns), and waits for them all.
+// Names on stderr each that did not exit cleanly (`name(i)`: "rank 2 block 1", say); true when every one did.
+template <class Body, class Name> bool arx_sim_fork(unsigned count, unsigned limit_s, Body body, Name name) {
+    std::vector<pid_t> children;
+    for (unsigned i = 0; i < count; ++i) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            std::perror("fork");
+            std::exit(3);
+        }
+        if (pid == 0) {
+            alarm(limit_s);
+            body(i);
+            std::_Exit(0);
+        }
+        children.push_back(pid);
+    }
+    bool clean = true;
+    for (unsigned i = 0; i < count; ++i) {
+        int st = 0;
+        if (waitpid(children[i], &st, 0) == children[i] && WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+        clean = false;
+        if (WIFSIGNALED(st))
+            std::fprintf(stderr, "%s ended by signal %d%s\n", name(i).c_str(), WTERMSIG(st),
+                         WTERMSIG(st) == SIGALRM ? " (still running at the time limit: a wait that never returned)" : "");
+        else
+            std::fprintf(stderr, "%s did not exit cleanly (status %#x)\n", name(i).c_str(), st);
+    }
+    return clean;
+}

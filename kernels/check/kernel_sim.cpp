@@ -15,8 +15,6 @@
 #include <cstring>
 #include <pthread.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <vector>
 
 #include "../car.cu"
@@ -177,60 +175,49 @@ int main(int argc, char** argv) {
     symm.count = plan.count, symm.timeout_ns = plan.timeout_ns, symm.world = plan.world, symm.dtype = plan.dtype;
     base.count = plan.count, base.ll_packets = plan.ll_packets, base.timeout_ns = plan.timeout_ns;
     base.world = plan.world, base.dtype = plan.dtype, base.tag = 1, base.hidden = plan.hidden, base.eps = plan.eps;
-    std::vector<pid_t> children;
-    for (u32 r = 0; r < plan.world; ++r)
-        for (u32 b = 0; b < plan.grid; ++b) {
-            pid_t pid = fork();
-            if (pid < 0) return 3;
-            if (pid > 0) {
-                children.push_back(pid);
-                continue;
-            }
-            alarm(120);
-            blockIdx.x = b, gridDim.x = plan.grid;
-            const Rank& k = ranks[r];
-            Launch p{base, car, symm};
-            p.tuned.rank = r, p.tuned.counters = (u64)k.counters, p.tuned.status = (u64)k.status;
-            p.tuned.residual = (u64)k.residual, p.tuned.weight = (u64)k.weight;
-            p.tuned.copy_from = plan.copy_in ? (u64)k.caller : 0;
-            p.car.rank = r, p.car.counters = (u64)k.counters, p.car.status = (u64)k.status;
-            p.car.residual = (u64)k.residual, p.car.weight = (u64)k.weight;
-            p.car.input = (u64)k.caller, p.car.output = (u64)k.output;
-            p.symm.rank = r, p.symm.status = (u64)k.status, p.symm.input = (u64)k.caller, p.symm.output = (u64)k.output;
-            for (u32 c = 0; c < plan.calls; ++c) {
-                const char* call = shared_inputs + c * per_call;
-                pthread_barrier_wait(k.boundary);
-                if (b == 0) {  // the caller between launches: this call's input, residual and weight
-                    // car and symm read the caller's buffer, or the buffer the host's memcpy fills before them.
-                    if (plan.family != 0 || plan.copy_in) std::memcpy(k.caller, call + r * bytes, bytes);
-                    if (plan.family != 0 || !plan.copy_in) std::memcpy(k.input, call + r * bytes, bytes);
-                    if (norm) {
-                        std::memcpy(k.residual, call + plan.world * bytes, bytes);
-                        std::memcpy(k.weight, call + plan.world * bytes + bytes, weight_bytes);
-                    }
+    // Process i runs block i % grid of rank i / grid.
+    auto block = [&](u32 i) {
+        const u32 r = i / plan.grid, b = i % plan.grid;
+        blockIdx.x = b, gridDim.x = plan.grid;
+        const Rank& k = ranks[r];
+        Launch p{base, car, symm};
+        p.tuned.rank = r, p.tuned.counters = (u64)k.counters, p.tuned.status = (u64)k.status;
+        p.tuned.residual = (u64)k.residual, p.tuned.weight = (u64)k.weight;
+        p.tuned.copy_from = plan.copy_in ? (u64)k.caller : 0;
+        p.car.rank = r, p.car.counters = (u64)k.counters, p.car.status = (u64)k.status;
+        p.car.residual = (u64)k.residual, p.car.weight = (u64)k.weight;
+        p.car.input = (u64)k.caller, p.car.output = (u64)k.output;
+        p.symm.rank = r, p.symm.status = (u64)k.status, p.symm.input = (u64)k.caller, p.symm.output = (u64)k.output;
+        for (u32 c = 0; c < plan.calls; ++c) {
+            const char* call = shared_inputs + c * per_call;
+            pthread_barrier_wait(k.boundary);
+            if (b == 0) {  // the caller between launches: this call's input, residual and weight
+                // car and symm read the caller's buffer, or the buffer the host's memcpy fills before them.
+                if (plan.family != 0 || plan.copy_in) std::memcpy(k.caller, call + r * bytes, bytes);
+                if (plan.family != 0 || !plan.copy_in) std::memcpy(k.input, call + r * bytes, bytes);
+                if (norm) {
+                    std::memcpy(k.residual, call + plan.world * bytes, bytes);
+                    std::memcpy(k.weight, call + plan.world * bytes + bytes, weight_bytes);
                 }
-                pthread_barrier_wait(k.boundary);
-                run_block(plan, p);
-                pthread_barrier_wait(k.boundary);
-                if (b == 0) {
-                    char* dst = out + (c * plan.world + r) * per_result;
-                    std::memcpy(dst, k.output, out_bytes);
-                    if (norm) std::memcpy(dst + out_bytes, k.residual, bytes);
-                }
-                if (k.status[1] != 0) break;  // a failed wait: the communicator is poisoned
             }
-            std::_Exit(0);
+            pthread_barrier_wait(k.boundary);
+            run_block(plan, p);
+            pthread_barrier_wait(k.boundary);
+            if (b == 0) {
+                char* dst = out + (c * plan.world + r) * per_result;
+                std::memcpy(dst, k.output, out_bytes);
+                if (norm) std::memcpy(dst + out_bytes, k.residual, bytes);
+            }
+            if (k.status[1] != 0) break;  // a failed wait: the communicator is poisoned
         }
-    int failed = 0;
-    for (pid_t pid : children) {
-        int st = 0;
-        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
-    }
+    };
+    auto name = [&](u32 i) { return "rank " + std::to_string(i / plan.grid) + " block " + std::to_string(i % plan.grid); };
+    bool failed = !arx_sim_fork(plan.world * plan.grid, 120, block, name);
     for (u32 r = 0; r < plan.world; ++r)
         if (ranks[r].status[1] != 0) {
             const u64* s = ranks[r].status;
             std::fprintf(stderr, "rank %u failed a wait: peer %llu, what %#llx\n", r, s[2], s[3]);
-            failed = 1;
+            failed = true;
         }
     if (failed) return 4;
     FILE* f = std::fopen(argv[2], "wb");

@@ -11,8 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <vector>
 
 #include "arx/sync.h"
@@ -32,7 +30,6 @@ struct Shared {
 // One rank: its block's threads run the calls until a barrier fails or the plan says it leaves.
 void rank_main(Shared* shared, u32 rank, u32 world, u32 calls, u32 phases, u64 timeout_ns,
                const std::vector<u32>& tags) {
-    alarm(60);  // a barrier that never returns ends the process, and the check with it
     u64 flags[ARX_MAX_RANKS];
     for (u32 r = 0; r < world; ++r) flags[r] = (u64)shared->flags[r];
     const u64 status = (u64)shared->status[rank];
@@ -75,25 +72,8 @@ int main(int argc, char** argv) {
         if (std::fread(&peer, 4, 1, in) != 1 || std::fread(&word, 8, 1, in) != 1 || peer >= world) return 2;
         for (u32 ph = 0; ph < ARX_PHASES; ++ph) shared->flags[0][ph * ARX_MAX_RANKS + peer] = word;
     }
-    std::vector<pid_t> children;
-    for (u32 r = 0; r < world; ++r) {
-        pid_t pid = fork();
-        if (pid < 0) return 3;
-        if (pid == 0) {
-            rank_main(shared, r, world, calls, phases, timeout_ns, tags);
-            std::_Exit(0);
-        }
-        children.push_back(pid);
-    }
-    int failed = 0;
-    for (pid_t pid : children) {
-        int st = 0;
-        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
-    }
-    if (failed) {
-        std::fprintf(stderr, "a rank did not exit cleanly (a barrier hung past the alarm, or crashed)\n");
-        return 4;
-    }
+    auto rank = [&](u32 r) { rank_main(shared, r, world, calls, phases, timeout_ns, tags); };
+    if (!arx_sim_fork(world, 60, rank, [](u32 r) { return "rank " + std::to_string(r); })) return 4;
     for (u32 r = 0; r < world; ++r) {
         const u64* s = shared->status[r];
         std::printf("%u %u %llu %llu %llu %llu\n", r, shared->completed[r], s[0], s[1], s[2], s[3]);

@@ -89,16 +89,20 @@ impl NormCase {
     /// Where `r` and `y` (one call's results, encoded) differ from the host twin's bits, if they do.
     pub fn twin_difference(&self, dtype: DType, r: &[u8], y: &[u8]) -> Option<String> {
         [("r", r, &self.twin_r), ("y", y, &self.twin_y)].into_iter().find_map(|(part, got, want)| {
-            let n = dtype.size();
-            let i = got.chunks(n).zip(want.chunks(n)).position(|(g, w)| g != w)?;
-            let (got, want) = (dtype.decode(&got[i * n..][..n])[0], dtype.decode(&want[i * n..][..n])[0]);
+            let (i, got, want) = first_difference(dtype, got, want)?;
             Some(format!(
-                "{part}[{i}] is {:e} where the host twin's canonical order gives {:e} (the kernels' norm order differs \
-                 from collective_core::norm's)",
-                got, want
+                "{part}[{i}] is {got:e} where the host twin's canonical order gives {want:e} (the kernels' norm order \
+                 differs from collective_core::norm's)"
             ))
         })
     }
+}
+
+/// The first element at which `got` and `want` (encoded `dtype`) differ in their bits, and both values there.
+pub fn first_difference(dtype: DType, got: &[u8], want: &[u8]) -> Option<(usize, f64, f64)> {
+    let n = dtype.size();
+    let i = got.chunks(n).zip(want.chunks(n)).position(|(g, w)| g != w)?;
+    Some((i, dtype.decode(&got[i * n..][..n])[0], dtype.decode(&want[i * n..][..n])[0]))
 }
 
 /// r and y of the call [`NormCase::new`] describes, encoded, as the host twin computes them from every rank's input.

@@ -37,6 +37,12 @@ template <int DT> ARX_DEV bool row_in_registers(u32 hidden) {
     return rows_in_vectors<DT>(hidden) && hidden / Elem<DT>::VEC <= (u64)ARX_NORM_ROW_VECS * ARX_NORM_LANES;
 }
 
+// The vectors this thread holds of a row of `nv`: vector v = t + i * LANES in slot i, for the slots below nv (the
+// loop unrolled, so the slots stay in registers).
+#define ARX_NORM_FOR_HELD(i, v, nv)                          \
+    _Pragma("unroll") for (u32 i = 0; i < ARX_NORM_ROW_VECS; ++i) \
+        if (const u64 v = threadIdx.x + (u64)i * ARX_NORM_LANES; v < (nv))
+
 // One halving of the canonical order over values held in registers: v[k] += v[k + H] for k < H.
 template <u32 H> ARX_DEV void halve(float* v) {
 #pragma unroll
@@ -90,16 +96,9 @@ ARX_DEV void norm_held_row(const vec16* x, float acc, const void* weight, void* 
     typedef Elem<DT> E;
     const u64 nv = hidden / E::VEC;
     vec16 w[ARX_NORM_ROW_VECS];
-#pragma unroll
-    for (u32 i = 0; i < ARX_NORM_ROW_VECS; ++i) {
-        u64 v = threadIdx.x + (u64)i * ARX_NORM_LANES;
-        if (v < nv) w[i] = ((const vec16*)weight)[v];
-    }
+    ARX_NORM_FOR_HELD(i, v, nv) w[i] = ((const vec16*)weight)[v];
     float inv = row_inv_rms(acc, hidden, eps);
-#pragma unroll
-    for (u32 i = 0; i < ARX_NORM_ROW_VECS; ++i) {
-        u64 v = threadIdx.x + (u64)i * ARX_NORM_LANES;
-        if (v >= nv) continue;
+    ARX_NORM_FOR_HELD(i, v, nv) {
         float y[E::VEC];
 #pragma unroll
         for (int k = 0; k < E::VEC; ++k) y[k] = (E::lane(x[i], k) * inv) * E::lane(w[i], k);
@@ -111,6 +110,17 @@ ARX_DEV void norm_held_row(const vec16* x, float acc, const void* weight, void* 
 template <int DT> ARX_DEV float add_squares(vec16 x, float acc) {
 #pragma unroll
     for (int k = 0; k < Elem<DT>::VEC; ++k) acc = fma_rn(Elem<DT>::lane(x, k), Elem<DT>::lane(x, k), acc);
+    return acc;
+}
+
+// Stores the r vectors this thread holds into the row at byte `off` of `dst` (none when 0) and returns their lane
+// sum of squares, in the canonical order.
+template <int DT> ARX_DEV float keep_held_row(const vec16* x, void* dst, u64 off, u32 hidden) {
+    float acc = 0.0f;
+    ARX_NORM_FOR_HELD(i, v, hidden / Elem<DT>::VEC) {
+        if (dst) ((vec16*)((char*)dst + off))[v] = x[i];
+        acc = add_squares<DT>(x[i], acc);
+    }
     return acc;
 }
 
@@ -147,21 +157,9 @@ ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, v
     const u64 off = base * E::SIZE;
     float acc = 0.0f;
     if (row_in_registers<DT>(hidden)) {
-        const u64 nv = hidden / E::VEC;
         vec16 x[ARX_NORM_ROW_VECS];
-#pragma unroll
-        for (u32 i = 0; i < ARX_NORM_ROW_VECS; ++i) {
-            u64 v = t + (u64)i * ARX_NORM_LANES;
-            if (v < nv) x[i] = ((const vec16*)((const char*)r_src + off))[v];
-        }
-#pragma unroll
-        for (u32 i = 0; i < ARX_NORM_ROW_VECS; ++i) {
-            u64 v = t + (u64)i * ARX_NORM_LANES;
-            if (v >= nv) continue;
-            if (r_copy) ((vec16*)((char*)r_copy + off))[v] = x[i];
-            acc = add_squares<DT>(x[i], acc);
-        }
-        norm_held_row<DT>(x, acc, weight, out, off, hidden, eps);
+        ARX_NORM_FOR_HELD(i, v, hidden / E::VEC) x[i] = ((const vec16*)((const char*)r_src + off))[v];
+        norm_held_row<DT>(x, keep_held_row<DT>(x, r_copy, off, hidden), weight, out, off, hidden, eps);
         return;
     }
     const bool vectors = rows_in_vectors<DT>(hidden);
@@ -207,13 +205,10 @@ ARX_DEV void add_rms_norm_row(const u64* srcs, u32 world, void* residual, const 
         rms_norm_row<DT>(residual, 0, weight, out, base, hidden, eps);
         return;
     }
-    const u64 off = base * E::SIZE, nv = hidden / E::VEC;
+    const u64 off = base * E::SIZE;
     vec16 x[ARX_NORM_ROW_VECS];
     // No store until every r is made, so all the loads can be in flight together.
-#pragma unroll
-    for (u32 i = 0; i < ARX_NORM_ROW_VECS; ++i) {
-        u64 v = threadIdx.x + (u64)i * ARX_NORM_LANES;
-        if (v >= nv) continue;
+    ARX_NORM_FOR_HELD(i, v, hidden / E::VEC) {
         vec16 sum = sum_vec<DT, false>(srcs, world, off, v, 0);
         vec16 res = ((const vec16*)((const char*)residual + off))[v];
         float r[E::VEC];
@@ -221,15 +216,7 @@ ARX_DEV void add_rms_norm_row(const u64* srcs, u32 world, void* residual, const 
         for (int k = 0; k < E::VEC; ++k) r[k] = E::lane(sum, k) + E::lane(res, k);
         x[i] = E::pack(r);
     }
-    float acc = 0.0f;
-#pragma unroll
-    for (u32 i = 0; i < ARX_NORM_ROW_VECS; ++i) {
-        u64 v = threadIdx.x + (u64)i * ARX_NORM_LANES;
-        if (v >= nv) continue;
-        ((vec16*)((char*)residual + off))[v] = x[i];
-        acc = add_squares<DT>(x[i], acc);
-    }
-    norm_held_row<DT>(x, acc, weight, out, off, hidden, eps);
+    norm_held_row<DT>(x, keep_held_row<DT>(x, residual, off, hidden), weight, out, off, hidden, eps);
 }
 
 #endif  // ARX_NORM_H

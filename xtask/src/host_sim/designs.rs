@@ -5,7 +5,7 @@
 
 use crate::run;
 use collective_core::{DType, HostElem};
-use measure::check::{input_values, NormCase};
+use measure::check::{first_difference, input_values, NormCase};
 use std::path::Path;
 use std::process::Command;
 
@@ -51,6 +51,15 @@ impl Computes {
             Sum | AllGather => (rows * hidden + 1, hidden),
             ReduceScatter => (rows * hidden / world * world, hidden),
             ReduceScatterColumns => (rows * (hidden / world * world), hidden / world * world),
+        }
+    }
+
+    /// Elements of each rank's output for a call of `count` elements.
+    fn out_count(self, count: usize, world: usize) -> usize {
+        match self {
+            Sum | SumNorm | NormOfSum => count,
+            ReduceScatter | ReduceScatterColumns => count / world,
+            AllGather => count * world,
         }
     }
 
@@ -161,11 +170,7 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         let mut plan: Vec<u8> = head.into_iter().flat_map(u32::to_le_bytes).collect();
         // Packets per source: every row's, more than any design needs.
         let ll_packets = (count * dtype.size()).div_ceil(4) + rows;
-        let out_count = match computes {
-            ReduceScatter | ReduceScatterColumns => count / world,
-            AllGather => count * world,
-            _ => count,
-        };
+        let out_count = computes.out_count(count, world);
         let fields = [count as u64, out_count as u64, ll_packets as u64, 10_000_000_000];
         plan.extend(fields.into_iter().flat_map(u64::to_le_bytes));
         plan.extend(eps.to_le_bytes());
@@ -204,11 +209,9 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
                 let at = (c * world + rank) * per;
                 let (got_y, got_r) = (&got[at..at + out_bytes], &got[at + out_bytes..at + per]);
                 let differs = |part: &str, got: &[u8], want: &[u8]| {
-                    let n = dtype.size();
-                    got.chunks(n)
-                        .zip(want.chunks(n))
-                        .position(|(g, w)| g != w)
-                        .map(|i| format!("{what}, call {c}, rank {rank}: {part}[{i}] is not the host twin's"))
+                    first_difference(dtype, got, want).map(|(i, got, want)| {
+                        format!("{what}, call {c}, rank {rank}: {part}[{i}] is {got:e}, the host twin's {want:e}")
+                    })
                 };
                 if let Some(e) = differs("y", got_y, y).or_else(|| r.as_ref().and_then(|r| differs("r", got_r, r))) {
                     return Err(format!("the designs on the host: {e}"));
