@@ -50,6 +50,25 @@ inline unsigned long long arx_sim_now_ns() {
     return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
 }
 inline void arx_sim_relax() { sched_yield(); }
+// Schedule noise: every system-scope access may, rarely and at random, stall its thread for 20-300 ms (longer than
+// a simulated call takes), so that peers run whole calls ahead of it, as they can of a descheduled GPU block, and a
+// protocol that counts on peers keeping pace fails here too. The seed comes from ARX_SIM_STALLS (unset or
+// 0: no stalls) and differs per process and thread.
+inline void arx_sim_stall() {
+    static const unsigned long long seed = [] {
+        const char* s = std::getenv("ARX_SIM_STALLS");
+        return s ? std::strtoull(s, nullptr, 10) : 0ull;
+    }();
+    if (seed == 0) return;
+    thread_local unsigned long long x = 0;
+    if (x == 0)
+        x = (seed ^ (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (threadIdx.x + 1ull) * 0xbf58476d1ce4e5b9ull) |
+            1;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    if ((x & 2047) != 0) return;
+    timespec pause{0, (long)(20000000 + (x >> 20) % 280000000)};
+    nanosleep(&pause, nullptr);
+}
 // Runs `body(i)` in a child process for each i < count (memory mapped shared before the call is shared with them),
 // each ended by SIGALRM should it run past `limit_s` seconds (a wait that never returns), and waits for them all.
 // Names on stderr each that did not exit cleanly (`name(i)`: "rank 2 block 1", say); true when every one did.

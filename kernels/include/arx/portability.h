@@ -40,24 +40,35 @@ ARX_DEV float div_rn(float a, float b) { return a / b; }
 #if defined(ARX_HOST_SIM)
 // ---------------------------------------------------------------- blocks run as host threads, ranks as processes
 // (kernels/check/*_sim.cpp): the C++ memory model's orders for the PTX ones; loads that poll yield the processor
-// (arx_sim_relax), so that a few cores run the many spinning threads of a simulated job.
-ARX_DEV void st_release_sys(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+// (arx_sim_relax), so that a few cores run the many spinning threads of a simulated job, and every system-scope
+// access may stall its thread (arx_sim_stall), so that peers run ahead of it.
+ARX_DEV void st_release_sys(u64* p, u64 v) {
+    arx_sim_stall();
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 ARX_DEV u64 ld_acquire_sys(const u64* p) {
+    arx_sim_stall();
     u64 v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
     arx_sim_relax();
     return v;
 }
 ARX_DEV u64 ld_relaxed_sys(const u64* p) {
+    arx_sim_stall();
     u64 v = __atomic_load_n(p, __ATOMIC_RELAXED);
     arx_sim_relax();
     return v;
 }
-ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+ARX_DEV void st_relaxed_sys(u64* p, u64 v) {
+    arx_sim_stall();
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
 ARX_DEV u32 cas_acq_rel_sys(u32* p, u32 expected, u32 desired) {
+    arx_sim_stall();
     __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     return expected;
 }
 ARX_DEV u64 cas_acq_rel_sys(u64* p, u64 expected, u64 desired) {
+    arx_sim_stall();
     __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     return expected;
 }

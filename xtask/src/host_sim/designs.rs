@@ -197,7 +197,10 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         }
         let (input, output) = (out.join("kernel_sim.in"), out.join("kernel_sim.out"));
         std::fs::write(&input, &plan).map_err(|e| format!("{}: {e}", input.display()))?;
-        run(Command::new(sim).arg(&input).arg(&output)).map_err(|e| format!("the designs on the host, {what}: {e}"))?;
+        // Stalls seeded per run (kernels/check/host_sim_prelude.h), so a rank's thread falls calls behind its peers.
+        let stalls = (seed ^ k as u64) | 1;
+        run(Command::new(sim).env("ARX_SIM_STALLS", stalls.to_string()).arg(&input).arg(&output))
+            .map_err(|e| format!("the designs on the host, {what}: {e}"))?;
         let got = std::fs::read(&output).map_err(|e| format!("{}: {e}", output.display()))?;
         let (bytes, out_bytes) = (count * dtype.size(), out_count * dtype.size());
         let per = if norm { out_bytes + bytes } else { out_bytes };
