@@ -5,11 +5,8 @@
 //    pushes its packets to every peer, then polls its own packet area until each source's flag equals the epoch.
 //    Packet areas alternate by epoch parity: a peer writes area e%2 again only in call e+2, which it reaches only
 //    after this rank's packets of call e+1, sent after this rank finished reading call e.
-//  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h). Rows that fit the norm's
-//    registers: blocks own rows, each thread polls the packets of the vectors the norm gives it, so it normalises
-//    what it summed itself.
-//    Longer rows: the exchange over the grid, then the block that stores a row's last sums normalises it (a counter
-//    per row; no block waits for another).
+//  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h): the exchange over the grid,
+//    then the block that stores a row's last sums normalises it (a counter per row; no block waits for another).
 //  - symm_zc_1shot_norm, symm_epoch_1shot_norm: symm_zc_1shot and symm_epoch_1shot carrying the residual add and
 //    RMSNorm, blocks owning whole rows.
 //  - symm_zc_2shot_norm, symm_zc_2shot_push_norm: symm_zc_2shot and symm_zc_2shot_push carrying it: each rank pushes
@@ -87,15 +84,15 @@ ARX_DEV void load_peer_table(const TunedParams& p, u64* in, u64* out) {
     }
 }
 
-// Zeroes the slots from `from` on of this rank's area of `epoch`'s parity (j = from + first mod stride, every source)
-// when the flags wrap before the area's next use (call epoch + 2): the packet designs' threads read exactly these,
-// the other designs none of them (symm_ll_norm's held rows zero the slots below `from` themselves). Every design
-// calls it last: no peer writes this area again before this rank's next call, which follows this one.
-ARX_DEV void ll_clean(const TunedParams& p, u64 epoch, u64 from = 0) {
+// Zeroes the slots of this rank's area of `epoch`'s parity (j = first mod stride, every source) when the flags wrap
+// before the area's next use (call epoch + 2): the packet designs' threads read exactly these, the other designs none
+// of them. Every design calls it last: no peer writes this area again before this rank's next call, which follows
+// this one.
+ARX_DEV void ll_clean(const TunedParams& p, u64 epoch) {
     if (ll_flag(epoch + 2) > ll_flag(epoch)) return;
     u64* mine = (u64*)p.packets[p.rank] + (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
     u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 j = from + (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride)
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < p.ll_packets; j += stride)
         for (u32 src = 0; src < ARX_MAX_RANKS; ++src) st_relaxed_sys(mine + src * p.ll_packets + j, 0);
 }
 
@@ -173,71 +170,21 @@ ARX_DEV u64 block_packets_in(u64 lo, u64 hi, u64 b, u64 threads, u64 stride) {
     return block_packets_below(hi, b, threads, stride) - block_packets_below(lo, b, threads, stride);
 }
 
-// symm_ll_norm where a row fits the norm's registers (row_in_registers): blocks own whole rows (row_range), and thread
-// t pushes and polls the packets of the vectors whose elements the norm gives it (vector v is packets 4v .. 4v + 3 of
-// its row) and stores their sums; the norm then reads back only what the same thread stored, so no block waits for
-// another and no row counter is kept. At a flag wrap each thread zeroes the slots it read, ll_clean those past the
-// rows.
-template <int DT> ARX_DEV void ll_norm_own_rows(const TunedParams& p, u64 epoch, u64 rows, u64 ppr) {
-    typedef Elem<DT> E;
-    static_assert(Elem<DT>::VEC * Elem<DT>::SIZE == 4 * 4, "a vector is four packets");
-    const u64 flag = ll_flag(epoch), area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets, nv = p.hidden / E::VEC;
-    const Range mine = row_range(Range{0, rows}, blockIdx.x, gridDim.x);
-    const vec16* in = (const vec16*)p.inputs[p.rank];
-    vec16* out = (vec16*)p.outputs[p.rank];
-    for (u64 row = mine.lo; row < mine.hi; ++row)
-        for (u64 v = threadIdx.x; v < nv; v += ARX_NORM_LANES) {
-            vec16 x = in[row * nv + v];
-#pragma unroll
-            for (u32 q = 0; q < 4; ++q)
-                ll_push(p.packets, p.world, area + p.rank * p.ll_packets + row * ppr + 4 * v + q, x.w[q], flag);
-        }
-    const u64* inbox = (const u64*)p.packets[p.rank] + area;
-    u64 sum[ARX_MAX_RANKS] = {p.outputs[p.rank]};
-    Spin s = spin_start(p.timeout_ns, p.status);
-    for (u64 row = mine.lo; row < mine.hi; ++row) {
-        for (u64 v = threadIdx.x; v < nv && !s.failed; v += ARX_NORM_LANES) {
-            vec16 x;
-#pragma unroll
-            for (u32 q = 0; q < 4; ++q) {
-                float acc[2] = {0.0f, 0.0f};
-                if (!s.failed) ll_poll_sum<DT>(inbox, p.ll_packets, row * ppr + 4 * v + q, flag, p.world, s, acc);
-                x.w[q] = pack_payload<DT>(acc);
-            }
-            out[row * nv + v] = x;
-        }
-        // A block that failed normalises nothing (the call fails and poisons the communicator).
-        if (block_any(s.failed)) return;
-        add_rms_norm_row<DT>(sum, 1, (void*)p.residual, (const void*)p.weight, out, row * p.hidden, p.hidden, p.eps);
-    }
-    if (ll_flag(epoch + 2) <= flag)
-        for (u64 row = mine.lo; row < mine.hi; ++row)
-            for (u64 v = threadIdx.x; v < nv; v += ARX_NORM_LANES)
-                for (u32 src = 0; src < ARX_MAX_RANKS; ++src)
-                    for (u32 q = 0; q < 4; ++q)
-                        st_relaxed_sys((u64*)inbox + src * p.ll_packets + row * ppr + 4 * v + q, 0);
-    ll_clean(p, epoch, rows * ppr);
-}
-
-// Allreduce + residual add + RMSNorm on symm_ll's protocol, ARX_NORM_LANES threads per block; rows that fit the
-// registers take ll_norm_own_rows. Longer rows: the exchange is symm_ll's, spread over the whole grid (one packet per
-// thread where the grid allows; packet slots in rows, ppr per row, so no packet holds two rows' elements): push this
-// rank's packets, poll every source's, store their rank-ordered sum, rounded, into the output. No block waits for
-// another: each counts the packets it stored per row on the row's counter (this rank's, after the epoch counters,
-// zero between calls), and the block whose count completes a row (the last to store into it) reads the row's sums
-// back, runs the unfused norm's row pieces (r into the residual, y into the output, so the bits are the unfused
-// sequence's) and zeroes the counter. Areas alternate by epoch parity, safe for symm_ll's reason.
+// Allreduce + residual add + RMSNorm on symm_ll's protocol, ARX_NORM_LANES threads per block. The exchange is
+// symm_ll's, spread over the whole grid (one packet per thread where the grid allows; packet slots in rows, ppr per
+// row, so no packet holds two rows' elements): push this rank's packets, poll every source's, store their
+// rank-ordered sum, rounded, into the output. No block waits for another: each counts the packets it stored per row
+// on the row's counter (this rank's, after the epoch counters, zero between calls), and the block whose count
+// completes a row (the last to store into it) reads the row's sums back, runs the unfused norm's row pieces (r into
+// the residual, y into the output, so the bits are the unfused sequence's) and zeroes the counter. Areas alternate by
+// epoch parity, safe for symm_ll's reason.
 template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
     __shared__ bool s_last[ARX_NORM_LANES];
     u64 epoch = next_epoch(p.counters);
-    u64 ppr = ll_row_packets<DT>(p.hidden);
-    u64 rows = p.count / p.hidden, n = rows * ppr;
-    if (row_in_registers<DT>(p.hidden)) {
-        ll_norm_own_rows<DT>(p, epoch, rows, ppr);
-        return;
-    }
     u64 flag = ll_flag(epoch);
     u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
+    u64 ppr = ll_row_packets<DT>(p.hidden);
+    u64 rows = p.count / p.hidden, n = rows * ppr;
     const void* in = (const void*)p.inputs[p.rank];
     void* out = (void*)p.outputs[p.rank];
     u64 stride = (u64)gridDim.x * blockDim.x;

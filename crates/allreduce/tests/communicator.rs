@@ -407,8 +407,7 @@ fn packets_stay_exact_across_the_flag_wrap() {
         let [residual, weight] = [0; 2].map(|_| gpu.alloc(capacity, MemKind::Device).unwrap());
         let dtype = DType::F32;
         let full = LL_MAX_BYTES / 4;
-        // A call of `count` elements; with a row length, it carries the norm (symm_ll_norm: rows of 8000 in the
-        // registers, of 301 through memory).
+        // A call of `count` elements; with a row length, it carries the norm (rows of 8000 in vectors, of 301 not).
         // Call c runs at epoch m * 2^32 - 7 + c: the first full-area packet call is epoch m * 2^32, whose slots past
         // the small calls' were never written; the flags' own wrap (a multiple of 2^32 - 1) falls in the same run.
         // The wrap's cleaning calls are 4 and 5 (m = 1), 3 and 4 (m = 2), 2 and 3 (m = 3): the fused packet two-shot

@@ -11,15 +11,6 @@ use gpu::LaunchDims;
 /// Partial sums of a row's squares (the threads of a norm block on the device).
 pub const NORM_LANES: usize = 512;
 
-/// 16-byte vectors of a row that each lane holds in registers (`ARX_NORM_ROW_VECS` in `kernels/include/arx/norm.h`).
-pub const NORM_ROW_VECS: usize = 4;
-
-/// Whether a row of `hidden` elements of `size` bytes moves in 16-byte vectors and fits the norm's registers
-/// (`row_in_registers` in `kernels/include/arx/norm.h`): `symm_ll_norm` then gives each block whole rows.
-pub fn row_in_registers(hidden: usize, size: usize) -> bool {
-    (hidden * size).is_multiple_of(16) && hidden * size / 16 <= NORM_ROW_VECS * NORM_LANES
-}
-
 /// Blocks for a kernel whose blocks own whole rows and wait for their peers: a block per row, as many as fit
 /// (`cap`, every rank's blocks resident at once).
 pub fn row_grid(rows: usize, cap: usize) -> u32 {

@@ -5,7 +5,7 @@
 
 use crate::tuned_params::{ll_flag, TunedParams};
 use collective_core::host_sync::{flag_barrier, next_epoch};
-use collective_core::norm::{add_residual, add_rms_norm, rms_norm, row_in_registers, row_range};
+use collective_core::norm::{add_residual, add_rms_norm, rms_norm, row_range};
 use collective_core::{
     block_range, shard_elems, shard_range, sum_sources, AddRmsNorm, DType, HostElem, MAX_BLOCKS, MAX_RANKS,
 };
@@ -227,8 +227,7 @@ fn block_packets_in(lo: usize, hi: usize, b: usize, threads: usize, stride: usiz
 }
 
 /// symm_ll's exchange, whose sum lands in the output, then the one-shot designs' epilogue over it, as the kernel
-/// runs them. Rows that fit the norm's registers: block b owns rows `row_range(b)` and exchanges their packets.
-/// Longer rows: block b's threads take the packets j with j % (grid x threads) in block b's range; each block then
+/// runs them: block b's threads take the packets j with j % (grid x threads) in block b's range; each block then
 /// counts what it stored of each row on the row's counter (after the epoch counters), and the block that completes a
 /// row normalises it and zeroes the counter. The twin runs the blocks in turn, so the last block of a row is the
 /// highest that holds a packet of it: the same sums, rows and bits.
@@ -242,38 +241,19 @@ fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     if n > npk {
         return Err(format!("symm_ll_norm: {rows} rows of {hidden} need {n} packets, the area holds {npk}").into());
     }
-    let output = p.outputs[c.rank] as *mut u8;
     let (threads, stride) = (l.dims.block as usize, c.grid * l.dims.block as usize);
-    // The slots [from, end) that block b's threads take: those j whose (j - from) % stride falls to its threads.
-    let block_slots = move |b: usize, from: usize, end: usize| {
-        (from + b * threads..end).step_by(stride).flat_map(move |j| j..(j + threads).min(end))
-    };
-    let packet_of = |slot: usize| {
-        let (row, q) = (slot / ppr, slot % ppr);
-        Packet { slot, elem: row * hidden + q * per, len: (hidden - q * per).min(per) }
-    };
-    if row_in_registers(hidden, size) {
-        // Rows that fit the norm's registers: block b owns rows row_range(b), its threads their packets.
-        for b in 0..c.grid {
-            // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
-            let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-            let (lo, hi) = row_range((0, rows), b, c.grid);
-            c.exchange(epoch, (lo * ppr..hi * ppr).map(packet_of), &format!("symm_ll_norm rank {} block {b}", c.rank))?;
-            // SAFETY: the output and the residual hold `count` elements, the weight `hidden`; the sum is read
-            // from the output before y overwrites it.
-            unsafe { add_rms_norm(c.dtype, &[output], &norm, output, (lo, hi)) };
-            // The slots this block's threads read, and their share of those past the rows, which nobody reads.
-            let slots = (lo * ppr..hi * ppr).chain(block_slots(b, n, npk));
-            ll_clean_slots(p, c.rank, epoch, slots.flat_map(every_source));
-        }
-        return Ok(());
-    }
+    let output = p.outputs[c.rank] as *mut u8;
     // SAFETY: the counters hold MAX_BLOCKS u64 epochs, then a u32 per packet of the area (so per row), 8-aligned.
     let row_count = |row: usize| unsafe { &*((p.counters as usize + MAX_BLOCKS * 8) as *const AtomicU32).add(row) };
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
-        c.exchange(epoch, block_slots(b, 0, n).map(packet_of), &format!("symm_ll_norm rank {} block {b}", c.rank))?;
+        let mine = move |end: usize| (b * threads..end).step_by(stride).flat_map(move |j| j..(j + threads).min(end));
+        let packets = mine(n).map(|slot| {
+            let (row, q) = (slot / ppr, slot % ppr);
+            Packet { slot, elem: row * hidden + q * per, len: (hidden - q * per).min(per) }
+        });
+        c.exchange(epoch, packets, &format!("symm_ll_norm rank {} block {b}", c.rank))?;
         for row in 0..rows {
             let stored = block_packets_in(row * ppr, (row + 1) * ppr, b, threads, stride) as u32;
             if stored > 0 && row_count(row).fetch_add(stored, Ordering::AcqRel) + stored == ppr as u32 {
@@ -284,7 +264,7 @@ fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
             }
         }
         // The slots this block's threads read, and their share of those past the rows, which nobody reads.
-        ll_clean_slots(p, c.rank, epoch, block_slots(b, 0, npk).flat_map(every_source));
+        ll_clean_slots(p, c.rank, epoch, mine(npk).flat_map(every_source));
     }
     Ok(())
 }

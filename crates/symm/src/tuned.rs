@@ -25,7 +25,7 @@
 use crate::host_tuned::{self, row_packets};
 use collective_core::flag_tags::flag_tag;
 use collective_core::host_sync::FLAG_SLOTS;
-use collective_core::norm::{norm_dims, row_grid, row_in_registers, NORM_LANES};
+use collective_core::norm::{norm_dims, row_grid, NORM_LANES};
 use collective_core::{
     Call, Collective, CollectiveError, DType, LaunchRule, Mode, Op, OwnStatus, Sharing, Team, LINE_BYTES, MAX_BLOCKS,
     MAX_RANKS,
@@ -453,10 +453,10 @@ impl SymmTuned {
         }
         let s = stem as usize;
         params.tag = self.tags[s];
-        // Blocks of the norm's lanes; the fused packets on rows longer than the norm's registers spread their exchange
-        // over a packet per thread where the cap allows (and at least a block per row); otherwise blocks own rows.
+        // Blocks of the norm's lanes; the fused packets spread their exchange over a packet per thread where the
+        // cap allows (and at least a block per row), the zero-copy one-shot's blocks own rows.
         let dims = |cap| match call.norm() {
-            Some(norm) if stem == Stem::LlNorm && !row_in_registers(norm.hidden, dtype.size()) => {
+            Some(norm) if stem == Stem::LlNorm => {
                 let packets = norm.rows(count) * row_packets(norm.hidden, dtype.size());
                 norm_dims(row_grid(norm.rows(count).max(packets.div_ceil(NORM_LANES)), cap))
             }

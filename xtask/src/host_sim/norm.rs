@@ -1,6 +1,6 @@
 //! The norm's device code (kernels/include/arx/norm.h) on the host (kernels/check/norm_sim.cpp, one block of 512
-//! threads), on fresh random rows of every dtype and every path it takes (rows held in registers, rows through
-//! memory, rows of scalars; the one-shot designs' epilogue and the two-shot's), its bits held to the host twin's
+//! threads), on fresh random rows of every dtype and every path it takes (rows in vectors, long and short,
+//! rows of scalars; the one-shot designs' epilogue and the two-shot's), its bits held to the host twin's
 //! (collective_core::norm). The GPU runs compare the two as well, but a change to the kernels' order is caught here
 //! first.
 
@@ -12,10 +12,10 @@ use std::process::Command;
 
 /// (dtype, world, rows, hidden): every path of norm.h's row functions for each dtype.
 const CASES: [(DType, usize, usize, usize); 10] = [
-    (DType::Bf16, 3, 3, 4096),  // in registers, a vector per thread
+    (DType::Bf16, 3, 3, 4096),  // a vector per thread
     (DType::Bf16, 8, 2, 8192),  // two per thread, eight sources
-    (DType::Bf16, 2, 2, 16384), // the most rows hold in registers
-    (DType::Bf16, 3, 2, 16392), // a vector more: through memory
+    (DType::Bf16, 2, 2, 16384), // four per thread
+    (DType::Bf16, 3, 2, 16392), // a vector more
     (DType::Bf16, 3, 3, 300),   // rows off 16-byte boundaries: scalars
     (DType::F16, 5, 3, 4096),
     (DType::F16, 3, 2, 257),
