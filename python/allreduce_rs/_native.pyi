@@ -225,7 +225,7 @@ class Communicator:
         norm_hidden: int = 4096,
         norm_only: bool = False,
     ) -> List[str]:
-        """Measures every algorithm at ``counts`` [comm_bench.py's sizes up to the capacity], eagerly and in graph
+        """Measures every algorithm at ``counts`` [comm_bench.py's sizes and the powers of two from 1024 to 16,777,216], eagerly and in graph
         replays, on each residency (your tensors, the registered buffers, registered tensors), each checked against
         a float64 reference first, and stores the fastest per size as this machine's tables in the tune cache,
         where later communicators find them; this one follows them at once (unless ``tune_table`` named a file).

@@ -98,6 +98,15 @@ impl SweepConfig {
         }
     }
 
+    /// The sizes `--tune` measures: the sweep's, and with comm_bench.py's sweep the powers of two between its sizes
+    /// too ([`measure::sizes::tune_sizes`]).
+    pub fn tune_counts(&self, align: usize) -> Vec<usize> {
+        match self.sizes {
+            Sizes::CommBench { min_exp, max_exp, steps } => measure::sizes::tune_sizes(min_exp, max_exp, steps, align),
+            _ => self.counts(align),
+        }
+    }
+
     /// Bytes of the largest message on any driver: every driver rounds comm_bench.py's sizes to at most 512
     /// elements, so the sweep's largest size rounded to 512 bounds them all.
     pub fn capacity_bytes(&self) -> usize {

@@ -1,5 +1,5 @@
 //! `comm-bench --tune FILE`: the library's own tune ([`allreduce::Communicator::tune_with`]) at the sweep's sizes
-//! and timing, every mode and residency, plain allreduces (not with `--tune_norm_only`) and (rows of `--tune_hidden`,
+//! (comm_bench.py's with the powers of two between, or `--counts`) and timing, every mode and residency, plain allreduces (not with `--tune_norm_only`) and (rows of `--tune_hidden`,
 //! up to the largest size) norm calls; rank 0 prints each measurement and the tables, writes them to FILE as one
 //! set (what `--tune_table` reads) and the library caches each under its key.
 
@@ -12,7 +12,7 @@ use std::path::Path;
 /// Runs this rank's part of a tune.
 pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), BenchError> {
     let mut comm = Communicator::new(info.clone(), crate::run::options(cfg)?)?;
-    let counts = cfg.counts(comm.gpu().info().size_align);
+    let counts = cfg.tune_counts(comm.gpu().info().size_align);
     allreduce::agree(comm.rendezvous(), "configuration", &cfg.fingerprint(comm.gpu().kind(), &counts))?;
     let req = TuneRequest {
         counts: Some(counts),

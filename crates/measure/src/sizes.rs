@@ -12,6 +12,17 @@ pub fn comm_bench_sizes(min_exp: u32, max_exp: u32, steps: usize, align: usize) 
         .collect()
 }
 
+/// The sizes a tune measures: comm_bench.py's, and the powers of two between them (the sizes programs mostly send:
+/// hidden size times tokens), so that a table's size ranges end at measured sizes where users' messages lie, not
+/// halfway between two comm_bench.py sizes.
+pub fn tune_sizes(min_exp: u32, max_exp: u32, steps: usize, align: usize) -> Vec<usize> {
+    let powers = (min_exp..=max_exp).map(|e| (1usize << e).next_multiple_of(align));
+    let mut sizes: Vec<usize> = comm_bench_sizes(min_exp, max_exp, steps, align).into_iter().chain(powers).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -29,5 +40,16 @@ mod tests {
         assert_eq!((cuda[0], cuda[1], cuda[19]), (1024, 1792, 16777216));
         assert!(cuda.iter().all(|n| n % 256 == 0));
         assert_eq!(comm_bench_sizes(12, 12, 1, 256), vec![4096]);
+    }
+
+    #[test]
+    fn a_tune_measures_comm_bench_sizes_and_the_powers_of_two() {
+        let tune = tune_sizes(10, 24, 20, 256);
+        let cb = comm_bench_sizes(10, 24, 20, 256);
+        assert!(cb.iter().all(|n| tune.contains(n)));
+        assert!((10..=24).all(|e| tune.contains(&(1 << e))));
+        assert!(tune.windows(2).all(|w| w[0] < w[1]));
+        // 1024 and 16,777,216 are both: 20 + 15 - 2.
+        assert_eq!(tune.len(), 33);
     }
 }

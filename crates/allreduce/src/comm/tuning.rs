@@ -22,7 +22,8 @@ struct TuneBuffers<'a> {
 #[derive(Clone, Debug)]
 pub struct TuneRequest {
     pub dtype: DType,
-    /// Element counts, each within the capacity [default: comm_bench.py's sizes up to the capacity].
+    /// Element counts, each within the capacity [default: comm_bench.py's sizes and the powers of two from 1024 to
+    /// 16,777,216 elements, up to the capacity].
     pub counts: Option<Vec<usize>>,
     /// Calls per timing (`graph` is ignored: both modes are measured).
     pub timing: TimingOptions,
@@ -89,7 +90,7 @@ pub struct TuneReport {
 }
 
 impl Communicator {
-    /// [`Communicator::tune_with`] at comm_bench.py's sizes up to the capacity, 3 repeats of 20 calls.
+    /// [`Communicator::tune_with`] at comm_bench.py's sizes and the powers of two between, 3 repeats of 20 calls.
     pub fn tune(&mut self, dtype: DType) -> Result<TuneReport, Error> {
         self.tune_with(&TuneRequest::new(dtype), &mut |_| {})
     }
@@ -113,7 +114,7 @@ impl Communicator {
         let max = self.capacity / dtype.size();
         let counts = match &req.counts {
             Some(c) => c.clone(),
-            None => measure::sizes::comm_bench_sizes(10, 24, 20, info.size_align),
+            None => measure::sizes::tune_sizes(10, 24, 20, info.size_align).into_iter().filter(|&n| n <= max).collect(),
         };
         if let Some(&n) = counts.iter().find(|&&n| n == 0 || n > max) {
             return Err(Error::BadArgs(format!("tune at {n} elements: sizes run from 1 to the capacity's {max}")));
