@@ -31,7 +31,7 @@ for pass in $(seq 1 "${PASSES:-2}"); do
         flag=(); [ "$mode" = graph ] && flag=(--graph)
         for build in A B; do
             dir=$a; [ "$build" = B ] && dir=$b
-            ARX_KERNEL_CACHE=$out/kernel-cache-$build "$dir/comm-bench" "${what[@]}" --backend cuda \
+            ARX_KERNEL_CACHE=$ARX_KERNEL_CACHE/$build "$dir/comm-bench" "${what[@]}" --backend cuda \
                 --num_ranks "$ranks" --num_iters 50 --repeats 11 --output_dir "$out/$mode-$build-$pass" "${flag[@]}" \
                 >"$out/$mode-$build-$pass.txt" 2>&1 ||
                 { echo "$mode-$build-$pass FAILED"; tail -n 5 "$out/$mode-$build-$pass.txt"; exit 1; }

@@ -3,7 +3,9 @@
 #   machine and step)
 # Never NVLink multicast: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$1/kernel-cache}
+# Compiled kernels outside OUT_DIR (keyed by their source's hash, so builds share it safely), so the results that
+# a GPU node sends back are only results.
+export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-${TMPDIR:-/tmp}/arx-kernel-cache}
 ranks=${RANKS:-8}
 gpus=$( (nvidia-smi -L 2>/dev/null; rocm-smi --showid 2>/dev/null | grep 'Device ID') | grep -c '^GPU' || true)
 mps_started=0

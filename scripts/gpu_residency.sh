@@ -41,6 +41,8 @@ sweep)
     for mode in eager graph; do
         flag=(); [ "$mode" = graph ] && flag=(--graph)
         step "sweep_$mode" "${bench[@]}" --methods "$methods" --export_csv --output_dir "$out/$mode" "${flag[@]}" "$@"
+        # Every method's row too, not only the summary: a node may send back fewer files than it wrote.
+        grep '^\[rank 0\] ' "$out/sweep_$mode.txt" | grep -v '^\[rank 0\] #' || true
     done
     ;;
 norm)
