@@ -225,13 +225,13 @@ class Communicator:
         norm_hidden: int = 4096,
         norm_only: bool = False,
     ) -> List[str]:
-        """Measures every algorithm at ``counts`` [comm_bench.py's sizes and the powers of two from 1024 to 16,777,216], eagerly and in graph
-        replays, on each residency (your tensors, the registered buffers, registered tensors), each checked against
-        a float64 reference first, and stores the fastest per size as this machine's tables in the tune cache,
-        where later communicators find them; this one follows them at once (unless ``tune_table`` named a file).
-        Calls with the residual add and RMSNorm get tables of their own, measured at rows of ``norm_hidden`` elements
-        (your model's hidden size; 0: not measured); with
-        ``norm_only`` those alone (no plain table is measured or written). Collective. Returns the files written
+        """Measures every algorithm at ``counts`` [comm_bench.py's sizes and the powers of two from 1024 to
+        16,777,216, up to the capacity], eagerly and in graph replays, on each residency (your tensors, the
+        registered buffers, registered tensors), each checked against a float64 reference first, and stores the
+        fastest per size as this machine's tables in the tune cache, where later communicators find them; this one
+        follows them at once (unless ``tune_table`` named a file). Calls with the residual add and RMSNorm get
+        tables of their own, measured at rows of ``norm_hidden`` elements (your model's hidden size; 0: not
+        measured); with ``norm_only`` those alone (no plain table is measured or written). Collective. Returns the files written
         (rank 0 writes them)."""
 
     def begin_graph_capture(self) -> None:

@@ -291,7 +291,8 @@ impl PyCommunicator {
     /// Measures every algorithm on this machine (eager and graph, on your tensors, on the registered buffers and on
     /// registered tensors), checked first, and stores the fastest per size in the tune cache, where later
     /// communicators find them; this one follows them at once (unless `tune_table` named a file). `counts`: the
-    /// element counts to measure [default: comm_bench.py's sizes and the powers of two from 1024 to 16,777,216]. Calls with the residual add and RMSNorm get tables of their own, measured at rows of
+    /// element counts to measure [default: comm_bench.py's sizes and the powers of two from 1024 to 16,777,216, up
+    /// to the capacity]. Calls with the residual add and RMSNorm get tables of their own, measured at rows of
     /// `norm_hidden` elements (your model's hidden size; 0: not measured); `norm_only` measures those alone.
     /// Collective. Returns the files written.
     #[pyo3(signature = (dtype = None, counts = None, norm_hidden = allreduce::NORM_HIDDEN, norm_only = false))]

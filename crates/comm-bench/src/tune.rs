@@ -1,6 +1,6 @@
 //! `comm-bench --tune FILE`: the library's own tune ([`allreduce::Communicator::tune_with`]) at the sweep's sizes
-//! (comm_bench.py's with the powers of two between, or `--counts`) and timing, every mode and residency, plain allreduces (not with `--tune_norm_only`) and (rows of `--tune_hidden`,
-//! up to the largest size) norm calls; rank 0 prints each measurement and the tables, writes them to FILE as one
+//! (comm_bench.py's with the powers of two between, or `--counts`) and timing, every mode and residency, plain
+//! allreduces (not with `--tune_norm_only`) and (rows of `--tune_hidden`, up to the largest size) norm calls; rank 0 prints each measurement and the tables, writes them to FILE as one
 //! set (what `--tune_table` reads) and the library caches each under its key.
 
 use crate::config::SweepConfig;

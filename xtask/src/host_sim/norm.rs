@@ -15,7 +15,7 @@ const CASES: [(DType, usize, usize, usize); 10] = [
     (DType::Bf16, 3, 3, 4096),  // a vector per thread
     (DType::Bf16, 8, 2, 8192),  // two per thread, eight sources
     (DType::Bf16, 2, 2, 16384), // four per thread
-    (DType::Bf16, 3, 2, 16392), // a vector more
+    (DType::Bf16, 3, 2, 16392), // 2049 vectors: one thread takes a fifth
     (DType::Bf16, 3, 3, 300),   // rows off 16-byte boundaries: scalars
     (DType::F16, 5, 3, 4096),
     (DType::F16, 3, 2, 257),
