@@ -160,6 +160,14 @@ template <int DT> ARX_DEV void store_row_packet(void* dst, u64 base, u32 hidden,
     if (q * per + 1 < hidden) ((u16*)dst)[i + 1] = (u16)(w >> 16);
 }
 
+// r = round(round(sum) + residual) of one packet's elements, as add_residual_row computes them: `acc` the packet's
+// f32 sums, `res` its bits of the residual (a half-filled packet's high half is 0 and never stored).
+template <int DT> ARX_DEV u32 add_residual_packet(const float* acc, u32 res) {
+    float r[2];
+    for (int k = 0; k < 4 / Elem<DT>::SIZE; ++k) r[k] = Elem<DT>::round(acc[k]) + payload<DT>(res, k);
+    return pack_payload<DT>(r);
+}
+
 // How many of the packets [lo, hi) fall to block b of `threads` threads in a grid of `stride` threads, where thread
 // t of block b takes the packets j with j % stride == b * threads + t (the exchange's loop).
 ARX_DEV u64 block_packets_below(u64 x, u64 b, u64 threads, u64 stride) {
@@ -172,12 +180,13 @@ ARX_DEV u64 block_packets_in(u64 lo, u64 hi, u64 b, u64 threads, u64 stride) {
 
 // Allreduce + residual add + RMSNorm on symm_ll's protocol, ARX_NORM_LANES threads per block. The exchange is
 // symm_ll's, spread over the whole grid (one packet per thread where the grid allows; packet slots in rows, ppr per
-// row, so no packet holds two rows' elements): push this rank's packets, poll every source's, store their
-// rank-ordered sum, rounded, into the output. No block waits for another: each counts the packets it stored per row
-// on the row's counter (this rank's, after the epoch counters, zero between calls), and the block whose count
-// completes a row (the last to store into it) reads the row's sums back, runs the unfused norm's row pieces (r into
-// the residual, y into the output, so the bits are the unfused sequence's) and zeroes the counter. Areas alternate by
-// epoch parity, safe for symm_ll's reason.
+// row, so no packet holds two rows' elements): push this rank's packets, poll every source's, add the residual to
+// their rank-ordered sum as the unfused kernel does and store r into the residual (its packet of the residual is read
+// before the poll, so that load waits with it). No block waits for another: each counts the packets it stored per
+// row on the row's counter (this rank's, after the epoch counters, zero between calls), and the block whose count
+// completes a row (the last to store into it) runs the unfused norm's second piece on the row's r (y into the output,
+// so the bits are the unfused sequence's) and zeroes the counter. Areas alternate by epoch parity, safe for symm_ll's
+// reason.
 template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
     __shared__ bool s_last[ARX_NORM_LANES];
     u64 epoch = next_epoch(p.counters);
@@ -195,22 +204,23 @@ template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
     const u64* inbox = (const u64*)p.packets[p.rank] + area;
     Spin s = spin_start(p.timeout_ns, p.status);
     for (u64 j = first; j < n && !s.failed; j += stride) {
+        u64 base = j / ppr * p.hidden, q = j % ppr;
+        u32 res = row_packet<DT>((const void*)p.residual, base, p.hidden, q);
         float acc[2];
         ll_poll_sum<DT>(inbox, p.ll_packets, j, flag, p.world, s, acc);
-        if (!s.failed) store_row_packet<DT>(out, j / ppr * p.hidden, p.hidden, j % ppr, pack_payload<DT>(acc));
+        if (!s.failed) store_row_packet<DT>((void*)p.residual, base, p.hidden, q, add_residual_packet<DT>(acc, res));
     }
     // A block that failed counts nothing, so its rows are never normalised (the call fails and poisons the
     // communicator, whose counters are not used again).
     if (block_any(s.failed)) return;
     u32* row_count = (u32*)(p.counters + ARX_MAX_BLOCKS * sizeof(u64));
-    u64 sum[ARX_MAX_RANKS] = {p.outputs[p.rank]};
     for (u64 r0 = 0; r0 < rows; r0 += blockDim.x) {
         u64 row = r0 + threadIdx.x;
         u64 mine = row < rows ? block_packets_in(row * ppr, (row + 1) * ppr, blockIdx.x, blockDim.x, stride) : 0;
         bool last = false;
         if (mine) {
-            // Release: the block's sums (every thread's, ordered before this one by block_any's barrier) before the
-            // count; acquire: every other block's sums of the row, each released so before it counted, before the
+            // Release: the block's r (every thread's, ordered before this one by block_any's barrier) before the
+            // count; acquire: every other block's r of the row, each released so before it counted, before the
             // reads, which the barrier below orders after this for every thread of the block.
             fence_acq_rel_gpu();
             last = add_relaxed_gpu(&row_count[row], (u32)mine) + mine == ppr;
@@ -221,8 +231,8 @@ template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
         __syncthreads();
         for (u64 k = 0; k < blockDim.x && r0 + k < rows; ++k)
             if (s_last[k])
-                add_rms_norm_row<DT>(sum, 1, (void*)p.residual, (const void*)p.weight, out, (r0 + k) * p.hidden,
-                                     p.hidden, p.eps);
+                rms_norm_row<DT>((const void*)p.residual, 0, (const void*)p.weight, out, (r0 + k) * p.hidden, p.hidden,
+                                 p.eps);
         __syncthreads();
     }
     ll_clean(p, epoch);
