@@ -389,14 +389,15 @@ fn a_job_that_spans_nodes_is_refused_at_once() {
 /// tuned design (packets of every size up to the area, the epoch and zero-copy designs between them) cross it, each
 /// result exact, three times (near 2^32, 2^33 and 3 * 2^32). The last rank starts each call late, so the others
 /// poll slots it has not written yet: with the old flags (the epoch's low 32 bits, no cleaning), epoch 2^32's flag
-/// was 0, which every never-written slot holds, and they read those as data. Calls with the residual add and RMSNorm
+/// was 0, which every never-written slot holds, and they read those as data; and the slots hold packets of the flags
+/// the calls after the wrap poll for, planted before the wrap's cleaning calls. Calls with the residual add and RMSNorm
 /// (`symm_ll_norm` and `symm_zc_2shot_ll_norm`, whose rows take packets of their own) among them: r is the exact sum (a zero residual).
 #[test]
 fn packets_stay_exact_across_the_flag_wrap() {
     as_job("packets_stay_exact_across_the_flag_wrap", ranks(3), |info| {
         use allreduce::AddRmsNorm;
         use measure::check::{variant_input, variant_sum};
-        use symm::tuned::{Design, PeerBuffers, SymmTuned, TunedOptions};
+        use symm::tuned::{ll_flag, Design, PeerBuffers, SymmTuned, TunedOptions};
         let capacity = 256 << 10;
         let comm = comm_on(backend(), info, 4096);
         let (rank, world) = (comm.rank(), comm.world());
@@ -435,8 +436,31 @@ fn packets_stay_exact_across_the_flag_wrap() {
             let opts = TunedOptions { first_epoch, ..TunedOptions::new(capacity) };
             let team = collective_core::Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device);
             let tuned = SymmTuned::new(team, Design::Ll, opts).unwrap();
+            // Before the wrap's cleaning calls, every slot of each area gets a packet of the flag that the area's
+            // first packet call after the wrap polls for, with data no sum contains, as if left there a whole flag
+            // period ago: only the cleaning keeps those calls from reading it where the last rank has not written.
+            let epoch = |call: usize| first_epoch + 1 + call as u64;
+            let cleaning = (0..plan.len()).find(|&c| ll_flag(epoch(c) + 2) < ll_flag(epoch(c))).unwrap();
+            let mut stale = [0u64; 2];
+            for (call, &(design, _, _)) in plan.iter().enumerate().skip(cleaning + 2) {
+                let parity = (epoch(call) & 1) as usize;
+                if matches!(design, Design::Ll | Design::ZeroCopyTwoShotLl) && stale[parity] == 0 {
+                    stale[parity] = ll_flag(epoch(call)) | 0x7f7f_7f7f;
+                }
+            }
+            assert!(stale.iter().all(|&w| w != 0), "the plan polls both areas after the wrap");
             for (call, &(design, count, hidden)) in plan.iter().enumerate() {
                 let k = call as u64;
+                if call == cleaning {
+                    let (area, bytes) = tuned.packet_area();
+                    let words: Vec<u8> = (0..bytes / 8).flat_map(|i| stale[i * 16 / bytes].to_le_bytes()).collect();
+                    let planted = gpu.alloc(bytes, MemKind::Device).unwrap();
+                    stream.upload(&planted, 0, &words).unwrap();
+                    // SAFETY: this rank's packet area, `bytes` long, which no peer writes between calls.
+                    unsafe { stream.copy(area, planted.ptr(), bytes).unwrap() };
+                    stream.sync().unwrap();
+                    comm.rendezvous().barrier("stale packets planted").unwrap();
+                }
                 stream.upload(&input, 0, &variant_input(rank, count, k, dtype)).unwrap();
                 stream.fill(&output, 0xFF).unwrap();
                 let (i, o) = (input.ptr(), output.ptr());

@@ -407,6 +407,12 @@ impl SymmTuned {
         (self.base.inputs, self.base.outputs)
     }
 
+    /// This rank's packet area (u64 slots: 2 parities x `MAX_RANKS` sources x the slots per source) and its bytes,
+    /// where peers store packets during calls: for tests that plant packets which no call may read as data.
+    pub fn packet_area(&self) -> (DevicePtr, usize) {
+        (DevicePtr(self.base.packets[self.base.rank as usize]), packet_bytes(self.base.ll_packets as usize))
+    }
+
     /// Runs any of the designs on `call` (what `auto` picks per size), as `Collective::run` runs its own; a call with
     /// the residual add and RMSNorm only on a design that [carries it](SymmTuned::carries_norm).
     /// Kernels that read only this rank's input (packets, the epoch one-shot) read the caller's input in place;
