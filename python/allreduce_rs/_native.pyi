@@ -224,6 +224,7 @@ class Communicator:
         counts: Optional[List[int]] = None,
         norm_hidden: int = 4096,
         norm_only: bool = False,
+        residencies: Optional[List[str]] = None,
     ) -> List[str]:
         """Measures every algorithm at ``counts`` [comm_bench.py's sizes and the powers of two from 1024 to
         16,777,216, up to the capacity], eagerly and in graph replays, on each residency (your tensors, the
@@ -231,8 +232,9 @@ class Communicator:
         fastest per size as this machine's tables in the tune cache, where later communicators find them; this one
         follows them at once (unless ``tune_table`` named a file). Calls with the residual add and RMSNorm get
         tables of their own, measured at rows of ``norm_hidden`` elements (your model's hidden size; 0: not
-        measured); with ``norm_only`` those alone (no plain table is measured or written). Collective. Returns the files written
-        (rank 0 writes them)."""
+        measured); with ``norm_only`` those alone (no plain table is measured or written). ``residencies``: which
+        of "caller", "registered" and "caller_registered" are measured [all]; the others' tables stay as they are.
+        Collective. Returns the files written (rank 0 writes them)."""
 
     def begin_graph_capture(self) -> None:
         """Begins recording a graph capture on your own tensors (prefer :meth:`graph_capture`): calls captured until

@@ -48,6 +48,14 @@ fn mode_of(mode: &str) -> PyResult<Mode> {
         .ok_or_else(|| ArgumentError::new_err(format!("mode {mode:?}: expected \"eager\" or \"graph\"")))
 }
 
+fn residency_of(residency: &str) -> PyResult<Residency> {
+    Residency::from_name(residency).ok_or_else(|| {
+        ArgumentError::new_err(format!(
+            "residency {residency:?}: expected \"caller\", \"registered\" or \"caller_registered\""
+        ))
+    })
+}
+
 #[pymethods]
 impl PyCommunicator {
     /// A communicator at an explicit place, without a launcher. Collective: every rank of the job calls it with
@@ -294,8 +302,10 @@ impl PyCommunicator {
     /// element counts to measure [default: comm_bench.py's sizes and the powers of two from 1024 to 16,777,216, up
     /// to the capacity]. Calls with the residual add and RMSNorm get tables of their own, measured at rows of
     /// `norm_hidden` elements (your model's hidden size; 0: not measured); `norm_only` measures those alone.
-    /// Collective. Returns the files written.
-    #[pyo3(signature = (dtype = None, counts = None, norm_hidden = allreduce::NORM_HIDDEN, norm_only = false))]
+    /// `residencies`: which of "caller", "registered" and "caller_registered" are measured [default: all]; the
+    /// others' tables stay as they are. Collective. Returns the files written.
+    #[pyo3(signature = (dtype = None, counts = None, norm_hidden = allreduce::NORM_HIDDEN, norm_only = false,
+                        residencies = None))]
     fn tune(
         &self,
         py: Python<'_>,
@@ -303,11 +313,15 @@ impl PyCommunicator {
         counts: Option<Vec<usize>>,
         norm_hidden: usize,
         norm_only: bool,
+        residencies: Option<Vec<String>>,
     ) -> PyResult<Vec<PathBuf>> {
         let mut req = TuneRequest::new(dtype.map_or(Ok(DType::Bf16), args::dtype_of)?);
         req.counts = counts;
         req.norm_hidden = Some(norm_hidden).filter(|&h| h > 0);
         req.plain = !norm_only;
+        if let Some(names) = residencies {
+            req.residencies = names.iter().map(|r| residency_of(r)).collect::<PyResult<_>>()?;
+        }
         self.with(|state| {
             let comm = &mut state.comm;
             let report = py.detach(move || comm.tune_with(&req, &mut |_| {})).map_err(from_error)?;
@@ -339,11 +353,7 @@ impl PyCommunicator {
     /// `register` or by a graph capture) follow.
     #[pyo3(signature = (mode = "eager", residency = "caller"))]
     fn table_source(&self, mode: &str, residency: &str) -> PyResult<String> {
-        let r = Residency::from_name(residency).ok_or_else(|| {
-            ArgumentError::new_err(format!(
-                "residency {residency:?}: expected \"caller\", \"registered\" or \"caller_registered\""
-            ))
-        })?;
+        let r = residency_of(residency)?;
         let mode = mode_of(mode)?;
         self.with(|state| Ok(state.comm.table_source(mode, r).to_string()))
     }

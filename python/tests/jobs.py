@@ -293,6 +293,9 @@ def facts():
             source = comm.table_source(mode, residency)
             assert source.startswith("tuned on this machine") and source.endswith(f"{mode}-{residency}.json)"), source
     assert len(comm.tune(counts=[1024], norm_hidden=0)) == 6
+    files = comm.tune(counts=[1024], norm_hidden=0, residencies=["caller"])
+    assert len(files) == 2 and all(str(f).endswith("-caller.json") for f in files), files
+    expect(ar.ArgumentError, lambda: comm.tune(counts=[1024], residencies=["shared"]), "expected \"caller\"")
     files = comm.tune(counts=[1024], norm_hidden=512, norm_only=True)
     assert len(files) == 6 and all(str(f).endswith("-rms_norm.json") for f in files), files
     expect(ar.ArgumentError, lambda: comm.tune(counts=[1024], norm_hidden=0, norm_only=True), "norm calls only")

@@ -712,6 +712,12 @@ fn a_tune_is_followed_at_once_unless_the_tables_were_named() {
             req.counts = Some(vec![256, 1024]);
             req.norm_hidden = Some(256);
             req.timing = measure::timing::TimingOptions { iters: 2, warmup: 1, repeats: 1, graph: false };
+            let none = allreduce::TuneRequest { residencies: Vec::new(), ..req.clone() };
+            let refused = comm.tune_with(&none, &mut |_| panic!("measured with no residency"));
+            assert!(
+                matches!(refused, Err(Error::BadArgs(ref m)) if m.contains("at least one residency")),
+                "{refused:?}"
+            );
             let report = comm.tune_with(&req, &mut |_| {}).unwrap();
             for (op, mode, residency, table) in comm.tables().iter() {
                 let want = match &tune_table {

@@ -2,7 +2,7 @@
 
 use crate::config::Report;
 use crate::config::{Sizes, SweepConfig};
-use allreduce::{DType, Op};
+use allreduce::{DType, Op, Residency};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use measure::timing::TimingOptions;
@@ -172,6 +172,10 @@ pub struct BenchArgs {
     /// tune); needs --tune_hidden of at least 1.
     #[arg(long = "tune_norm_only", alias = "tune-norm-only", requires = "tune")]
     pub tune_norm_only: bool,
+    /// With --tune: the residencies measured, each for its own tables (caller: the benchmark's own buffers,
+    /// registered, caller_registered) [default: all three]; caller alone takes about a third of the time.
+    #[arg(long = "tune_residency", alias = "tune-residency", value_delimiter = ',', requires = "tune", value_parser = parse_residency)]
+    pub tune_residency: Option<Vec<Residency>>,
     /// The tune table `auto` follows [default: the built-in one].
     #[arg(long = "tune_table", alias = "tune-table")]
     pub tune_table: Option<PathBuf>,
@@ -239,6 +243,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         Ok(n) if n >= 1 && n <= (1u64 << 34) >> shift => Ok(n << shift),
         _ => Err(format!("{s:?} is not a byte count from 1 to 16G (such as 8, 64K, 32M, 1G)")),
     }
+}
+
+fn parse_residency(s: &str) -> Result<Residency, String> {
+    Residency::from_name(s).ok_or_else(|| format!("{s:?}: expected caller, registered or caller_registered"))
 }
 
 impl BenchArgs {
@@ -314,6 +322,7 @@ impl BenchArgs {
             tune_table: self.tune_table.clone(),
             tune_hidden: Some(self.tune_hidden as usize).filter(|&h| h > 0),
             tune_norm_only: self.tune_norm_only,
+            tune_residencies: self.tune_residency.clone().unwrap_or_else(|| Residency::ALL.to_vec()),
         }
     }
 

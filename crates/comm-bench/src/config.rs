@@ -1,7 +1,7 @@
 //! What one sweep is, as a plain struct below the command line: the sweep, its ceilings and its report read this,
 //! never the CLI.
 
-use allreduce::{Backend, DType, Mode, Op};
+use allreduce::{Backend, DType, Mode, Op, Residency};
 use measure::timing::TimingOptions;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -76,6 +76,8 @@ pub struct SweepConfig {
     pub tune_hidden: Option<usize>,
     /// A tune of norm calls only (`TuneRequest::plain` false).
     pub tune_norm_only: bool,
+    /// The residencies a tune measures (`TuneRequest::residencies`).
+    pub tune_residencies: Vec<Residency>,
     /// Ranks in all that run kernels on each device (`Options::device_shared_by`).
     pub device_shared_by: Option<usize>,
 }
@@ -126,7 +128,8 @@ impl SweepConfig {
         let t = &self.timing;
         format!(
             "driver={driver}\nop={}\ndtype={}\nsizes={counts:?}\nmethods={}\nnum_iters={}\nnum_warmup_iters={}\n\
-             repeats={}\ngraph={}\ncar_uncached={}\nreport={}\ntune_hidden={:?}\ntune_norm_only={}\n",
+             repeats={}\ngraph={}\ncar_uncached={}\nreport={}\ntune_hidden={:?}\ntune_norm_only={}\n\
+             tune_residencies={:?}\n",
             self.op,
             self.dtype,
             self.methods.join(","),
@@ -137,7 +140,8 @@ impl SweepConfig {
             self.car_uncached,
             self.report.name(),
             self.tune_hidden,
-            self.tune_norm_only
+            self.tune_norm_only,
+            self.tune_residencies
         )
     }
 }

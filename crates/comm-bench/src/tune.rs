@@ -20,6 +20,7 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
         norm_hidden: cfg.tune_hidden,
         dtype: cfg.dtype,
         plain: !cfg.tune_norm_only,
+        residencies: cfg.tune_residencies.clone(),
     };
     let rank0 = comm.rank() == 0;
     if rank0 {

@@ -240,6 +240,16 @@ fn tune_prints_its_table_by_size_range() {
     assert!(!text(&o).contains("[rank"), "refused before any rank starts: {}", text(&o));
     let o = comm_bench(&["--num_ranks", "2", "--tune_norm_only"]);
     assert!(!o.status.success() && text(&o).contains("--tune"), "{}", text(&o));
+    // --tune_residency: only the residencies named, each in both modes; a name that is none, refused first.
+    let o = tune(&["--tune_hidden", "512", "--tune_residency", "caller"]).unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let set: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    let modes: Vec<&str> = set.iter().map(|t| t["key"]["mode"].as_str().unwrap()).collect();
+    assert!(set.iter().all(|t| t["key"]["residency"] == "caller") && modes == ["eager", "graph"], "{set:?}");
+    assert!(!text(&o).contains(" registered "), "{}", text(&o));
+    let o = tune(&["--tune_hidden", "512", "--tune_residency", "caller,shared"]).unwrap();
+    assert!(!o.status.success() && text(&o).contains("\"shared\": expected caller"), "{}", text(&o));
+    assert!(!text(&o).contains("[rank"), "refused before any rank starts: {}", text(&o));
 }
 
 #[test]

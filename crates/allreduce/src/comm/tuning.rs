@@ -33,6 +33,9 @@ pub struct TuneRequest {
     /// Whether plain allreduces are measured (and their tables written); false: norm calls only, whose sizes the
     /// counts still bound (a norm table re-measured without the time of the plain ones).
     pub plain: bool,
+    /// The residencies measured, each for tables of its own [default: all three]; the others' tables stay as they
+    /// are. A program that passes only its own tensors needs only [`Residency::Caller`]'s (a third of the time).
+    pub residencies: Vec<Residency>,
 }
 
 /// The row length norm calls are tuned at by default: a mid-sized model's hidden size.
@@ -66,7 +69,8 @@ const NORM_EPS: f32 = 1e-6;
 impl TuneRequest {
     pub fn new(dtype: DType) -> TuneRequest {
         let timing = TimingOptions { iters: 20, warmup: 5, repeats: 3, graph: false };
-        TuneRequest { dtype, counts: None, timing, norm_hidden: Some(NORM_HIDDEN), plain: true }
+        let residencies = Residency::ALL.to_vec();
+        TuneRequest { dtype, counts: None, timing, norm_hidden: Some(NORM_HIDDEN), plain: true, residencies }
     }
 }
 
@@ -96,8 +100,8 @@ impl Communicator {
     }
 
     /// Measures every candidate at the requested sizes through this communicator's call path, eagerly and in graph
-    /// replays, on each residency (the caller's memory, the registered buffers, caller memory registered with every
-    /// peer), checks each against the float64 reference first, and stores the fastest per size as this machine's
+    /// replays, on each requested residency (the caller's memory, the registered buffers, caller memory registered
+    /// with every peer), checks each against the float64 reference first, and stores the fastest per size as this machine's
     /// tables in the cache directory, where later communicators find them; this one follows them from now on (unless
     /// its options named a table file). Collective. `progress` sees each
     /// measurement as it is made (a tune takes minutes).
@@ -118,6 +122,10 @@ impl Communicator {
         };
         if let Some(&n) = counts.iter().find(|&&n| n == 0 || n > max) {
             return Err(Error::BadArgs(format!("tune at {n} elements: sizes run from 1 to the capacity's {max}")));
+        }
+        let residencies: Vec<Residency> = Residency::ALL.into_iter().filter(|r| req.residencies.contains(r)).collect();
+        if residencies.is_empty() {
+            return Err(Error::BadArgs("a tune measures at least one residency: none was asked for".into()));
         }
         // Norm calls: 1, 4, 16, ... rows, each within the capacity and the largest plain count.
         let largest = counts.iter().max().copied().unwrap_or(0);
@@ -156,7 +164,7 @@ impl Communicator {
         let ids =
             unsafe { [self.register(shared[0].ptr(), self.capacity)?, self.register(shared[1].ptr(), self.capacity)?] };
         let bufs = TuneBuffers { own: &own, shared: &shared, norm: norm_bufs.as_ref().map(|(h, b)| (*h, b)) };
-        let result = self.measure_all(req, &sizes, &timer, &bufs, progress);
+        let result = self.measure_all(req, &residencies, &sizes, &timer, &bufs, progress);
         timer.stream.sync()?;
         self.forget_stream(timer.stream.handle());
         for id in ids {
@@ -172,7 +180,7 @@ impl Communicator {
         });
         for op in ops {
             for mode in Mode::ALL {
-                for residency in Residency::ALL {
+                for &residency in &residencies {
                     let times: Vec<(usize, Choice, f64)> = measured
                         .iter()
                         .filter(|m| m.op == op && m.mode == mode && m.residency == residency)
@@ -206,6 +214,7 @@ impl Communicator {
     fn measure_all(
         &mut self,
         req: &TuneRequest,
+        residencies: &[Residency],
         sizes: &[(TableOp, usize)],
         timer: &Timer,
         bufs: &TuneBuffers<'_>,
@@ -215,7 +224,7 @@ impl Communicator {
         let mut out = Vec::new();
         for mode in Mode::ALL {
             let opts = TimingOptions { graph: mode == Mode::Graph, ..req.timing };
-            for residency in Residency::ALL {
+            for &residency in residencies {
                 let (input, output) = self.residency_buffers(residency, bufs.own, bufs.shared);
                 let (i, o) = (input.ptr(), output.ptr());
                 for &(op, count) in sizes {
