@@ -317,7 +317,7 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let (text, what) = match driver {
         DriverKind::Cuda => {
             let what = "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink); calls \
-                        with the residual add and RMSNorm with 8 ranks only";
+                        with the residual add and RMSNorm with 8 ranks only; on one H100, caller buffers with 8 ranks";
             (BUILT_IN_CUDA, what)
         }
         DriverKind::Hip => (BUILT_IN_HIP, "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table"),
@@ -328,13 +328,15 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
 
 /// The table of `set` closest to `key`, and a sentence saying what was measured where it differs from what runs.
 /// Closeness, in order: the residency (a table of another residency picks designs for copies the call does not
-/// pay, or skips ones it does), the mode, the nearest world size, then the nearest sharing of a device. Only tables
+/// pay, or skips ones it does), the mode, the nearest world size, the nearest sharing of a device, then the device
+/// itself (so a set may hold several devices' tables of one shape, and each device takes its own). Only tables
 /// of the key's calls count (norm calls never follow a plain allreduce's table, nor the reverse): None without one.
 fn closest<'a>(set: &'a [TuneTable], key: &TableKey) -> Option<(&'a TuneTable, String)> {
     let keyed = set.iter().filter_map(|t| Some((t, t.key.as_ref().filter(|k| k.op == key.op)?)));
     let (table, k) = keyed.min_by_key(|(_, k)| {
         let world = k.world.abs_diff(key.world);
-        (k.residency != key.residency, k.mode != key.mode, world, k.ranks_per_device.abs_diff(key.ranks_per_device))
+        let sharing = k.ranks_per_device.abs_diff(key.ranks_per_device);
+        (k.residency != key.residency, k.mode != key.mode, world, sharing, k.device != key.device)
     })?;
     let mut differs = Vec::new();
     if k.driver != key.driver {
@@ -664,6 +666,32 @@ mod tests {
         assert_eq!(t.entries[0].method, "car_2shot");
         assert_eq!(why, "measured with 8 rank(s) per device, used with 1");
         assert_ne!(key((2, 1)).file_name(), key((2, 2)).file_name());
+    }
+
+    #[test]
+    fn of_tables_of_one_shape_each_device_takes_its_own_and_others_the_first() {
+        let keyed = |device: &str, world, method: &str| {
+            let mut t = table(&[(None, method)]);
+            t.key = Some(TableKey::new(DriverKind::Cuda, device, (world, world), Mode::Eager, Residency::Caller));
+            t
+        };
+        let set = [keyed("GPU A", 8, "car_1shot"), keyed("GPU B", 8, "car_2shot"), keyed("GPU A", 4, "symm_ll")];
+        let key = |device: &str, world| {
+            TableKey::new(DriverKind::Cuda, device, (world, world), Mode::Eager, Residency::Caller)
+        };
+        let pick = |device, world| TuneTable::pick(&set, &key(device, world)).unwrap();
+        assert_eq!(
+            (pick("GPU A", 8).0.entries[0].method.as_str(), pick("GPU A", 8).1.as_str()),
+            ("car_1shot", "its key matches")
+        );
+        assert_eq!(
+            (pick("GPU B", 8).0.entries[0].method.as_str(), pick("GPU B", 8).1.as_str()),
+            ("car_2shot", "its key matches")
+        );
+        // The device ranks last: GPU B with 4 ranks takes GPU A's 4-rank table, and a third device the first of 8.
+        let (t, why) = pick("GPU B", 4);
+        assert_eq!((t.entries[0].method.as_str(), why.as_str()), ("symm_ll", "measured on GPU A, not GPU B"));
+        assert_eq!(pick("GPU C", 8).0.entries[0].method, "car_1shot");
     }
 
     #[test]
