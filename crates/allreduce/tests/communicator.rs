@@ -385,13 +385,13 @@ fn a_job_that_spans_nodes_is_refused_at_once() {
     }
 }
 
-/// The packet designs across the packet flags' wrap: the epoch counters start just below it, and calls of every
-/// tuned design (packets of every size up to the area, the epoch and zero-copy designs between them) cross it, each
-/// result exact, three times (near 2^32, 2^33 and 3 * 2^32). The last rank starts each call late, so the others
-/// poll slots it has not written yet: with the old flags (the epoch's low 32 bits, no cleaning), epoch 2^32's flag
-/// was 0, which every never-written slot holds, and they read those as data; and the slots hold packets of the flags
-/// the calls after the wrap poll for, planted before the wrap's cleaning calls. Calls with the residual add and RMSNorm
-/// (`symm_ll_norm` and `symm_zc_2shot_ll_norm`, whose rows take packets of their own) among them: r is the exact sum (a zero residual).
+/// The packet designs across the packet flags' wrap: the epoch counters start just below it, and calls of every tuned
+/// design (packets of every size up to the area, the epoch and zero-copy designs between them) cross it, each result
+/// exact, three times (near 2^32, 2^33 and 3 * 2^32). The last rank starts each call late, so the others poll slots it
+/// has not written yet: with the old flags (the epoch's low 32 bits, no cleaning), epoch 2^32's flag was 0, which every
+/// never-written slot holds, and they read those as data; and the slots hold packets of the flags the calls after the
+/// wrap poll for, planted before the wrap's cleaning calls. Calls with the residual add and RMSNorm (`symm_ll_norm` and
+/// `symm_zc_2shot_ll_norm`, whose rows take packets of their own) among them: r is the exact sum (a zero residual).
 #[test]
 fn packets_stay_exact_across_the_flag_wrap() {
     as_job("packets_stay_exact_across_the_flag_wrap", ranks(3), |info| {

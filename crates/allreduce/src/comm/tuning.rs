@@ -100,11 +100,11 @@ impl Communicator {
     }
 
     /// Measures every candidate at the requested sizes through this communicator's call path, eagerly and in graph
-    /// replays, on each requested residency (the caller's memory, the registered buffers, caller memory registered
-    /// with every peer), checks each against the float64 reference first, and stores the fastest per size as this machine's
+    /// replays, on each requested residency (the caller's memory, the registered buffers, caller memory registered with
+    /// every peer), checks each against the float64 reference first, and stores the fastest per size as this machine's
     /// tables in the cache directory, where later communicators find them; this one follows them from now on (unless
-    /// its options named a table file). Collective. `progress` sees each
-    /// measurement as it is made (a tune takes minutes).
+    /// its options named a table file). Collective. `progress` sees each measurement as it is made (a tune takes
+    /// minutes).
     pub fn tune_with(&mut self, req: &TuneRequest, progress: &mut dyn FnMut(&Measured)) -> Result<TuneReport, Error> {
         let dir = self
             .tune_dir
