@@ -6,7 +6,7 @@
 //    Packet areas alternate by epoch parity: a peer writes area e%2 again only in call e+2, which it reaches only
 //    after this rank's packets of call e+1, sent after this rank finished reading call e.
 //  - symm_ll_norm: symm_ll's packets carrying the residual add and RMSNorm (arx/norm.h): the exchange over the grid,
-//    then each row's block normalises it from r, sent to it as packets by the blocks that computed it.
+//    then the block that stores a row's last sums normalises it (a counter per row; no block waits for another).
 //  - symm_zc_1shot_norm, symm_epoch_1shot_norm: symm_zc_1shot and symm_epoch_1shot carrying the residual add and
 //    RMSNorm, blocks owning whole rows.
 //  - symm_zc_2shot_norm, symm_zc_2shot_push_norm: symm_zc_2shot and symm_zc_2shot_push carrying it: each rank pushes
@@ -38,7 +38,7 @@ struct TunedParams {
     u64 packets[ARX_MAX_RANKS];  // every rank's packet area: u64 [2 parities][ARX_MAX_RANKS sources][ll_packets]
     u64 flags[ARX_MAX_RANKS];    // every rank's epoch flags: u64 [ARX_MAX_BLOCKS][2 phases][ARX_MAX_RANKS]
     u64 staging[ARX_MAX_RANKS];  // every rank's staging buffer: two halves of half_bytes, by epoch parity
-    u64 counters;                // this rank's per-block epoch counters, then symm_ll_norm's r packets (u64)
+    u64 counters;                // this rank's per-block epoch counters, then symm_ll_norm's row counters (u32)
     u64 count;
     u64 ll_packets;              // packets per source and parity
     u64 half_bytes;
@@ -168,104 +168,34 @@ template <int DT> ARX_DEV u32 add_residual_packet(const float* acc, u32 res) {
     return pack_payload<DT>(r);
 }
 
-// Polls the `np` (at most 4: a vector's) r packets at `slots` until each carries `flag`, their data into words; when
-// the wait ends without them (see Spin, waiting for this rank's own blocks), `s.failed` says so. One pass reads every
-// pending slot, so the loads overlap.
-ARX_DEV void poll_vector_packets(const u64* slots, u64 np, u64 flag, Spin& s, u32 rank, u32* words) {
-    u32 pending = (1u << np) - 1u;
-    while (pending != 0) {
-#pragma unroll
-        for (u32 q = 0; q < 4; ++q) {
-            u32 data;
-            if ((pending >> q & 1u) && LlPacket::read(slots + q, flag, data)) {
-                words[q] = data;
-                pending &= ~(1u << q);
-            }
-        }
-        if (pending != 0 && !s.check(rank, ARX_WAIT_BLOCKS)) return;
-    }
+// How many of the packets [lo, hi) fall to block b of `threads` threads in a grid of `stride` threads, where thread
+// t of block b takes the packets j with j % stride == b * threads + t (the exchange's loop).
+ARX_DEV u64 block_packets_below(u64 x, u64 b, u64 threads, u64 stride) {
+    u64 rest = x % stride, a = b * threads;
+    return x / stride * threads + (rest > a ? (rest - a < threads ? rest - a : threads) : 0);
 }
-
-// symm_ll_norm's normalisation of the row at element `base` from its r packets (`slots`, ppr of them, flagged
-// `flag`), by every thread of the row's block: thread t takes the packets of its lane's vectors (t, t + LANES, ...:
-// 16 bytes, 4 packets each), sums their squares in the canonical order (arx/norm.h), and after the block's halving
-// writes y and zeroes the packets, so the area is all zeros again when the call ends. The first vector's r and weight
-// stay in registers (one vector per thread up to 4096 bf16 elements); a further vector's packets are read again.
-// False, in every thread, when a wait for a packet failed.
-template <int DT> ARX_DEV bool ll_norm_row(const TunedParams& p, u64* slots, u64 flag, u64 base, Spin& s) {
-    typedef Elem<DT> E;
-    const int per = 4 / E::SIZE;
-    const u32 hidden = p.hidden;
-    const u64 ppr = ll_row_packets<DT>(hidden), nvec = div_ceil(hidden, E::VEC);
-    const bool vectors = rows_in_vectors<DT>(hidden);
-    const u32 t = threadIdx.x;
-    vec16 held_w = {};
-    if (vectors && t < nvec) held_w = ((const vec16*)p.weight)[t];
-    u32 held[4] = {0, 0, 0, 0};
-    float acc = 0.0f;
-    for (u64 v = t; v < nvec && !s.failed; v += ARX_NORM_LANES) {
-        u32 words[4] = {0, 0, 0, 0};
-        poll_vector_packets(slots + v * 4, ppr - v * 4 < 4 ? ppr - v * 4 : 4, flag, s, p.rank, words);
-        if (s.failed) break;
-#pragma unroll
-        for (u32 q = 0; q < 4; ++q) {
-            if (v == t) held[q] = words[q];
-#pragma unroll
-            for (int k = 0; k < per; ++k)
-                if ((v * 4 + q) * per + k < hidden) {
-                    float x = payload<DT>(words[q], k);
-                    acc = fma_rn(x, x, acc);
-                }
-        }
-    }
-    if (block_any(s.failed)) return false;
-    const float inv = rms_inv(lanes_total(acc), hidden, p.eps);
-    for (u64 v = t; v < nvec; v += ARX_NORM_LANES) {
-        u32 words[4];
-        vec16 w = held_w;
-#pragma unroll
-        for (u32 q = 0; q < 4; ++q)  // a further vector's packets are there (polled above): one load each
-            words[q] = v != t && v * 4 + q < ppr ? (u32)ld_relaxed_sys(slots + v * 4 + q) : held[q];
-        if (vectors && v != t) w = ((const vec16*)p.weight)[v];
-        float y[E::VEC];
-#pragma unroll
-        for (u32 q = 0; q < 4; ++q)
-#pragma unroll
-            for (int k = 0; k < per; ++k) {
-                u64 j = (v * 4 + q) * per + k;
-                float wk = vectors ? E::lane(w, q * per + k) : (j < hidden ? E::load((const void*)p.weight, j) : 0.0f);
-                y[q * per + k] = (payload<DT>(words[q], k) * inv) * wk;
-            }
-        if (vectors) {
-            ((vec16*)((char*)p.outputs[p.rank] + base * E::SIZE))[v] = E::pack(y);
-        } else {
-            for (int k = 0; k < E::VEC; ++k)
-                if (v * E::VEC + k < hidden) E::store((void*)p.outputs[p.rank], base + v * E::VEC + k, y[k]);
-        }
-#pragma unroll
-        for (u32 q = 0; q < 4; ++q)
-            if (v * 4 + q < ppr) st_relaxed_sys(slots + v * 4 + q, 0);
-    }
-    return true;
+ARX_DEV u64 block_packets_in(u64 lo, u64 hi, u64 b, u64 threads, u64 stride) {
+    return block_packets_below(hi, b, threads, stride) - block_packets_below(lo, b, threads, stride);
 }
 
 // Allreduce + residual add + RMSNorm on symm_ll's protocol, ARX_NORM_LANES threads per block. The exchange is
 // symm_ll's, spread over the whole grid (one packet per thread where the grid allows; packet slots in rows, ppr per
 // row, so no packet holds two rows' elements): push this rank's packets, poll every source's, add the residual to
 // their rank-ordered sum as the unfused kernel does and store r into the residual (its packet of the residual is read
-// before the poll, so that load waits with it) and, flagged with the call's flag, into this rank's r packets (after
-// the epoch counters, a slot per packet). Block b then normalises rows b, b + grid, ... from their r packets
-// (ll_norm_row): packets need no fence, so a row's r reaches its block in one store and one load. The normalising
-// block zeroes the packets it read, so no packet outlives its call and the flags' wrap cannot make one current again.
-// Areas alternate by epoch parity, safe for symm_ll's reason.
+// before the poll, so that load waits with it). No block waits for another: each counts the packets it stored per
+// row on the row's counter (this rank's, after the epoch counters, zero between calls), and the block whose count
+// completes a row (the last to store into it) runs the unfused norm's second piece on the row's r (y into the output,
+// so the bits are the unfused sequence's) and zeroes the counter. Areas alternate by epoch parity, safe for symm_ll's
+// reason.
 template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
+    __shared__ bool s_last[ARX_NORM_LANES];
     u64 epoch = next_epoch(p.counters);
     u64 flag = ll_flag(epoch);
     u64 area = (epoch & 1) * ARX_MAX_RANKS * p.ll_packets;
     u64 ppr = ll_row_packets<DT>(p.hidden);
     u64 rows = p.count / p.hidden, n = rows * ppr;
     const void* in = (const void*)p.inputs[p.rank];
-    u64* r_packets = (u64*)(p.counters + ARX_MAX_BLOCKS * sizeof(u64));
+    void* out = (void*)p.outputs[p.rank];
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     for (u64 j = first; j < n; j += stride)
@@ -278,16 +208,33 @@ template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
         u32 res = row_packet<DT>((const void*)p.residual, base, p.hidden, q);
         float acc[2];
         ll_poll_sum<DT>(inbox, p.ll_packets, j, flag, p.world, s, acc);
-        if (s.failed) break;
-        u32 r = add_residual_packet<DT>(acc, res);
-        store_row_packet<DT>((void*)p.residual, base, p.hidden, q, r);
-        LlPacket::write(r_packets + j, r, flag);
+        if (!s.failed) store_row_packet<DT>((void*)p.residual, base, p.hidden, q, add_residual_packet<DT>(acc, res));
     }
-    // A block that failed normalises nothing (the call fails and poisons the communicator, whose counters and r
-    // packets are not used again); the blocks of its rows end at the abort its failure recorded.
+    // A block that failed counts nothing, so its rows are never normalised (the call fails and poisons the
+    // communicator, whose counters are not used again).
     if (block_any(s.failed)) return;
-    for (u64 row = blockIdx.x; row < rows; row += gridDim.x)
-        if (!ll_norm_row<DT>(p, r_packets + row * ppr, flag, row * p.hidden, s)) return;
+    u32* row_count = (u32*)(p.counters + ARX_MAX_BLOCKS * sizeof(u64));
+    for (u64 r0 = 0; r0 < rows; r0 += blockDim.x) {
+        u64 row = r0 + threadIdx.x;
+        u64 mine = row < rows ? block_packets_in(row * ppr, (row + 1) * ppr, blockIdx.x, blockDim.x, stride) : 0;
+        bool last = false;
+        if (mine) {
+            // Release: the block's r (every thread's, ordered before this one by block_any's barrier) before the
+            // count; acquire: every other block's r of the row, each released so before it counted, before the
+            // reads, which the barrier below orders after this for every thread of the block.
+            fence_acq_rel_gpu();
+            last = add_relaxed_gpu(&row_count[row], (u32)mine) + mine == ppr;
+            fence_acq_rel_gpu();
+            if (last) row_count[row] = 0;
+        }
+        s_last[threadIdx.x] = last;
+        __syncthreads();
+        for (u64 k = 0; k < blockDim.x && r0 + k < rows; ++k)
+            if (s_last[k])
+                rms_norm_row<DT>((const void*)p.residual, 0, (const void*)p.weight, out, (r0 + k) * p.hidden, p.hidden,
+                                 p.eps);
+        __syncthreads();
+    }
     ll_clean(p, epoch);
 }
 

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
         return 2;
     const u64 size = plan.dtype == 2 ? 4 : 2, bytes = plan.count * size, out_bytes = plan.out_count * size;
     const bool norm = plan.norm != 0;
-    const u64 weight_bytes = plan.hidden * size;
+    const u64 rows = plan.hidden ? plan.count / plan.hidden : 0, weight_bytes = plan.hidden * size;
     // Inputs of every call, then the results.
     const u64 per_call = plan.world * bytes + (norm ? bytes + weight_bytes : 0);
     std::vector<char> inputs(plan.calls * per_call);
@@ -120,8 +120,8 @@ int main(int argc, char** argv) {
     const u64 results = plan.calls * plan.world * per_result;
     const u64 packet_bytes = 2ull * ARX_MAX_RANKS * plan.ll_packets * 8;
     const u64 flag_bytes = (u64)ARX_MAX_BLOCKS * ARX_PHASES * ARX_MAX_RANKS * 8;
-    // The epoch counters, then car's one-block words (arrivals, release) or symm_ll_norm's r packets.
-    const u64 counter_bytes = 3 * ARX_MAX_BLOCKS * 8 + plan.ll_packets * 8;
+    // The epoch counters, then car's one-block words (arrivals, release) or symm_ll_norm's row counts.
+    const u64 counter_bytes = 3 * ARX_MAX_BLOCKS * 8 + rows * 4;
     // Staging halves: room for a slot of every rank's whole input, more than any design needs.
     const u64 half_bytes = plan.world * ((bytes + 255) / 256 * 256);
     // The *_table kernels' peer tables: symm's (inputs, outputs), car's (both parities' views, then the flags).
@@ -219,8 +219,8 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "rank %u failed a wait: peer %llu, what %#llx\n", r, s[2], s[3]);
             failed = true;
         }
-    // symm_tuned.cu's kernels leave nothing past the epoch counters (symm_ll_norm's r packets are zeroed by the
-    // blocks that read them, so none outlives its call).
+    // symm_tuned.cu's kernels leave nothing past the epoch counters (symm_ll_norm's row counts are zeroed by the
+    // blocks that complete them, ready for the next call).
     for (u32 r = 0; r < plan.world && plan.family == 0; ++r)
         for (u64 i = ARX_MAX_BLOCKS; i < counter_bytes / 8; ++i)
             if (ranks[r].counters[i] != 0) {

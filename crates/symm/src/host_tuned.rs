@@ -1,15 +1,17 @@
 //! Host twins of `kernels/symm_tuned.cu`: flag-and-data packets as 8-byte atomics, and the zero-copy kernels over
 //! the epoch-flag barrier. Blocks run one after another in the same order on every rank; block b's packets are the
 //! ones with index j = b (mod grid), as with one thread per block on the device (`symm_ll_norm`'s: the kernel's,
-//! block b's threads' packets).
+//! block b's threads' packets, with its per-row counters).
 
 use crate::tuned_params::{ll_flag, TunedParams};
 use collective_core::host_sync::{flag_barrier, next_epoch};
 use collective_core::norm::{add_residual, add_rms_norm, rms_norm, row_range};
-use collective_core::{block_range, shard_elems, shard_range, sum_sources, AddRmsNorm, DType, HostElem, MAX_RANKS};
+use collective_core::{
+    block_range, shard_elems, shard_range, sum_sources, AddRmsNorm, DType, HostElem, MAX_BLOCKS, MAX_RANKS,
+};
 use deadline::{wait_all, Deadline};
 use gpu::{DevicePtr, HostKernel, HostLaunch, KernelFault};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
@@ -217,10 +219,18 @@ pub(crate) fn row_packets(hidden: usize, size: usize) -> usize {
     (hidden * size).div_ceil(4)
 }
 
-/// symm_ll's exchange, whose sum lands in the output, then the one-shot designs' epilogue over it: block b's threads
-/// take the packets j with j % (grid x threads) in block b's range, as the kernel's. The kernel sends each packet's r
-/// to the row's block as a packet, and that block normalises the row once every r has come; the twin runs the blocks
-/// in turn, so it normalises the rows after the last block's exchange: the same sums, rows and bits.
+/// How many of the packets `[lo, hi)` fall to block b of `threads` threads in a grid of `stride` threads, where thread
+/// t of block b takes the packets j with j % stride == b * threads + t (the kernels' `block_packets_in`).
+fn block_packets_in(lo: usize, hi: usize, b: usize, threads: usize, stride: usize) -> usize {
+    let below = |x: usize| x / stride * threads + (x % stride).saturating_sub(b * threads).min(threads);
+    below(hi) - below(lo)
+}
+
+/// symm_ll's exchange, whose sum lands in the output, then the one-shot designs' epilogue over it, as the kernel
+/// runs them: block b's threads take the packets j with j % (grid x threads) in block b's range; each block then
+/// counts what it stored of each row on the row's counter (after the epoch counters), and the block that completes a
+/// row normalises it and zeroes the counter. The twin runs the blocks in turn, so the last block of a row is the
+/// highest that holds a packet of it: the same sums, rows and bits.
 fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     let c = call(l)?;
     let (p, size) = (&c.p, c.dtype.size());
@@ -233,6 +243,8 @@ fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     }
     let (threads, stride) = (l.dims.block as usize, c.grid * l.dims.block as usize);
     let output = p.outputs[c.rank] as *mut u8;
+    // SAFETY: the counters hold MAX_BLOCKS u64 epochs, then a u32 per packet of the area (so per row), 8-aligned.
+    let row_count = |row: usize| unsafe { &*((p.counters as usize + MAX_BLOCKS * 8) as *const AtomicU32).add(row) };
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
@@ -242,12 +254,18 @@ fn ll_norm(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
             Packet { slot, elem: row * hidden + q * per, len: (hidden - q * per).min(per) }
         });
         c.exchange(epoch, packets, &format!("symm_ll_norm rank {} block {b}", c.rank))?;
+        for row in 0..rows {
+            let stored = block_packets_in(row * ppr, (row + 1) * ppr, b, threads, stride) as u32;
+            if stored > 0 && row_count(row).fetch_add(stored, Ordering::AcqRel) + stored == ppr as u32 {
+                row_count(row).store(0, Ordering::Relaxed);
+                // SAFETY: the output and the residual hold `count` elements, the weight `hidden`; the sum is read
+                // from the output before y overwrites it.
+                unsafe { add_rms_norm(c.dtype, &[output], &norm, output, (row, row + 1)) };
+            }
+        }
         // The slots this block's threads read, and their share of those past the rows, which nobody reads.
         ll_clean_slots(p, c.rank, epoch, mine(npk).flat_map(every_source));
     }
-    // SAFETY: the output and the residual hold `count` elements, the weight `hidden`; the sums are read from the
-    // output before y overwrites them.
-    unsafe { add_rms_norm(c.dtype, &[output], &norm, output, (0, rows)) };
     Ok(())
 }
 

@@ -178,16 +178,16 @@ impl SymmTuned {
         } else {
             (gpu.vmm_create(staging_bytes)?, Sharing::Vmm)
         };
-        // The per-block epoch counters, then symm_ll_norm's r packets (a slot per packet of the area; zero between
-        // calls).
-        let counters = gpu.alloc(MAX_BLOCKS * 8 + ll_packets * 8, MemKind::Device)?;
+        // The per-block epoch counters, then symm_ll_norm's per-row packet counters (a row takes a packet at least;
+        // zero between calls).
+        let counters = gpu.alloc(MAX_BLOCKS * 8 + ll_packets * 4, MemKind::Device)?;
         let stream = gpu.stream()?;
         if ipc {
             // SAFETY: the flags are the last FLAG_SLOTS words of our own staging allocation, not yet shared.
             unsafe { stream.memset(staging.ptr().offset(flags_at), 0, FLAG_SLOTS * 8)? };
         }
         let mut words = opts.first_epoch.to_le_bytes().repeat(MAX_BLOCKS);
-        words.resize(MAX_BLOCKS * 8 + ll_packets * 8, 0);
+        words.resize(MAX_BLOCKS * 8 + ll_packets * 4, 0);
         stream.upload(&counters, 0, &words)?;
         stream.sync()?;
         let bufs =

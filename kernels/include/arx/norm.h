@@ -29,27 +29,6 @@ template <int DT> ARX_DEV bool rows_in_vectors(u32 hidden) { return ((u64)hidden
     for (u64 v_ = threadIdx.x; v_ * Elem<DT>::VEC < (hidden); v_ += ARX_NORM_LANES) \
         for (u64 j = v_ * Elem<DT>::VEC; j < (v_ + 1) * Elem<DT>::VEC && j < (hidden); ++j)
 
-// The row's sum of squares from each lane's chain (`acc`, this thread's): the lanes halved pairwise (lane t + s into
-// lane t, s = LANES / 2 ... 1). Every thread of the block calls it and gets the total.
-ARX_DEV float lanes_total(float acc) {
-    __shared__ float s_lanes[ARX_NORM_LANES];
-    u32 t = threadIdx.x;
-    s_lanes[t] = acc;
-    __syncthreads();
-    for (u32 s = ARX_NORM_LANES / 2; s > 0; s >>= 1) {
-        if (t < s) s_lanes[t] = s_lanes[t] + s_lanes[t + s];
-        __syncthreads();
-    }
-    float total = s_lanes[0];
-    __syncthreads();  // every thread has read the total before the next row overwrites the lanes
-    return total;
-}
-
-// 1 / sqrt(mean + eps) of a row whose squares sum to `total`.
-ARX_DEV float rms_inv(float total, u32 hidden, float eps) {
-    return div_rn(1.0f, sqrt_rn(div_rn(total, (float)hidden) + eps));
-}
-
 // r = round(round(sum of srcs) + residual) for the row at element `base`, into r_dst (which may be a source or the
 // residual: each element is read, then written, by one thread).
 template <int DT>
@@ -79,6 +58,7 @@ template <int DT>
 ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, void* out, u64 base, u32 hidden,
                           float eps) {
     typedef Elem<DT> E;
+    __shared__ float s_lanes[ARX_NORM_LANES];
     u32 t = threadIdx.x;
     const bool vectors = rows_in_vectors<DT>(hidden);
     const u64 off = base * E::SIZE;
@@ -97,7 +77,14 @@ ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, v
             acc = fma_rn(x, x, acc);
         }
     }
-    float inv = rms_inv(lanes_total(acc), hidden, eps);
+    s_lanes[t] = acc;
+    __syncthreads();
+    for (u32 s = ARX_NORM_LANES / 2; s > 0; s >>= 1) {
+        if (t < s) s_lanes[t] = s_lanes[t] + s_lanes[t + s];
+        __syncthreads();
+    }
+    float inv = div_rn(1.0f, sqrt_rn(div_rn(s_lanes[0], (float)hidden) + eps));
+    __syncthreads();  // every thread has read the total before the next row overwrites the lanes
     // The row this thread wrote to r_copy is its own to read back; otherwise r_src, unchanged.
     const void* r = r_copy ? (const void*)r_copy : r_src;
     if (vectors) {
