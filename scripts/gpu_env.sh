@@ -1,6 +1,7 @@
 # Sourced by the GPU-node scripts: the environment every run shares, and MPS when ranks share GPUs.
 #   source gpu_env.sh OUT_DIR   (sets ranks, gpus, mps_started and out=OUT_DIR; stops MPS on exit; defines
-#   machine and step)
+#   machine and step). PACK=1: on exit, everything in OUT_DIR becomes one OUT_DIR/results.tgz, for nodes that send
+#   back only a few files.
 # Never NVLink multicast: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Compiled kernels outside OUT_DIR (keyed by their source's hash, so builds share it safely), so the results that
@@ -12,7 +13,13 @@ mps_started=0
 stop_mps() {
     if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
 }
-trap stop_mps EXIT
+pack_out() {
+    [ "${PACK:-0}" = 1 ] && [ -d "$out" ] || return 0
+    local tgz
+    tgz=$(mktemp "${TMPDIR:-/tmp}/arx-results.XXXXXX") &&
+        tar -C "$out" -czf "$tgz" . && find "$out" -mindepth 1 -delete && mv "$tgz" "$out/results.tgz"
+}
+trap 'stop_mps; pack_out' EXIT
 # 8 ranks on fewer NVIDIA GPUs run under MPS, so their kernels run at once (without it they time-slice and every
 # cross-rank barrier takes milliseconds); NO_MPS=1 keeps it off, as compute-sanitizer needs.
 if command -v nvidia-cuda-mps-control >/dev/null && [ "$gpus" -lt "$ranks" ] && [ "${NO_MPS:-0}" != 1 ]; then
