@@ -8,10 +8,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: gpu_verify.sh OUT_DIR [soak calls]}
 calls=${2:-10000}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-${TMPDIR:-/tmp}/arx-kernel-cache}
-ranks=${RANKS:-8}
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
+# The shared environment (and PACK=1) without its MPS: the soak below starts its own, the sanitizers run without.
+NO_MPS=1 source "$here/gpu_env.sh" "$out"
 status=0
 (
     if [ "$gpus" -lt "$ranks" ]; then

@@ -222,9 +222,10 @@ int main(int argc, char** argv) {
     // symm_tuned.cu's kernels leave nothing past the epoch counters (symm_ll_norm's row counts are zeroed by the
     // blocks that complete them, ready for the next call).
     for (u32 r = 0; r < plan.world && plan.family == 0; ++r)
-        for (u64 i = ARX_MAX_BLOCKS; i < counter_bytes / 8; ++i)
-            if (ranks[r].counters[i] != 0) {
-                std::fprintf(stderr, "rank %u left word %llu past its epoch counters nonzero\n", r, i - ARX_MAX_BLOCKS);
+        for (u64 i = ARX_MAX_BLOCKS * 8; i < counter_bytes; ++i)
+            if (((const char*)ranks[r].counters)[i] != 0) {
+                std::fprintf(stderr, "rank %u left byte %llu past its epoch counters nonzero\n", r,
+                             i - ARX_MAX_BLOCKS * 8);
                 failed = true;
                 break;
             }
