@@ -17,6 +17,8 @@
 //    every input and its pushes are done, so the caller may reuse its input and read its output once the kernel ends.
 //  - symm_zc_2shot_ll_norm: symm_zc_2shot_ll carrying them: each rank sends r of its share of the rows as packets,
 //    then every rank normalises every row from its own output.
+//  - symm_zc_2shot_pull: symm_zc_2shot whose all-gather pulls every shard from its owner's staging into this rank's
+//    output, which may then be the caller's own (no copy-out) without any peer mapping it.
 //  - symm_zc_2shot_push: symm_zc_2shot with a copy-in pushed: each rank writes each shard of its input into a slot of
 //    the shard's owner's staging, which sums locally; every remote access is a write.
 //  - symm_epoch_1shot: car's one-shot protocol on symmetric memory (copy-in fused per block into a staging half
@@ -346,41 +348,74 @@ template <int DT> ARX_DEV void zc_2shot_push_norm(const TunedParams& p, const u6
     zc_2shot_norm_k<DT, true>(p, in, out);
 }
 
-// dst[d][i] = sum over ranks of src[i] at one element i, for every rank d.
-template <int DT> ARX_DEV void push_at(u32 world, const u64* in, const u64* out, u64 i, const void* bias) {
+// out[d][i] = sum over ranks of in[i] at one element i, for every d < outs.
+template <int DT> ARX_DEV void push_at(u32 world, const u64* in, u32 outs, const u64* out, u64 i, const void* bias) {
     float acc = sum_at<DT, false>(in, world, i, bias);
 #pragma unroll
     for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
-        if (d < world) Elem<DT>::store((void*)out[d], i, acc);
+        if (d < outs) Elem<DT>::store((void*)out[d], i, acc);
 }
 
-// dst[d][i] = sum over ranks of src[i], for every rank d: one reduction, pushed to all.
-template <int DT> ARX_DEV void reduce_push(u32 world, const u64* in, const u64* out, Range r, const void* bias) {
+// out[d][i] = sum over ranks of in[i], for every d < outs: one reduction, stored to several buffers (every rank's
+// output, or this rank's output and staging).
+template <int DT>
+ARX_DEV void reduce_push(u32 world, const u64* in, u32 outs, const u64* out, Range r, const void* bias) {
     typedef Elem<DT> E;
     u64 h, z;
     split<DT>((const void*)in[0], r, h, z);
-    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) push_at<DT>(world, in, out, i, bias);
+    for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) push_at<DT>(world, in, outs, out, i, bias);
     for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
         vec16 sum = sum_vec<DT, false>(in, world, h * E::SIZE, v, bias);
 #pragma unroll
         for (u32 d = 0; d < ARX_MAX_RANKS; ++d)
-            if (d < world) ((vec16*)((char*)out[d] + h * E::SIZE))[v] = sum;
+            if (d < outs) ((vec16*)((char*)out[d] + h * E::SIZE))[v] = sum;
     }
-    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(world, in, out, i, bias);
+    for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(world, in, outs, out, i, bias);
+}
+
+// The fused copy-in of the zero-copy two-shots: block b copies block b's part of every shard (what block b of every
+// rank reads past the phase-0 barrier) from `copy_from` into this rank's registered input.
+template <int DT> ARX_DEV void copy_in_shards(const TunedParams& p, const u64* in, u64 shard) {
+    for (u32 s = 0; s < p.world; ++s)
+        copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
+                             block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, Elem<DT>::VEC));
 }
 
 template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, const u64* out) {
     typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
     u64 shard = shard_elems(p.count, p.world, E::VEC);
-    if (p.copy_from)
-        for (u32 s = 0; s < p.world; ++s)
-            copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
-                                 block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
+    if (p.copy_from) copy_in_shards<DT>(p, in, shard);
     if (!tuned_barrier(p, 0, epoch)) return;
-    reduce_push<DT>(p.world, in, out, block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC),
+    reduce_push<DT>(p.world, in, p.world, out,
+                    block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC),
                     (const void*)p.bias);
     if (!tuned_barrier(p, 1, epoch)) return;
+    ll_clean(p, epoch);
+}
+
+// symm_zc_2shot_pull: zc_2shot whose all-gather pulls (as car's two-shot gathers). Past phase 0 each rank sums its
+// shard into its own output and into its staging half of this epoch's parity; past phase 1 block b copies block b's
+// part of every peer's shard from that peer's half into its output. No rank writes a peer's memory, so the output
+// may be any buffer of the caller's (no copy-out) and ranks whose outputs lie in different places run one protocol.
+// A half is written again only in call e + 2 (zc_2shot_push's and symm_epoch_1shot's parity rule), by ranks that
+// have seen every peer enter call e + 1, so after every pull of call e.
+template <int DT> ARX_DEV void zc_2shot_pull(const TunedParams& p, const u64* in, const u64* out) {
+    typedef Elem<DT> E;
+    u64 epoch = next_epoch(p.counters);
+    u64 half = (epoch & 1) * p.half_bytes;
+    u64 shard = shard_elems(p.count, p.world, E::VEC);
+    if (p.copy_from) copy_in_shards<DT>(p, in, shard);
+    if (!tuned_barrier(p, 0, epoch)) return;
+    u64 mine[2] = {pick(out, p.rank), pick(p.staging, p.rank) + half};
+    reduce_push<DT>(p.world, in, 2, mine,
+                    block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC),
+                    (const void*)p.bias);
+    if (!tuned_barrier(p, 1, epoch)) return;
+    for (u32 s = 0; s < p.world; ++s)
+        if (s != p.rank)
+            copy_range<DT>((const void*)(pick(p.staging, s) + half), (void*)mine[0],
+                           block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, E::VEC));
     ll_clean(p, epoch);
 }
 
@@ -410,7 +445,8 @@ template <int DT> ARX_DEV void zc_2shot_push(const TunedParams& p, const u64* in
     u64 slots[ARX_MAX_RANKS];
 #pragma unroll
     for (u32 q = 0; q < ARX_MAX_RANKS; ++q) slots[q] = q < p.world ? own + ((u64)q * shard - mine.lo) * E::SIZE : 0;
-    reduce_push<DT>(p.world, slots, out, block_range(mine, blockIdx.x, gridDim.x, E::VEC), (const void*)p.bias);
+    reduce_push<DT>(p.world, slots, p.world, out, block_range(mine, blockIdx.x, gridDim.x, E::VEC),
+                    (const void*)p.bias);
     if (!tuned_barrier(p, 1, epoch)) return;
     ll_clean(p, epoch);
 }
@@ -576,6 +612,7 @@ template <int DT> ARX_DEV void zc_2shot_ll_norm(const TunedParams& p, const u64*
 ARX_ZC_ENTRIES(symm_zc_1shot, zc_1shot)
 ARX_ZC_ENTRIES(symm_zc_1shot_norm, zc_1shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot, zc_2shot)
+ARX_ZC_ENTRIES(symm_zc_2shot_pull, zc_2shot_pull)
 ARX_ZC_ENTRIES(symm_zc_2shot_push, zc_2shot_push)
 ARX_ZC_ENTRIES(symm_zc_2shot_norm, zc_2shot_norm)
 ARX_ZC_ENTRIES(symm_zc_2shot_push_norm, zc_2shot_push_norm)
@@ -593,6 +630,8 @@ ARX_INSTANTIATE_BOUNDED(symm_zc_1shot_table, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_1shot_norm, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_1shot_norm_table, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_table, TunedParams, ARX_TUNED_THREADS)
+ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_pull, TunedParams, ARX_TUNED_THREADS)
+ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_pull_table, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_push, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_push_table, TunedParams, ARX_TUNED_THREADS)
 ARX_INSTANTIATE_BOUNDED(symm_zc_2shot_norm, TunedParams, ARX_TUNED_THREADS)

@@ -23,6 +23,8 @@ import traceback
 
 # Half an output ulp plus float32 accumulation (allreduce::check::tolerance).
 HALF_ULP = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+# The designs that read (or write) their peers' buffers in place, each forced in turn on registered memory.
+ZERO_COPY = ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_push", "symm_zc_2shot_pull", "symm_zc_2shot_ll"]
 
 
 def comm_bench_sizes(align):
@@ -326,7 +328,7 @@ class Check:
             xin = torch.from_dlpack(self.comm.registered_input(dtype, n))
             xout = torch.from_dlpack(self.comm.registered_output(dtype, n))
             assert xin.device == torch.device(self.device) and xin.dtype == self.dtypes[dtype] and xin.numel() == n
-            for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_push", "symm_zc_2shot_ll", None]:
+            for algo in ZERO_COPY + [None]:
                 seed = self.next_seed()
                 xin.copy_(self.inputs(seed, self.rank, n, dtype))
                 xout.fill_(float("nan"))
@@ -342,7 +344,7 @@ class Check:
         mine = torch.empty(3 * n, dtype=torch.bfloat16, device=self.device)
         index = self.comm.register(mine)
         print(f"registered a torch tensor as registration {index}", flush=True)
-        for algo in ["symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_push", "symm_zc_2shot_ll", None]:
+        for algo in ZERO_COPY + [None]:
             seed = self.next_seed()
             mine[n : 2 * n].copy_(self.inputs(seed, self.rank, n, "bf16"))
             mine[2 * n :].fill_(float("nan"))

@@ -53,7 +53,7 @@ template <int DT> constexpr TunedBody<DT> TUNED[] = {
     symm_ll<DT>,          symm_ll_norm<DT>,          symm_zc_2shot_ll<DT>,      symm_zc_2shot_ll_norm<DT>,
     symm_zc_1shot<DT>,    symm_zc_1shot_norm<DT>,    symm_zc_2shot<DT>,         symm_zc_2shot_norm<DT>,
     symm_zc_2shot_push<DT>, symm_zc_2shot_push_norm<DT>, symm_epoch_1shot<DT>, symm_epoch_1shot_norm<DT>,
-    symm_zc_2shot_table<DT>,
+    symm_zc_2shot_table<DT>, symm_zc_2shot_pull<DT>, symm_zc_2shot_pull_table<DT>,
 };
 template <int DT> using CarBody = void (*)(CarParams);
 template <int DT> constexpr CarBody<DT> CAR[] = {

@@ -122,8 +122,8 @@ class Communicator:
         is there when the call returns.
 
         ``algorithm`` forces one algorithm (``car_1shot``, ``car_2shot``, ``symm_ll``, ``symm_epoch_1shot``,
-        ``symm_zc_1shot``, ``symm_zc_2shot_ll``, ``symm_zc_2shot``, ``symm_zc_2shot_push``), every rank alike, as
-        NCCL_ALGO does.
+        ``symm_zc_1shot``, ``symm_zc_2shot_ll``, ``symm_zc_2shot``, ``symm_zc_2shot_push``,
+        ``symm_zc_2shot_pull``), every rank alike, as NCCL_ALGO does.
 
         Raises:
             ArgumentError: a dtype other than bfloat16/float16/float32, a non-contiguous or empty tensor, a tensor

@@ -29,6 +29,7 @@ ALGORITHMS = [
     "symm_zc_2shot_ll",
     "symm_zc_2shot",
     "symm_zc_2shot_push",
+    "symm_zc_2shot_pull",
 ]
 # What a packet design asked for beyond its area runs instead (and last_algorithm reports).
 STAND_IN = {"symm_ll": "symm_zc_1shot", "symm_zc_2shot_ll": "symm_zc_2shot"}

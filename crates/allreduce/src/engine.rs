@@ -142,7 +142,10 @@ impl Engine {
         };
         let algorithm = match Engine::design(algorithm) {
             Some(design) if !self.symm.runs(design) => match algorithm {
-                Algorithm::SymmZc2ShotLl | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotPush => Algorithm::Car2Shot,
+                Algorithm::SymmZc2ShotLl
+                | Algorithm::SymmZc2Shot
+                | Algorithm::SymmZc2ShotPush
+                | Algorithm::SymmZc2ShotPull => Algorithm::Car2Shot,
                 _ => Algorithm::Car1Shot,
             },
             _ => algorithm,
@@ -172,6 +175,7 @@ impl Engine {
             Algorithm::SymmZc2ShotLl => Design::ZeroCopyTwoShotLl,
             Algorithm::SymmZc2Shot => Design::ZeroCopyTwoShot,
             Algorithm::SymmZc2ShotPush => Design::ZeroCopyTwoShotPush,
+            Algorithm::SymmZc2ShotPull => Design::ZeroCopyTwoShotPull,
             Algorithm::Car1Shot | Algorithm::Car2Shot | Algorithm::CarReduceScatter | Algorithm::CarAllGather => {
                 return None
             }
@@ -183,7 +187,11 @@ impl Engine {
     pub fn reads_peer_buffers(&self, choice: Choice, call: &Call) -> bool {
         matches!(
             self.runs_as(choice, call).algorithm,
-            Algorithm::SymmZc1Shot | Algorithm::SymmZc2Shot | Algorithm::SymmZc2ShotPush | Algorithm::SymmZc2ShotLl
+            Algorithm::SymmZc1Shot
+                | Algorithm::SymmZc2Shot
+                | Algorithm::SymmZc2ShotPush
+                | Algorithm::SymmZc2ShotPull
+                | Algorithm::SymmZc2ShotLl
         )
     }
 

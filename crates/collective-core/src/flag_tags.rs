@@ -35,6 +35,7 @@ const FLAG_KERNELS: &[&str] = &[
     "symm_zc_1shot_norm",
     "symm_zc_2shot",
     "symm_zc_2shot_norm",
+    "symm_zc_2shot_pull",
     "symm_zc_2shot_push",
     "symm_zc_2shot_push_norm",
     "symm_zc_2shot_ll",

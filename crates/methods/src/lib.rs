@@ -93,6 +93,7 @@ pub const METHODS: &[Method] = &[
     tuned_row("symm_zc_1shot", Design::ZeroCopyOneShot, Staging::Vmm, Default),
     tuned_row("symm_zc_2shot", Design::ZeroCopyTwoShot, Staging::Vmm, Default),
     tuned_row("symm_zc_2shot_push", Design::ZeroCopyTwoShotPush, Staging::Vmm, Default),
+    tuned_row("symm_zc_2shot_pull", Design::ZeroCopyTwoShotPull, Staging::Vmm, Default),
     tuned_row("symm_zc_2shot_ll", Design::ZeroCopyTwoShotLl, Staging::Vmm, Default),
     row("nccl_symm", AR, None, Kind::Nccl { symmetric: true }, Default),
     row("car_rs", RS, Some("fbgemm_rs"), Kind::Car(CarRs, V::Base), Default),
@@ -186,6 +187,7 @@ const BASELINES: &[&str] = &[
     "symm_zc_1shot",
     "symm_zc_2shot",
     "symm_zc_2shot_push",
+    "symm_zc_2shot_pull",
     "symm_zc_2shot_ll",
     "symm_ll",
 ];

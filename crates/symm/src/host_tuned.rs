@@ -39,6 +39,12 @@ pub(crate) static KERNELS: &[(&str, HostKernel)] = &[
     ("symm_zc_2shot_bf16", zc_two_shot),
     ("symm_zc_2shot_fp16", zc_two_shot),
     ("symm_zc_2shot_fp32", zc_two_shot),
+    ("symm_zc_2shot_pull_bf16", zc_two_shot_pull),
+    ("symm_zc_2shot_pull_fp16", zc_two_shot_pull),
+    ("symm_zc_2shot_pull_fp32", zc_two_shot_pull),
+    ("symm_zc_2shot_pull_table_bf16", zc_two_shot_pull_table),
+    ("symm_zc_2shot_pull_table_fp16", zc_two_shot_pull_table),
+    ("symm_zc_2shot_pull_table_fp32", zc_two_shot_pull_table),
     ("symm_zc_2shot_push_bf16", zc_two_shot_push),
     ("symm_zc_2shot_push_fp16", zc_two_shot_push),
     ("symm_zc_2shot_push_fp32", zc_two_shot_push),
@@ -294,7 +300,8 @@ fn ll_clean_slots(p: &TunedParams, rank: usize, epoch: u64, slots: impl Iterator
     }
 }
 
-/// The zero-copy designs: one-shot, two-shot, two-shot with its input pushed into the shard owners' staging, or
+/// The zero-copy designs: one-shot, two-shot, two-shot with its input pushed into the shard owners' staging, two-shot
+/// gathering by pulling from them, or
 /// one- or two-shot with the residual add and RMSNorm (blocks own rows; the two-shot's rows split among the ranks
 /// first).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -302,6 +309,7 @@ enum Zc {
     OneShot,
     TwoShot,
     TwoShotPush,
+    TwoShotPull,
     OneShotNorm,
     TwoShotNorm,
     TwoShotPushNorm,
@@ -310,12 +318,14 @@ enum Zc {
 fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
     let (p, size, vec) = (&c.p, c.dtype.size(), c.dtype.vec());
     let count = p.count as usize;
-    let two_shot = matches!(kind, Zc::TwoShot | Zc::TwoShotPush | Zc::TwoShotNorm | Zc::TwoShotPushNorm);
+    let two_shot =
+        matches!(kind, Zc::TwoShot | Zc::TwoShotPush | Zc::TwoShotPull | Zc::TwoShotNorm | Zc::TwoShotPushNorm);
     let pushes = matches!(kind, Zc::TwoShotPush | Zc::TwoShotPushNorm);
     let name = match kind {
         Zc::OneShot => "symm_zc_1shot",
         Zc::TwoShot => "symm_zc_2shot",
         Zc::TwoShotPush => "symm_zc_2shot_push",
+        Zc::TwoShotPull => "symm_zc_2shot_pull",
         Zc::OneShotNorm => "symm_zc_1shot_norm",
         Zc::TwoShotNorm => "symm_zc_2shot_norm",
         Zc::TwoShotPushNorm => "symm_zc_2shot_push_norm",
@@ -340,7 +350,7 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         // Block b's part of shard s (one-shot: of the whole message; with the norm: its rows' elements): what block b
         // of every rank reads.
         let part = |s: usize| match kind {
-            Zc::TwoShot | Zc::TwoShotPush => {
+            Zc::TwoShot | Zc::TwoShotPush | Zc::TwoShotPull => {
                 let (lo, hi) = shard_range(count, shard, s);
                 block_range(lo, hi, b, c.grid, vec)
             }
@@ -405,7 +415,13 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
             // SAFETY: registered inputs and outputs hold `count` elements.
             unsafe { HostElem::reduce(c.dtype, &srcs, lo, hi, mine.add(lo * size)) };
         }
-        if two_shot {
+        // This epoch's staging half of rank `owner`, where the pulled two-shot leaves the owner's shard.
+        let half = |owner: usize| (p.staging[owner] + (epoch & 1) * p.half_bytes) as *mut u8;
+        if kind == Zc::TwoShotPull {
+            // SAFETY: the output and our staging half hold `count` elements; no peer reads this half before the
+            // barrier below (it was last read in call epoch - 2).
+            unsafe { HostElem::copy(c.dtype, mine, half(c.rank), lo, hi) };
+        } else if two_shot {
             for (d, &out) in p.outputs[..c.world].iter().enumerate().filter(|(d, _)| *d != c.rank) {
                 // SAFETY: as above; rank d's output, mapped here, is written only by this range's owner.
                 unsafe { HostElem::copy(c.dtype, mine, out as *mut u8, lo, hi) };
@@ -414,6 +430,14 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         }
         // SAFETY: as above.
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 1, epoch, p.tag, &c.deadline, name)? };
+        if kind == Zc::TwoShotPull {
+            for s in (0..c.world).filter(|&s| s != c.rank) {
+                let (lo, hi) = part(s);
+                // SAFETY: rank s's half holds block b's part of its shard (its block b stored it before this
+                // barrier); the output holds `count` elements.
+                unsafe { HostElem::copy(c.dtype, half(s), mine, lo, hi) };
+            }
+        }
         if matches!(kind, Zc::TwoShotNorm | Zc::TwoShotPushNorm) {
             // Block b's rows of every share, whose r block b of every rank pushed: r into the residual, y over r.
             for s in 0..c.world {
@@ -474,6 +498,12 @@ fn zc_one_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
 }
 fn zc_two_shot(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, Zc::TwoShot)
+}
+fn zc_two_shot_pull(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call(l)?, Zc::TwoShotPull)
+}
+fn zc_two_shot_pull_table(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
+    zc(call_from_table(l)?, Zc::TwoShotPull)
 }
 fn zc_two_shot_push(l: &HostLaunch<'_>) -> Result<(), KernelFault> {
     zc(call(l)?, Zc::TwoShotPush)

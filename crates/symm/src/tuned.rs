@@ -102,7 +102,10 @@ pub fn method_name(design: Design, staging: Staging, copy_in: CopyIn) -> Option<
         (Design::EpochOneShot, Staging::Ipc) => "symm_epoch_1shot_ipc",
         (Design::ZeroCopyOneShot, Staging::Ipc) => "symm_zc_1shot_ipc",
         (Design::ZeroCopyTwoShot, Staging::Ipc) => "symm_zc_2shot_ipc",
-        (Design::Ll | Design::ZeroCopyTwoShotLl | Design::ZeroCopyTwoShotPush, Staging::Ipc) => return None,
+        (
+            Design::Ll | Design::ZeroCopyTwoShotLl | Design::ZeroCopyTwoShotPush | Design::ZeroCopyTwoShotPull,
+            Staging::Ipc,
+        ) => return None,
         (Design::OneShotTuned, Staging::Ipc) => "symm_1shot_tuned_ipc",
         (Design::TwoShotTuned, Staging::Ipc) => "symm_2shot_tuned_ipc",
     })
@@ -478,6 +481,9 @@ impl SymmTuned {
         let reads_peers = stem.reads_peers();
         let pushes = matches!(stem, Stem::ZeroCopyTwoShotPush | Stem::ZeroCopyTwoShotPushNorm);
         let writes_peers = pushes || matches!(stem, Stem::ZeroCopyTwoShot | Stem::ZeroCopyTwoShotNorm);
+        // The pulled two-shot writes its output only in its own shard before its last barrier (the one range of its
+        // input no peer reads), so its output may be its input.
+        let pulls = stem == Stem::ZeroCopyTwoShotPull;
         let deferred = peers.deferred.filter(|_| reads_peers);
         // Peers read a zero-copy input while this rank writes its output: in place, the output goes elsewhere.
         let in_place = input == output;
@@ -497,7 +503,11 @@ impl SymmTuned {
         } else if input != self.input.ptr() {
             let fuses = matches!(
                 stem,
-                Stem::ZeroCopyOneShot | Stem::ZeroCopyTwoShot | Stem::ZeroCopyOneShotNorm | Stem::ZeroCopyTwoShotNorm
+                Stem::ZeroCopyOneShot
+                    | Stem::ZeroCopyTwoShot
+                    | Stem::ZeroCopyTwoShotPull
+                    | Stem::ZeroCopyOneShotNorm
+                    | Stem::ZeroCopyTwoShotNorm
             );
             if self.copy_in == CopyIn::Fused && fuses {
                 params.copy_from = input.0;
@@ -517,7 +527,7 @@ impl SymmTuned {
                 }
                 _ => copy_out = true,
             }
-        } else if reads_peers && in_place && params.inputs[me] == output.0 {
+        } else if reads_peers && !pulls && in_place && params.inputs[me] == output.0 {
             copy_out = true;
         } else {
             params.outputs[me] = output.0;

@@ -32,6 +32,9 @@ pub enum Design {
     /// Zero-copy two-shot whose copy-in is pushed: every rank writes each shard of its input, wherever it lies, into
     /// the shard owner's staging, which sums locally, so every remote access is a write.
     ZeroCopyTwoShotPush,
+    /// Zero-copy two-shot whose all-gather pulls: each rank copies every shard from its owner's staging into its own
+    /// output, so a caller's output needs no copy-out and no peer writes it.
+    ZeroCopyTwoShotPull,
     /// Zero-copy two-shot whose second phase is flag-and-data packets: one barrier.
     ZeroCopyTwoShotLl,
     /// `Ll` up to the hand-over of the call's [`Mode`], `EpochOneShot` up to [`EPOCH_MAX_BYTES`], else zero-copy one-shot.
@@ -57,6 +60,7 @@ impl Design {
             Design::ZeroCopyOneShot => "symm_zc_1shot",
             Design::ZeroCopyTwoShot => "symm_zc_2shot",
             Design::ZeroCopyTwoShotPush => "symm_zc_2shot_push",
+            Design::ZeroCopyTwoShotPull => "symm_zc_2shot_pull",
             Design::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Design::OneShotTuned => "symm_1shot_tuned",
             Design::TwoShotTuned => "symm_2shot_tuned",
@@ -78,6 +82,7 @@ impl Design {
             Design::ZeroCopyOneShot => &[Stem::ZeroCopyOneShot],
             Design::ZeroCopyTwoShot => &[Stem::ZeroCopyTwoShot],
             Design::ZeroCopyTwoShotPush => &[Stem::ZeroCopyTwoShotPush],
+            Design::ZeroCopyTwoShotPull => &[Stem::ZeroCopyTwoShotPull],
             Design::ZeroCopyTwoShotLl => &[Stem::ZeroCopyTwoShotLl],
             Design::OneShotTuned => &[Stem::Ll, Stem::EpochOneShot, Stem::ZeroCopyOneShot],
             Design::TwoShotTuned => &[Stem::Ll, Stem::EpochOneShot, Stem::ZeroCopyTwoShot],
@@ -92,6 +97,7 @@ impl Design {
             Design::ZeroCopyOneShot => Stem::ZeroCopyOneShot,
             Design::ZeroCopyTwoShot => Stem::ZeroCopyTwoShot,
             Design::ZeroCopyTwoShotPush => Stem::ZeroCopyTwoShotPush,
+            Design::ZeroCopyTwoShotPull => Stem::ZeroCopyTwoShotPull,
             Design::ZeroCopyTwoShotLl => Stem::ZeroCopyTwoShotLl,
             Design::OneShotTuned | Design::TwoShotTuned if bytes <= ll_handover_bytes(mode) => Stem::Ll,
             Design::OneShotTuned if bytes <= EPOCH_MAX_BYTES => Stem::EpochOneShot,
@@ -112,6 +118,8 @@ pub(crate) enum Stem {
     ZeroCopyTwoShot,
     /// `ZeroCopyTwoShot` with the input (`copy_from`) pushed into the shard owners' staging.
     ZeroCopyTwoShotPush,
+    /// `ZeroCopyTwoShot` gathering by pulling from the shard owners' staging into this rank's output.
+    ZeroCopyTwoShotPull,
     ZeroCopyTwoShotLl,
     /// `Ll` with the residual add and RMSNorm: blocks of [`NORM_LANES`] threads own whole rows.
     LlNorm,
@@ -128,12 +136,13 @@ pub(crate) enum Stem {
 }
 
 impl Stem {
-    pub(crate) const ALL: [Stem; 12] = [
+    pub(crate) const ALL: [Stem; 13] = [
         Stem::Ll,
         Stem::EpochOneShot,
         Stem::ZeroCopyOneShot,
         Stem::ZeroCopyTwoShot,
         Stem::ZeroCopyTwoShotPush,
+        Stem::ZeroCopyTwoShotPull,
         Stem::ZeroCopyTwoShotLl,
         Stem::LlNorm,
         Stem::ZeroCopyOneShotNorm,
@@ -151,6 +160,7 @@ impl Stem {
             Stem::ZeroCopyOneShot => "symm_zc_1shot",
             Stem::ZeroCopyTwoShot => "symm_zc_2shot",
             Stem::ZeroCopyTwoShotPush => "symm_zc_2shot_push",
+            Stem::ZeroCopyTwoShotPull => "symm_zc_2shot_pull",
             Stem::ZeroCopyTwoShotLl => "symm_zc_2shot_ll",
             Stem::LlNorm => "symm_ll_norm",
             Stem::ZeroCopyOneShotNorm => "symm_zc_1shot_norm",
@@ -189,6 +199,7 @@ impl Stem {
             Stem::ZeroCopyTwoShotNorm => Some("symm_zc_2shot_norm_table"),
             Stem::ZeroCopyTwoShot => Some("symm_zc_2shot_table"),
             Stem::ZeroCopyTwoShotPush => Some("symm_zc_2shot_push_table"),
+            Stem::ZeroCopyTwoShotPull => Some("symm_zc_2shot_pull_table"),
             Stem::ZeroCopyTwoShotPushNorm => Some("symm_zc_2shot_push_norm_table"),
             Stem::ZeroCopyTwoShotLl => Some("symm_zc_2shot_ll_table"),
             Stem::ZeroCopyTwoShotLlNorm => Some("symm_zc_2shot_ll_norm_table"),

@@ -85,7 +85,7 @@ impl Computes {
 /// `SYMM`), what each computes, and the ways its input may come (the zero-copy designs fuse the copy-in; the pushed
 /// two-shots always push from the caller's buffer; car and symm copy from the caller's buffer, or read the buffer the
 /// host's memcpy fills).
-const KERNELS: [(u32, &str, Computes, &[Input]); 30] = [
+const KERNELS: [(u32, &str, Computes, &[Input]); 32] = [
     (0, "symm_ll", Sum, &[Registered]),
     (0, "symm_ll_norm", SumNorm, &[Registered]),
     (0, "symm_zc_2shot_ll", Sum, &[Registered]),
@@ -99,6 +99,8 @@ const KERNELS: [(u32, &str, Computes, &[Input]); 30] = [
     (0, "symm_epoch_1shot", Sum, &[Registered]),
     (0, "symm_epoch_1shot_norm", SumNorm, &[Registered]),
     (0, "symm_zc_2shot_table", Sum, &[Registered]),
+    (0, "symm_zc_2shot_pull", Sum, &[Registered, CopiedIn]),
+    (0, "symm_zc_2shot_pull_table", Sum, &[Registered]),
     (1, "car_1shot", Sum, &[CopiedIn]),
     (1, "car_2shot", Sum, &[CopiedIn]),
     (1, "car_1shot_norm", SumNorm, &[CopiedIn]),

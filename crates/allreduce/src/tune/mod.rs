@@ -27,6 +27,8 @@ pub enum Algorithm {
     SymmZc2Shot,
     /// `SymmZc2Shot` whose copy-in of an input no peer maps is pushed into the shard owners' staging.
     SymmZc2ShotPush,
+    /// `SymmZc2Shot` whose all-gather pulls every shard from its owner's staging into the caller's output.
+    SymmZc2ShotPull,
     /// Reduce-scatter: car's first half of two-shot (the one reduce-scatter the communicator runs).
     CarReduceScatter,
     /// All-gather: car's copy-in and copies out (the one all-gather the communicator runs).
@@ -35,7 +37,7 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// The allreduce algorithms a tune table may name.
-    pub const CANDIDATES: [Algorithm; 8] = [
+    pub const CANDIDATES: [Algorithm; 9] = [
         Algorithm::Car1Shot,
         Algorithm::Car2Shot,
         Algorithm::SymmLl,
@@ -44,6 +46,7 @@ impl Algorithm {
         Algorithm::SymmZc2ShotLl,
         Algorithm::SymmZc2Shot,
         Algorithm::SymmZc2ShotPush,
+        Algorithm::SymmZc2ShotPull,
     ];
 
     /// The method name comm-bench knows it by.
@@ -57,6 +60,7 @@ impl Algorithm {
             Algorithm::SymmZc2ShotLl => "symm_zc_2shot_ll",
             Algorithm::SymmZc2Shot => "symm_zc_2shot",
             Algorithm::SymmZc2ShotPush => "symm_zc_2shot_push",
+            Algorithm::SymmZc2ShotPull => "symm_zc_2shot_pull",
             Algorithm::CarReduceScatter => "car_rs",
             Algorithm::CarAllGather => "car_ag",
         }
