@@ -211,6 +211,9 @@ impl Stem {
 /// (`ARX_TUNED_THREADS`, their launch bound), so a forced launch shape may not ask for more.
 pub const THREADS: u32 = 512;
 
+/// Where the zero-copy designs' launch rule moves to larger blocks of work and a larger grid.
+const LARGE_BYTES: usize = 2 << 20;
+
 /// Launch rules per kernel, driver and message size.
 pub(crate) fn rule(kind: DriverKind, kernel: Stem, bytes: usize) -> LaunchRule {
     match (kind, kernel) {
@@ -226,6 +229,9 @@ pub(crate) fn rule(kind: DriverKind, kernel: Stem, bytes: usize) -> LaunchRule {
         (_, Stem::EpochOneShot) if bytes <= EPOCH_MAX_BYTES => {
             LaunchRule { threads: THREADS, bytes_per_block: 16 << 10, max_grid: 16 }
         }
+        // Past 2 MiB, up to twice the blocks (a copy or sum of a large message is bound by how many SMs move it; the
+        // resident cap still keeps every rank's blocks on the device); the two pieces meet at 32 blocks.
+        _ if bytes > LARGE_BYTES => LaunchRule { threads: THREADS, bytes_per_block: 64 << 10, max_grid: 64 },
         _ => LaunchRule { threads: THREADS, bytes_per_block: 16 << 10, max_grid: 32 },
     }
 }
@@ -264,6 +270,14 @@ mod tests {
             assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1, mode), Stem::ZeroCopyTwoShotLl);
             assert_eq!(Design::Ll.kernel(LL_MAX_BYTES, mode), Stem::Ll);
         }
+    }
+
+    #[test]
+    fn large_messages_take_up_to_twice_the_blocks_without_a_step_at_the_seam() {
+        let grid = |bytes| rule(DriverKind::Cuda, Stem::ZeroCopyTwoShotPull, bytes).plan(bytes, 1000).grid;
+        assert_eq!([grid(1 << 20), grid(LARGE_BYTES), grid(LARGE_BYTES + 1)], [32, 32, 33]);
+        assert_eq!([grid(4 << 20), grid(32 << 20)], [64, 64]);
+        assert_eq!(rule(DriverKind::Cuda, Stem::ZeroCopyOneShot, 32 << 20).plan(32 << 20, 16).grid, 16, "resident cap");
     }
 
     #[test]
