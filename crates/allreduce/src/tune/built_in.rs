@@ -14,7 +14,7 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
         DriverKind::Cuda => {
             let what = "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink); calls \
                         with the residual add and RMSNorm with 8 ranks only; on one H100, caller buffers with 2, 3, 4, \
-                        6 and 8 ranks";
+                        6 and 8 ranks (the pulled two-shot and the larger grid past 2 MiB measured there only)";
             (BUILT_IN_CUDA, what)
         }
         DriverKind::Hip => (BUILT_IN_HIP, "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table"),
