@@ -725,7 +725,16 @@ fn a_tune_is_followed_at_once_unless_the_tables_were_named() {
                 matches!(refused, Err(Error::BadArgs(ref m)) if m.contains("at least one residency")),
                 "{refused:?}"
             );
-            let report = comm.tune_with(&req, &mut |_| {}).unwrap();
+            let mut seen = Vec::new();
+            let report = comm.tune_with(&req, &mut |m| seen.push(m.clone())).unwrap();
+            // A near tie's two candidates are timed again and reported again, never one of them alone.
+            let size = |m: &allreduce::Measured| (m.op, m.mode, m.residency, m.count);
+            for m in &report.measured {
+                let retimed = report.measured.iter().filter(|n| size(n) == size(m) && n.retimed).count();
+                assert!(retimed == 0 || retimed == 2, "{retimed} re-timed at {:?}", size(m));
+                let reported = seen.iter().filter(|n| (size(n), n.choice) == (size(m), m.choice)).count();
+                assert_eq!(reported, 1 + usize::from(m.retimed), "{:?} {}", size(m), m.choice);
+            }
             for (op, mode, residency, table) in comm.tables().iter() {
                 let want = match &tune_table {
                     Some(file) => allreduce::TableSource::File(file.clone()),

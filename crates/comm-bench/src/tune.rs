@@ -33,9 +33,15 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
     let mut print = |m: &allreduce::Measured| {
         if rank0 {
             let t = m.ms.map_or_else(|| "failed".to_string(), |ms| format!("{:.2}", ms * 1e3));
+            // A near tie's two candidates are printed again with the median of their alternated timings.
+            let again = if m.retimed { " (re-timed)" } else { "" };
             let call = if m.op == allreduce::tune::TableOp::AddRmsNorm { "norm" } else { "plain" };
             let (mode, residency) = (m.mode.name(), m.residency.name());
-            println!("  {mode:>5} {residency:>17} {call:>5} {:>10} {:>26} {t:>10}", m.count, m.choice.to_string());
+            println!(
+                "  {mode:>5} {residency:>17} {call:>5} {:>10} {:>26} {t:>10}{again}",
+                m.count,
+                m.choice.to_string()
+            );
         }
     };
     let report = match comm.tune_with(&req, &mut print) {

@@ -5,10 +5,10 @@
 use super::Communicator;
 use crate::tune::{Algorithm, Choice, LoadedTable, Mode, Residency, TableKey, TableOp, TableSource, TuneTable};
 use crate::Error;
-use collective_core::{AddRmsNorm, DType, Op};
+use collective_core::{AddRmsNorm, Call, DType, Op};
 use gpu::{DeviceBuffer, MemKind};
 use measure::check::{self, NormCase};
-use measure::timing::{Timer, TimingOptions};
+use measure::timing::{median, Timer, TimingOptions};
 use std::path::PathBuf;
 
 /// The buffers a tune measures on: its own, its registered ones, and the norm calls' residual and weight.
@@ -63,6 +63,23 @@ fn near_fastest(plain: &[(usize, Algorithm, f64)], count: usize) -> Option<Vec<A
     Some(at().filter(|p| p.2 <= fastest * (1.0 + UNFUSED_AFTER)).map(|p| p.1).collect())
 }
 
+/// How close (a fraction of the faster) the two fastest candidates at a size may lie before the tune times them again,
+/// alternately: eager timings of several processes' launches swing by more than that from one timing to the next.
+const NEAR_TIE: f64 = 0.05;
+
+/// How many more timings each of a near tie's two candidates gets, alternated; each keeps the median of its own.
+const RETIMES: usize = 2;
+
+/// The positions in `ms` of the two fastest timed candidates, where the slower lies within [`NEAR_TIE`] of the faster.
+fn near_tie(ms: &[Option<f64>]) -> Option<[usize; 2]> {
+    let mut timed: Vec<(usize, f64)> = ms.iter().enumerate().filter_map(|(i, t)| Some((i, (*t)?))).collect();
+    timed.sort_by(|a, b| a.1.total_cmp(&b.1));
+    match timed[..] {
+        [(a, fast), (b, slow), ..] if slow <= fast * (1.0 + NEAR_TIE) => Some([a, b]),
+        _ => None,
+    }
+}
+
 /// The eps of the norm calls a tune measures (it does not change their cost).
 const NORM_EPS: f32 = 1e-6;
 
@@ -84,6 +101,9 @@ pub struct Measured {
     pub count: usize,
     pub choice: Choice,
     pub ms: Option<f64>,
+    /// Whether `ms` is the median of several timings: one of the two fastest at its size, within [`NEAR_TIE`] of each
+    /// other at first, timed [`RETIMES`] times more, alternately with the other.
+    pub retimed: bool,
 }
 
 /// What a tune produced: the tables (and the cache files rank 0 wrote them to) and every measurement.
@@ -248,6 +268,7 @@ impl Communicator {
                         None => Vec::new(),
                     };
                     let choices = Algorithm::CANDIDATES.map(Choice::of).into_iter().chain(after);
+                    let first = out.len();
                     for choice in choices {
                         // A candidate that would run another's kernel on this call is that one, measured already.
                         if self.engine.runs_as(choice, &call) != choice {
@@ -288,23 +309,51 @@ impl Communicator {
                                 r_bad.is_some() || y_bad.is_some() || case.twin_difference(dtype, &r, &got).is_some()
                             }
                         };
-                        let ms = if failed {
-                            None
-                        } else {
-                            let t = timer.time_calls(&opts, &self.rdv, |s| {
-                                // SAFETY: as above (the norm's residual takes each call's sum, as a model's does).
-                                unsafe { self.issue_as(call, choice, s.handle()) }.map(|_| ())
-                            })?;
-                            Some(t.median_ms())
-                        };
-                        let m = Measured { op, mode, residency, count, choice, ms };
+                        // SAFETY: as above (the norm's residual takes each call's sum, as a model's does).
+                        let ms =
+                            if failed { None } else { Some(unsafe { self.time_choice(call, choice, &opts, timer)? }) };
+                        let m = Measured { op, mode, residency, count, choice, ms, retimed: false };
                         progress(&m);
                         out.push(m);
+                    }
+                    // Every rank holds the same times (each the slowest rank's), so every rank re-times alike.
+                    if let Some(pair) = near_tie(&out[first..].iter().map(|m| m.ms).collect::<Vec<_>>()) {
+                        let mut all = pair.map(|i| vec![out[first + i].ms.expect("near_tie picks timed ones")]);
+                        for _ in 0..RETIMES {
+                            for (k, &i) in pair.iter().enumerate() {
+                                // SAFETY: as above.
+                                all[k].push(unsafe { self.time_choice(call, out[first + i].choice, &opts, timer)? });
+                            }
+                        }
+                        for (k, &i) in pair.iter().enumerate() {
+                            let m = &mut out[first + i];
+                            (m.ms, m.retimed) = (Some(median(&all[k])), true);
+                            progress(m);
+                        }
                     }
                 }
             }
         }
         Ok(out)
+    }
+
+    /// The slowest rank's median milliseconds per call of `choice` on `call`, in `opts`' mode.
+    ///
+    /// # Safety
+    /// `call`'s buffers hold its elements (and a norm call's residual and weight theirs) whenever `timer`'s stream
+    /// runs it, and every rank times the same call and choice at once.
+    unsafe fn time_choice(
+        &self,
+        call: Call,
+        choice: Choice,
+        opts: &TimingOptions,
+        timer: &Timer,
+    ) -> Result<f64, Error> {
+        let t = timer.time_calls(opts, &self.rdv, |s| {
+            // SAFETY: the caller's contract.
+            unsafe { self.issue_as(call, choice, s.handle()) }.map(|_| ())
+        })?;
+        Ok(t.median_ms())
     }
 
     /// The unfused sequences a tune measures on norm calls of `count` elements of `dtype` in `mode` and `residency`:
@@ -349,6 +398,16 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_two_fastest_within_five_percent_are_timed_again() {
+        assert_eq!(near_tie(&[Some(12.0), Some(10.4), None, Some(10.0)]), Some([3, 1]));
+        assert_eq!(near_tie(&[Some(10.0), Some(10.0)]), Some([0, 1]));
+        // 5.1% apart: the two fastest keep their first timings.
+        assert_eq!(near_tie(&[Some(10.0), Some(10.51), Some(11.0)]), None);
+        assert_eq!(near_tie(&[Some(10.0), None, None]), None);
+        assert_eq!(near_tie(&[]), None);
+    }
 
     #[test]
     fn the_unfused_sequence_follows_the_allreduces_near_the_fastest_at_the_nearest_count() {
