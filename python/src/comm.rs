@@ -49,11 +49,7 @@ fn mode_of(mode: &str) -> PyResult<Mode> {
 }
 
 fn residency_of(residency: &str) -> PyResult<Residency> {
-    Residency::from_name(residency).ok_or_else(|| {
-        ArgumentError::new_err(format!(
-            "residency {residency:?}: expected \"caller\", \"registered\" or \"caller_registered\""
-        ))
-    })
+    residency.parse().map_err(|e: allreduce::tune::UnknownResidency| ArgumentError::new_err(e.to_string()))
 }
 
 #[pymethods]

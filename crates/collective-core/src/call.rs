@@ -43,6 +43,27 @@ impl fmt::Display for Residency {
     }
 }
 
+impl std::str::FromStr for Residency {
+    type Err = UnknownResidency;
+
+    fn from_str(name: &str) -> Result<Residency, UnknownResidency> {
+        Residency::from_name(name).ok_or_else(|| UnknownResidency(name.to_string()))
+    }
+}
+
+/// A name that is no [`Residency`]'s: one message, listing the names there are, for every front end that parses one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownResidency(pub String);
+
+impl fmt::Display for UnknownResidency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = Residency::ALL.map(Residency::name).join(", ");
+        write!(f, "residency {:?}: expected one of {names}", self.0)
+    }
+}
+
+impl std::error::Error for UnknownResidency {}
+
 /// Why a call was refused before anything was enqueued; every field is data, for callers that map them.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CallError {

@@ -13,7 +13,7 @@ mod plan;
 pub mod status;
 mod team;
 
-pub use call::{AddRmsNorm, Call, CallError, Residency, MAX_HIDDEN};
+pub use call::{AddRmsNorm, Call, CallError, Residency, UnknownResidency, MAX_HIDDEN};
 pub use elem::{sum_sources, Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
 pub use plan::{LaunchPlan, LaunchRule};

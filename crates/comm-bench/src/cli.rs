@@ -174,7 +174,7 @@ pub struct BenchArgs {
     pub tune_norm_only: bool,
     /// With --tune: the residencies measured, each for its own tables (caller: the benchmark's own buffers,
     /// registered, caller_registered) [default: all three]; caller alone takes about a third of the time.
-    #[arg(long = "tune_residency", alias = "tune-residency", value_delimiter = ',', requires = "tune", value_parser = parse_residency)]
+    #[arg(long = "tune_residency", alias = "tune-residency", value_delimiter = ',', requires = "tune", value_parser = str::parse::<Residency>)]
     pub tune_residency: Option<Vec<Residency>>,
     /// The tune table `auto` follows [default: the built-in one].
     #[arg(long = "tune_table", alias = "tune-table")]
@@ -243,10 +243,6 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         Ok(n) if n >= 1 && n <= (1u64 << 34) >> shift => Ok(n << shift),
         _ => Err(format!("{s:?} is not a byte count from 1 to 16G (such as 8, 64K, 32M, 1G)")),
     }
-}
-
-fn parse_residency(s: &str) -> Result<Residency, String> {
-    Residency::from_name(s).ok_or_else(|| format!("{s:?}: expected caller, registered or caller_registered"))
 }
 
 impl BenchArgs {

@@ -248,7 +248,11 @@ fn tune_prints_its_table_by_size_range() {
     assert!(set.iter().all(|t| t["key"]["residency"] == "caller") && modes == ["eager", "graph"], "{set:?}");
     assert!(!text(&o).contains(" registered "), "{}", text(&o));
     let o = tune(&["--tune_hidden", "512", "--tune_residency", "caller,shared"]).unwrap();
-    assert!(!o.status.success() && text(&o).contains("\"shared\": expected caller"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("residency \"shared\": expected one of caller, registered"),
+        "{}",
+        text(&o)
+    );
     assert!(!text(&o).contains("[rank"), "refused before any rank starts: {}", text(&o));
 }
 

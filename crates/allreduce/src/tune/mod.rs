@@ -122,7 +122,7 @@ impl fmt::Display for Choice {
     }
 }
 
-pub use collective_core::Residency;
+pub use collective_core::{Residency, UnknownResidency};
 
 /// The calls a table chooses for: plain allreduces, or allreduces with the residual add and RMSNorm
 /// (`Call::with_add_rms_norm`), whose tables choose between the designs that carry the norm in their kernels and the
