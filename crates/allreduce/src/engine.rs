@@ -185,14 +185,7 @@ impl Engine {
     /// Whether `choice` on `call` reads its peers' buffers in place (the zero-copy designs), so that a call captured
     /// on unregistered buffers needs their addresses deferred to a peer table.
     pub fn reads_peer_buffers(&self, choice: Choice, call: &Call) -> bool {
-        matches!(
-            self.runs_as(choice, call).algorithm,
-            Algorithm::SymmZc1Shot
-                | Algorithm::SymmZc2Shot
-                | Algorithm::SymmZc2ShotPush
-                | Algorithm::SymmZc2ShotPull
-                | Algorithm::SymmZc2ShotLl
-        )
+        Engine::design(self.runs_as(choice, call).algorithm).is_some_and(Design::reads_peers)
     }
 
     /// Runs `choice` (of an allreduce candidate) on `call`, as [`Engine::runs_as`] says; with `peers.deferred`,

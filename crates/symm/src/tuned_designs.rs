@@ -67,6 +67,12 @@ impl Design {
         }
     }
 
+    /// Whether a kernel this design may pick reads its peers' buffers in place (the zero-copy designs), so that a call
+    /// captured on unregistered buffers needs their addresses in a peer table.
+    pub fn reads_peers(self) -> bool {
+        self.stems().iter().any(|stem| stem.reads_peers())
+    }
+
     /// Whether the kernel for a message of `bytes` depends on how the call is issued.
     pub(crate) fn depends_on_mode(self, bytes: usize) -> bool {
         matches!(self, Design::OneShotTuned | Design::TwoShotTuned)
@@ -270,6 +276,9 @@ mod tests {
             assert_eq!(Design::ZeroCopyTwoShotLl.kernel(1, mode), Stem::ZeroCopyTwoShotLl);
             assert_eq!(Design::Ll.kernel(LL_MAX_BYTES, mode), Stem::Ll);
         }
+        let zero_copy = [Design::ZeroCopyOneShot, Design::ZeroCopyTwoShotPush, Design::ZeroCopyTwoShotPull];
+        assert!(zero_copy.iter().all(|d| d.reads_peers()) && !Design::Ll.reads_peers());
+        assert!(!Design::EpochOneShot.reads_peers(), "the epoch one-shot reads its peers' staging, not their buffers");
     }
 
     #[test]
