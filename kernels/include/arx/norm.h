@@ -11,6 +11,19 @@
 // Threads of every block that runs a norm: one per lane of the canonical order.
 #define ARX_NORM_LANES 512
 
+// Where the sum of squares' halving leaves one block-wide step for another (a divisor of ARX_NORM_LANES).
+#define ARX_NORM_PARTS 32
+
+// What `v[i]` holds once the pairwise halving of v[0..N) (v[i] += v[i + s] for s = N / 2, ..., 1) has reached s = S,
+// for i < S: the same additions in the same order, evaluated depth first, so few values are live at once.
+template <u32 S, u32 N> ARX_DEV float halving_sum(const float* v, u32 i) {
+    if constexpr (S >= N) {
+        return v[i];
+    } else {
+        return halving_sum<2 * S, N>(v, i) + halving_sum<2 * S, N>(v, i + S);
+    }
+}
+
 // Rows [lo, hi) of r split among the blocks (== collective_core::norm::row_range).
 ARX_DEV Range row_range(Range r, u64 b, u64 grid) {
     u64 per = div_ceil(r.hi - r.lo, grid);
@@ -77,14 +90,15 @@ ARX_DEV void rms_norm_row(const void* r_src, void* r_copy, const void* weight, v
             acc = fma_rn(x, x, acc);
         }
     }
+    // The lanes halved pairwise in two block-wide steps (was one per halving): the first ARX_NORM_PARTS threads
+    // each sum their lane's tree down to that many parts, then every thread sums the parts. No sync after the last
+    // read: a thread writes either array again only past a sync that every reader of it has reached.
+    __shared__ float s_parts[ARX_NORM_PARTS];
     s_lanes[t] = acc;
     __syncthreads();
-    for (u32 s = ARX_NORM_LANES / 2; s > 0; s >>= 1) {
-        if (t < s) s_lanes[t] = s_lanes[t] + s_lanes[t + s];
-        __syncthreads();
-    }
-    float inv = div_rn(1.0f, sqrt_rn(div_rn(s_lanes[0], (float)hidden) + eps));
-    __syncthreads();  // every thread has read the total before the next row overwrites the lanes
+    if (t < ARX_NORM_PARTS) s_parts[t] = halving_sum<ARX_NORM_PARTS, ARX_NORM_LANES>(s_lanes, t);
+    __syncthreads();
+    float inv = div_rn(1.0f, sqrt_rn(div_rn(halving_sum<1, ARX_NORM_PARTS>(s_parts, 0), (float)hidden) + eps));
     // The row this thread wrote to r_copy is its own to read back; otherwise r_src, unchanged.
     const void* r = r_copy ? (const void*)r_copy : r_src;
     if (vectors) {
