@@ -3,6 +3,7 @@
 mod host_sim;
 mod kernels;
 mod perf_gate;
+mod tables;
 
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -37,6 +38,9 @@ enum Task {
     KernelCheck(kernels::Args),
     /// Quick criterion run compared with perf/baseline-DRIVER-MACHINE.json (time relative to a device copy).
     PerfGate(perf_gate::Args),
+    /// Put tuned tables into a driver's built-in set (crates/allreduce/tables/DRIVER.json): each replaces the table
+    /// of its key (driver, device, ranks, mode, residency, call) or joins the set.
+    Tables(tables::Args),
 }
 
 fn root() -> PathBuf {
@@ -217,6 +221,7 @@ fn main() -> ExitCode {
         }
         Task::KernelCheck(args) => kernels::kernel_check(args),
         Task::PerfGate(args) => perf_gate::run(&args),
+        Task::Tables(args) => tables::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! The drivers' built-in tune tables, and which table of a set a call follows when none has its key.
 
 use super::{TableKey, TuneTable};
+use crate::Error;
 use gpu::DriverKind;
 
 /// The built-in sets, one per driver: every table `Communicator::tune` measured there (mode x residency), keyed.
@@ -8,17 +9,66 @@ const BUILT_IN_CUDA: &str = include_str!("../../tables/cuda.json");
 const BUILT_IN_HIP: &str = include_str!("../../tables/hip.json");
 const BUILT_IN_HOST: &str = include_str!("../../tables/host.json");
 
+/// The driver's built-in set as its file in the source tree holds it (`crates/allreduce/tables/DRIVER.json`).
+fn built_in_text(driver: DriverKind) -> &'static str {
+    match driver {
+        DriverKind::Cuda => BUILT_IN_CUDA,
+        DriverKind::Hip => BUILT_IN_HIP,
+        DriverKind::Host => BUILT_IN_HOST,
+    }
+}
+
+/// The text of a built-in set's file (what `cargo xtask tables` writes): pretty JSON and a final newline.
+pub fn built_in_file(set: &[TuneTable]) -> String {
+    serde_json::to_string_pretty(set).expect("tables serialise") + "\n"
+}
+
+/// Puts freshly tuned tables into a driver's built-in set (`cargo xtask tables`): each replaces the table of its key
+/// or joins the set. Refused before any change: a table without a key (a built-in set is chosen from by key) or of
+/// another driver. Returns each table's key and whether it replaced one.
+pub fn merge_built_in(
+    set: &mut Vec<TuneTable>,
+    tuned: Vec<TuneTable>,
+    driver: DriverKind,
+) -> Result<Vec<(TableKey, bool)>, Error> {
+    let mut keys = Vec::new();
+    for t in &tuned {
+        let key = t.key.clone().ok_or_else(|| {
+            Error::Tune(format!("a table measured on {} has no key: a built-in set needs one", t.measured_on))
+        })?;
+        if key.driver != driver.to_string() {
+            return Err(Error::Tune(format!("the table for {key} is not of the {driver} driver's set")));
+        }
+        keys.push(key);
+    }
+    let mut merged = Vec::new();
+    for (t, key) in tuned.into_iter().zip(keys) {
+        let replaced = match set.iter_mut().find(|old| old.key.as_ref() == Some(&key)) {
+            Some(old) => {
+                *old = t;
+                true
+            }
+            None => {
+                set.push(t);
+                false
+            }
+        };
+        merged.push((key, replaced));
+    }
+    Ok(merged)
+}
+
 /// The driver's built-in tables and a line saying where they come from.
 pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
-    let (text, what) = match driver {
+    let text = built_in_text(driver);
+    let what = match driver {
         DriverKind::Cuda => {
-            let what = "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink); calls \
-                        with the residual add and RMSNorm with 8 ranks only; on one H100, caller buffers with 2, 3, 4, \
-                        6 and 8 ranks (the pulled two-shot and the larger grid past 2 MiB measured there only)";
-            (BUILT_IN_CUDA, what)
+            "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink); calls with the \
+             residual add and RMSNorm with 8 ranks only; on one H100, caller buffers with 2, 3, 4, 6 and 8 ranks (the \
+             pulled two-shot and the larger grid past 2 MiB measured there only)"
         }
-        DriverKind::Hip => (BUILT_IN_HIP, "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table"),
-        DriverKind::Host => (BUILT_IN_HOST, "host: measured with 2 and 3 ranks on 2 shared cores (results/host-tune)"),
+        DriverKind::Hip => "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table",
+        DriverKind::Host => "host: measured with 2 and 3 ranks on 2 shared cores (results/host-tune)",
     };
     (serde_json::from_str(text).expect("the built-in tables parse (tested)"), what)
 }
@@ -64,6 +114,40 @@ mod tests {
     use super::super::tests::table;
     use super::super::{LoadedTable, Mode, Residency, TableSource};
     use super::*;
+
+    #[test]
+    fn built_in_files_are_as_cargo_xtask_tables_writes_them() {
+        for d in [DriverKind::Host, DriverKind::Cuda, DriverKind::Hip] {
+            assert!(built_in_file(&built_in(d).0) == built_in_text(d), "{d}: rewrite with `cargo xtask tables`");
+        }
+    }
+
+    #[test]
+    fn merging_replaces_the_table_of_a_key_adds_a_new_key_and_refuses_unkeyed_or_foreign_tables() {
+        let keyed = |world, method: &str, driver| TuneTable {
+            key: Some(TableKey::new(driver, "dev", (world, world), Mode::Eager, Residency::Caller)),
+            ..table(&[(None, method)])
+        };
+        let mut set = vec![keyed(2, "car_1shot", DriverKind::Cuda), keyed(4, "car_1shot", DriverKind::Cuda)];
+        let tuned = vec![keyed(4, "symm_zc_1shot", DriverKind::Cuda), keyed(8, "car_2shot", DriverKind::Cuda)];
+        let merged = merge_built_in(&mut set, tuned, DriverKind::Cuda).unwrap();
+        assert_eq!(
+            merged.iter().map(|(k, replaced)| (k.world, *replaced)).collect::<Vec<_>>(),
+            [(4, true), (8, false)]
+        );
+        let methods: Vec<_> =
+            set.iter().map(|t| (t.key.as_ref().unwrap().world, t.entries[0].method.as_str())).collect();
+        assert_eq!(methods, [(2, "car_1shot"), (4, "symm_zc_1shot"), (8, "car_2shot")]);
+        for (bad, why) in
+            [(table(&[(None, "car_1shot")]), "has no key"), (keyed(2, "car_1shot", DriverKind::Hip), "not of")]
+        {
+            let before = set.clone();
+            let tuned = vec![keyed(16, "car_1shot", DriverKind::Cuda), bad];
+            let e = merge_built_in(&mut set, tuned, DriverKind::Cuda).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+            assert_eq!(set, before, "nothing merged before the refusal");
+        }
+    }
 
     #[test]
     fn every_built_in_table_is_valid_and_keyed_for_its_driver() {

@@ -12,8 +12,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 mod built_in;
-pub use built_in::built_in;
 use built_in::closest;
+pub use built_in::{built_in, built_in_file, merge_built_in};
 
 /// The algorithms a table chooses among, in the order `tune` measures them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
