@@ -8,16 +8,11 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     /// The driver whose built-in set takes the tables: cuda, hip or host.
-    #[arg(long, value_parser = parse_driver)]
+    #[arg(long, value_parser = str::parse::<DriverKind>)]
     driver: DriverKind,
     /// Files of tune tables (one table or a set each, as `comm-bench --tune` writes), each keyed for that driver.
     #[arg(required = true)]
     files: Vec<PathBuf>,
-}
-
-fn parse_driver(s: &str) -> Result<DriverKind, String> {
-    let drivers = [DriverKind::Cuda, DriverKind::Hip, DriverKind::Host];
-    drivers.into_iter().find(|d| d.to_string() == s).ok_or_else(|| format!("{s:?} is not cuda, hip or host"))
 }
 
 pub fn run(args: &Args) -> Result<(), String> {

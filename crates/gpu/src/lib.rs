@@ -63,6 +63,20 @@ pub enum DriverKind {
     Hip,
 }
 
+impl DriverKind {
+    pub const ALL: [DriverKind; 3] = [DriverKind::Host, DriverKind::Cuda, DriverKind::Hip];
+}
+
+impl FromStr for DriverKind {
+    type Err = GpuError;
+    fn from_str(s: &str) -> Result<Self> {
+        DriverKind::ALL
+            .into_iter()
+            .find(|d| d.to_string() == s)
+            .ok_or_else(|| GpuError::BadArgs(format!("unknown driver {s:?} (expected host, cuda or hip)")))
+    }
+}
+
 impl fmt::Display for DriverKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -730,6 +744,15 @@ mod tests {
         assert!(matches!(offset_in(base, 4096, base.offset(4000), 97), Err(GpuError::BadArgs(_))));
         assert!(matches!(offset_in(base, 4096, DevicePtr(0xfff), 1), Err(GpuError::BadArgs(_))), "before the base");
         assert!(matches!(offset_in(base, 4096, DevicePtr(u64::MAX), usize::MAX), Err(GpuError::BadArgs(_))));
+    }
+
+    #[test]
+    fn a_driver_parses_from_its_name_and_nothing_else() {
+        for d in DriverKind::ALL {
+            assert_eq!(d.to_string().parse::<DriverKind>().unwrap(), d);
+        }
+        let e = "rocm".parse::<DriverKind>().unwrap_err().to_string();
+        assert!(e.contains("unknown driver \"rocm\" (expected host, cuda or hip)"), "{e}");
     }
 
     #[test]

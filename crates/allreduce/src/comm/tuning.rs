@@ -101,8 +101,8 @@ pub struct Measured {
     pub count: usize,
     pub choice: Choice,
     pub ms: Option<f64>,
-    /// Whether `ms` is the median of three timings: one of the two fastest at its size, within 5% of each other at
-    /// first, each timed twice more, alternately.
+    /// Whether `ms` is the median of several timings: one of the two fastest at its size, within `NEAR_TIE` of each
+    /// other at first, timed `RETIMES` times more, alternately with the other.
     pub retimed: bool,
 }
 
