@@ -7,9 +7,10 @@
 // kernel_sim IN OUT: IN holds u32 family (0 symm_tuned's, 1 car's, 2 symm's), kernel (an index into the family's table),
 // dtype, world, grid, block, calls, hidden (a row's elements, or 0), norm (1: the kernel adds the residual and
 // normalises), copy_in (1: each call's input lies in a caller's buffer that the kernel copies or pushes in,
-// `copy_from`; 0: in the registered input); u64 count, out_count (the output's elements), ll_packets, timeout_ns; f32
-// eps; then per call every rank's input, and with the norm the call's residual (every rank's) and weight. OUT gets
-// per call and rank the output, then with the norm the residual (r).
+// `copy_from`; 0: in the registered input); u64 count, out_count (the output's elements), ll_packets, timeout_ns,
+// first_epoch (every block's epoch counter before the first call, as the communicator's `first_epoch`); f32 eps; then
+// per call every rank's input, and with the norm the call's residual (every rank's) and weight. OUT gets per call and
+// rank the output, then with the norm the residual (r).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,7 +26,7 @@ namespace {
 
 struct Plan {
     u32 family, kernel, dtype, world, grid, block, calls, hidden, norm, copy_in;
-    u64 count, out_count, ll_packets, timeout_ns;
+    u64 count, out_count, ll_packets, timeout_ns, first_epoch;
     float eps;
 };
 
@@ -100,12 +101,12 @@ int main(int argc, char** argv) {
     FILE* in = std::fopen(argv[1], "rb");
     Plan plan;
     u32 head[10];
-    u64 wide[4];
-    if (!in || std::fread(head, 4, 10, in) != 10 || std::fread(wide, 8, 4, in) != 4 ||
+    u64 wide[5];
+    if (!in || std::fread(head, 4, 10, in) != 10 || std::fread(wide, 8, 5, in) != 5 ||
         std::fread(&plan.eps, 4, 1, in) != 1)
         return 2;
     plan = Plan{head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8], head[9],
-                wide[0], wide[1], wide[2], wide[3], plan.eps};
+                wide[0], wide[1], wide[2], wide[3], wide[4], plan.eps};
     if (plan.world < 2 || plan.world > ARX_MAX_RANKS || plan.grid == 0 || plan.grid > ARX_MAX_BLOCKS || plan.block == 0 ||
         plan.dtype > 2 || plan.family > 2 || plan.kernel >= COUNTS[plan.family])
         return 2;
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
         k.weight = arena.take(weight_bytes + 16), k.staging = arena.take(2 * half_bytes);
         k.packets = (u64*)arena.take(packet_bytes), k.flags = (u64*)arena.take(flag_bytes);
         k.counters = (u64*)arena.take(counter_bytes), k.status = (u64*)arena.take(32);
+        for (u32 b = 0; b < ARX_MAX_BLOCKS; ++b) k.counters[b] = plan.first_epoch;
         k.boundary = (pthread_barrier_t*)arena.take(sizeof(pthread_barrier_t));
         pthread_barrier_init(k.boundary, &attr, plan.grid);
         base.inputs[r] = (u64)k.input, base.outputs[r] = (u64)k.output;
