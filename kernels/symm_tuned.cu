@@ -221,12 +221,11 @@ template <int DT> ARX_DEV void symm_ll_norm(TunedParams p) {
         u64 mine = row < rows ? block_packets_in(row * ppr, (row + 1) * ppr, blockIdx.x, blockDim.x, stride) : 0;
         bool last = false;
         if (mine) {
-            // Release: the block's r (every thread's, ordered before this one by block_any's barrier) before the
-            // count; acquire: every other block's r of the row, each released so before it counted, before the
-            // reads, which the barrier below orders after this for every thread of the block.
-            fence_acq_rel_gpu();
-            last = add_relaxed_gpu(&row_count[row], (u32)mine) + mine == ppr;
-            fence_acq_rel_gpu();
+            // One acq_rel add (was a fence either side of a relaxed one): it releases the block's r (every thread's,
+            // ordered before this one by block_any's barrier) and acquires every other block's r of the row, each
+            // released so when it counted, before the reads, which the barrier below orders after this for every
+            // thread of the block.
+            last = add_acq_rel_gpu(&row_count[row], (u32)mine) + mine == ppr;
             if (last) row_count[row] = 0;
         }
         s_last[threadIdx.x] = last;

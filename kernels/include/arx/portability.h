@@ -72,8 +72,7 @@ ARX_DEV u64 cas_acq_rel_sys(u64* p, u64 expected, u64 desired) {
     __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     return expected;
 }
-ARX_DEV void fence_acq_rel_gpu() { __atomic_thread_fence(__ATOMIC_ACQ_REL); }
-ARX_DEV u32 add_relaxed_gpu(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+ARX_DEV u32 add_acq_rel_gpu(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }
 ARX_DEV u64 timer_ns() { return arx_sim_now_ns(); }
 #elif defined(__HIPCC_RTC__) || defined(__HIP__) || defined(ARX_HIP)
@@ -97,9 +96,8 @@ ARX_DEV u64 cas_acq_rel_sys(u64* p, u64 expected, u64 desired) {
     return expected;
 }
 // Device-scope (agent) ordering and counting among one rank's blocks.
-ARX_DEV void fence_acq_rel_gpu() { __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, "agent"); }
-ARX_DEV u32 add_relaxed_gpu(u32* p, u32 v) {
-    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+ARX_DEV u32 add_acq_rel_gpu(u32* p, u32 v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
 }
 ARX_DEV u64 ld_relaxed_sys(const u64* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
 ARX_DEV void st_relaxed_sys(u64* p, u64 v) { __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM); }
@@ -123,10 +121,9 @@ ARX_DEV u64 ld_acquire_sys(const u64* p) {
     return v;
 }
 // Device-scope ordering and counting among one rank's blocks.
-ARX_DEV void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-ARX_DEV u32 add_relaxed_gpu(u32* p, u32 v) {
+ARX_DEV u32 add_acq_rel_gpu(u32* p, u32 v) {
     u32 old;
-    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
 }
 // Single-copy-atomic 8-byte moves with no ordering: what flag-and-data packets and polls need.
