@@ -20,6 +20,7 @@ use collective_core::{
 };
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Kernel, KernelLibrary, LaunchDims, Stream};
 use std::collections::HashMap;
+pub use tuned_params::LL_FLAG_PERIOD;
 
 /// The kernels, as one source for NVRTC / hipRTC and as host functions.
 pub static LIBRARY: KernelLibrary = KernelLibrary {

@@ -3,10 +3,13 @@
 
 use collective_core::MAX_RANKS;
 
+/// How many epochs the packet flags take to wrap: epoch `LL_FLAG_PERIOD` has epoch 0's flag again.
+pub const LL_FLAG_PERIOD: u64 = 0xffff_ffff;
+
 /// The packet flag of an epoch, in a packet's high word: `epoch mod (2^32 - 1) + 1`, never 0, so a zeroed slot never
 /// reads as data; each area is zeroed by the last call that uses it before the flags wrap (the kernels' `ll_clean`).
 pub fn ll_flag(epoch: u64) -> u64 {
-    (epoch % 0xffff_ffff + 1) << 32
+    (epoch % LL_FLAG_PERIOD + 1) << 32
 }
 
 /// The kernels' parameter block; layout equals `struct TunedParams` in `kernels/symm_tuned.cu`.

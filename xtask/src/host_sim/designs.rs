@@ -127,8 +127,6 @@ const SHAPES: [(DType, usize, usize, usize); 3] =
     [(DType::Bf16, 3, 7, 256), (DType::F32, 4, 3, 2100), (DType::F16, 2, 3, 4099)];
 const CALLS: usize = 3;
 const GRID: u32 = 2;
-/// The epoch whose packet flag is the first of a period again (`symm::tuned::ll_flag`).
-const PACKET_WRAP: u64 = 0xffff_ffff;
 
 /// The sum of `inputs` (`count` elements of `dtype` each) in rank order with f32 accumulation, as every kernel adds.
 fn rank_ordered_sum(dtype: DType, inputs: &[Vec<u8>], count: usize) -> Vec<u8> {
@@ -179,7 +177,7 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         // symm_tuned.cu's kernels cross the packet flags' wrap: the first two calls zero their packet areas, beside
         // blocks and peers still reading them, and the third runs on the new period's first flag (car's and symm's
         // kernels have no packets).
-        let first_epoch = if family == 0 { PACKET_WRAP - 3 } else { 0 };
+        let first_epoch = if family == 0 { symm::LL_FLAG_PERIOD - 3 } else { 0 };
         let fields = [count as u64, out_count as u64, ll_packets as u64, 10_000_000_000, first_epoch];
         plan.extend(fields.into_iter().flat_map(u64::to_le_bytes));
         plan.extend(eps.to_le_bytes());
