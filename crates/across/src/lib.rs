@@ -264,7 +264,8 @@ impl Across {
         let end_local: Box<dyn Fn() + Send + Sync> = Box::new(move || {
             end_local.abort();
         });
-        let watchdog = nccl::Watchdog::start(local.gpu(), &[&rail, &job], Some(end_local), setup)?;
+        let peers = local.peer_processes().clone();
+        let watchdog = nccl::Watchdog::start(local.gpu(), &[&rail, &job], Some(end_local), setup, peers)?;
         Ok(Across {
             watchdog,
             rail,

@@ -9,6 +9,7 @@ pub mod flag_tags;
 pub mod host_sync;
 mod kernel_headers;
 pub mod norm;
+mod peers;
 mod plan;
 pub mod status;
 mod team;
@@ -16,6 +17,7 @@ mod team;
 pub use call::{AddRmsNorm, Call, CallError, Residency, UnknownResidency, MAX_HIDDEN};
 pub use elem::{sum_sources, Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
+pub use peers::PeerProcesses;
 pub use plan::{LaunchPlan, LaunchRule};
 pub use team::{status_words, OwnStatus, PeerMaps, Sharing, Team, STATUS_BYTES};
 

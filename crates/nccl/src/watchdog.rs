@@ -1,11 +1,11 @@
 //! A deadline on the work enqueued on NCCL/RCCL, as torch's NCCL watchdog: each step is followed by an event on the
 //! caller's stream, and a thread that finds a step not done by its deadline, or a communicator with an asynchronous
-//! error (a peer's connection lost), ends every communicator it watches (`ncclCommAbort`: kernels waiting for a dead
+//! error (a peer's connection lost), or a peer on this host whose process is gone, ends every communicator it watches (`ncclCommAbort`: kernels waiting for a dead
 //! peer return, so the caller's stream drains and its syncs come back) and records why; every later call returns
 //! that failure. Without it, a peer that dies on another node, or stalls, leaves the survivors' streams spinning.
 
 use crate::Nccl;
-use collective_core::{Call, Collective, CollectiveError, DType, Op, Team};
+use collective_core::{Call, Collective, CollectiveError, DType, Op, PeerProcesses, Team};
 use gpu::{Gpu, Stream};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +39,8 @@ struct Shared {
     stop: AtomicBool,
     hooks: Hooks,
     deadline: Duration,
+    /// The peers on this host: one whose process is gone is named at once, and a late step says which are alive.
+    peers: PeerProcesses,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -46,8 +48,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// One look at `now`: drops the steps done; on a step past the deadline, a failed question or a communicator's
-    /// error, ends everything and records why (the first failure wins; nothing is watched after it).
+    /// One look at `now`: drops the steps done; on a failed question, a peer's process gone, a communicator's error
+    /// or a step past the deadline (in that order), ends everything and records why (the first failure wins;
+    /// nothing is watched after it).
     fn tick(&self, now: Instant) {
         if lock(&self.failure).is_some() {
             return;
@@ -66,13 +69,19 @@ impl Shared {
                 steps.iter().filter(|s| now.saturating_duration_since(s.since) > self.deadline).min_by_key(|s| s.since);
             let late = late.map(|s| {
                 format!(
-                    "{} has not completed {:.1} s after it was enqueued (the deadline is {:?}): a peer died or stalled",
+                    "{} has not completed {:.1} s after it was enqueued (the deadline is {:?}): a peer died or \
+                     stalled{}",
                     s.what,
                     now.saturating_duration_since(s.since).as_secs_f64(),
-                    self.deadline
+                    self.deadline,
+                    alive(&self.peers)
                 )
             });
-            asked.or(late).or_else(|| (self.hooks.errors)().err())
+            let gone = || {
+                let gone = self.peers.gone();
+                (!gone.is_empty()).then(|| format!("ranks {gone:?} on this host exited (their processes are gone)"))
+            };
+            asked.or_else(gone).or_else(|| (self.hooks.errors)().err()).or(late)
         };
         if let Some(why) = why {
             self.fail(why);
@@ -92,6 +101,22 @@ impl Shared {
     }
 }
 
+/// What a late step's message says of the peers on this host, which are all alive when it is written.
+fn alive(peers: &PeerProcesses) -> String {
+    let mut note = String::new();
+    if !peers.ranks().is_empty() {
+        note = format!(
+            "; the processes of ranks {:?} on this host are alive, so the rank that did not arrive is one of them \
+             stalled (before this call, or in it), or one on another host",
+            peers.ranks()
+        );
+    }
+    if !peers.hidden().is_empty() {
+        note += &format!("; ranks {:?} on this host cannot be watched from here", peers.hidden());
+    }
+    note
+}
+
 /// The thread that looks at the steps: it runs until dropped.
 pub(crate) struct Looker {
     shared: Arc<Shared>,
@@ -99,14 +124,16 @@ pub(crate) struct Looker {
 }
 
 impl Looker {
-    /// Starts the thread; a step not done `deadline` after it was enqueued fails the endpoint.
-    pub fn start(hooks: Hooks, deadline: Duration) -> Result<Looker, std::io::Error> {
+    /// Starts the thread; a step not done `deadline` after it was enqueued, or a process of `peers` gone, fails the
+    /// endpoint.
+    pub fn start(hooks: Hooks, deadline: Duration, peers: PeerProcesses) -> Result<Looker, std::io::Error> {
         let shared = Arc::new(Shared {
             steps: Mutex::default(),
             failure: Mutex::default(),
             stop: AtomicBool::new(false),
             hooks,
             deadline,
+            peers,
         });
         let looking = shared.clone();
         let thread = std::thread::Builder::new().name("nccl-watchdog".into()).spawn(move || {
@@ -200,14 +227,15 @@ impl fmt::Display for StepWhat {
 }
 
 impl Watchdog {
-    /// Watches the steps enqueued on `comms` (of `gpu`'s device), each given `deadline` from its enqueue: at the
-    /// first failure it aborts every one of them, then runs `also_end` (another communicator whose kernels may wait
-    /// on the same peers, say).
+    /// Watches the steps enqueued on `comms` (of `gpu`'s device), each given `deadline` from its enqueue, and the
+    /// processes of `peers`: at the first failure it aborts every one of them, then runs `also_end` (another
+    /// communicator whose kernels may wait on the same peers, say).
     pub fn start(
         gpu: &Gpu,
         comms: &[&Nccl],
         also_end: Option<Box<dyn Fn() + Send + Sync>>,
         deadline: Duration,
+        peers: PeerProcesses,
     ) -> Result<Watchdog, CollectiveError> {
         let aborts: Vec<crate::NcclAbort> = comms.iter().map(|n| n.abort_handle()).collect();
         let errors = aborts.clone();
@@ -224,7 +252,7 @@ impl Watchdog {
                 errors.iter().try_for_each(|a| a.async_error().map_err(|e| format!("{}: {e}", a.name())))
             }),
         };
-        let looker = Looker::start(hooks, deadline)
+        let looker = Looker::start(hooks, deadline, peers)
             .map_err(|e| CollectiveError::Unsupported(format!("starting the NCCL watchdog thread: {e}")))?;
         Ok(Watchdog { looker, events: EventPool::default(), gpu: gpu.clone() })
     }
@@ -277,10 +305,12 @@ pub struct WatchedNccl {
 }
 
 impl WatchedNccl {
-    /// As [`Nccl::new`], watched. Collective: every rank calls it.
+    /// As [`Nccl::new`], watched, with the processes of the team's peers on this host. Collective: every rank calls
+    /// it.
     pub fn new(team: Team<'_>, opts: crate::NcclOptions, deadline: Duration) -> Result<WatchedNccl, CollectiveError> {
         let nccl = Nccl::new(team, opts)?;
-        Ok(WatchedNccl { watchdog: Watchdog::start(team.gpu, &[&nccl], None, deadline)?, nccl })
+        let peers = PeerProcesses::gather(team.rdv)?;
+        Ok(WatchedNccl { watchdog: Watchdog::start(team.gpu, &[&nccl], None, deadline, peers)?, nccl })
     }
 }
 
@@ -310,6 +340,14 @@ mod tests {
 
     /// A watchdog's shared state without its thread, and how often it ended everything.
     fn shared(deadline: Duration, error: Option<&'static str>) -> (Arc<Shared>, Arc<AtomicUsize>) {
+        shared_with(deadline, error, PeerProcesses::default())
+    }
+
+    fn shared_with(
+        deadline: Duration,
+        error: Option<&'static str>,
+        peers: PeerProcesses,
+    ) -> (Arc<Shared>, Arc<AtomicUsize>) {
         let ended = Arc::new(AtomicUsize::new(0));
         let count = ended.clone();
         let hooks = Hooks {
@@ -324,6 +362,7 @@ mod tests {
             stop: AtomicBool::new(false),
             hooks,
             deadline,
+            peers,
         };
         (Arc::new(shared), ended)
     }
@@ -391,7 +430,7 @@ mod tests {
                 false => Ok(()),
             }),
         };
-        let w = Looker::start(hooks, Duration::from_secs(60)).unwrap();
+        let w = Looker::start(hooks, Duration::from_secs(60), PeerProcesses::default()).unwrap();
         w.look();
         assert_eq!(w.failure(), None);
         broken.store(true, Ordering::SeqCst);
@@ -417,7 +456,7 @@ mod tests {
             }),
             errors: Box::new(|| Ok(())),
         };
-        let w = Looker::start(hooks, Duration::from_millis(200)).unwrap();
+        let w = Looker::start(hooks, Duration::from_millis(200), PeerProcesses::default()).unwrap();
         let t0 = Instant::now();
         w.watch(step("ncclAllReduce on nccl_job", t0, usize::MAX));
         while w.failure().is_none() {
@@ -431,5 +470,32 @@ mod tests {
         let start = Instant::now();
         drop(w);
         assert!(start.elapsed() < PERIOD, "dropping unparks the thread at once");
+    }
+
+    #[test]
+    fn a_peer_whose_process_is_gone_is_named_at_once_and_a_late_step_names_the_live_ones() {
+        let me = std::process::id() as i32;
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+        // Rank 0 is this process, 1 the child, 2 another process of this host (this one again), 3 on another host.
+        let peers = PeerProcesses::visible(&[me, child.id() as i32, me, me], &["a", "a", "a", "b"], 0);
+        let (s, ended) = shared_with(Duration::from_secs(10), None, peers.clone());
+        let t0 = Instant::now();
+        lock(&s.steps).push(step("ncclAllReduce on nccl_job", t0, usize::MAX));
+        s.tick(t0 + Duration::from_secs(1));
+        assert_eq!(lock(&s.failure).clone(), None, "every peer alive, nothing late");
+        child.kill().expect("kill the child");
+        child.wait().expect("reap it");
+        s.tick(t0 + Duration::from_secs(2));
+        let why = lock(&s.failure).clone().expect("the child's process is gone");
+        assert!(why.starts_with("ranks [1] on this host exited"), "{why}");
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
+        // With every peer alive, the deadline's message says which are.
+        let alive = PeerProcesses::visible(&[me, me, i32::MAX, me], &["a", "a", "a", "b"], 0);
+        let (s, _) = shared_with(Duration::from_secs(10), None, alive);
+        lock(&s.steps).push(step("ncclAllReduce on nccl_job", t0, usize::MAX));
+        s.tick(t0 + Duration::from_secs(11));
+        let why = lock(&s.failure).clone().expect("late");
+        assert!(why.contains("the processes of ranks [1] on this host are alive"), "{why}");
+        assert!(why.contains("ranks [2] on this host cannot be watched from here"), "{why}");
     }
 }

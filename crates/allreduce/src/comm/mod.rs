@@ -12,7 +12,7 @@ use crate::engine::Engine;
 use crate::placement::{decode_links, encode_links, Placement, RankDevice};
 use crate::tune::{self, Algorithm, Choice, LoadedTable, Mode, Residency, TableKey, TableSource, Tables, TuneTable};
 use crate::Error;
-use collective_core::{AddRmsNorm, Call, DType, Op, Team, MAX_RANKS};
+use collective_core::{AddRmsNorm, Call, DType, Op, PeerProcesses, Team, MAX_RANKS};
 use gpu::{Backend, BorrowedStreams, DeviceBuffer, DevicePtr, Gpu, Stream};
 use ipc::{Rendezvous, RendezvousOptions};
 use launch::RankInfo;
@@ -319,18 +319,15 @@ impl Communicator {
             );
         }
         let no_atomics = placement.missing_peer_atomics();
-        let pids = rdv.all_gather("pids", &(std::process::id() as i32).to_le_bytes())?;
-        let pids: Vec<i32> = pids.iter().map(|b| i32::from_le_bytes(b[..4].try_into().expect("4-byte pids"))).collect();
-        let hosts: Vec<&str> = placement.ranks.iter().map(|d| d.host.as_str()).collect();
-        let watched = watch::watchable(&pids, &hosts, info.rank);
-        if watched.len() + 1 < hosts.iter().filter(|&&h| h == hosts[info.rank]).count() {
-            notes.push(
-                "some peers' processes are not visible from here (another pid namespace?): their death is \
-                        found by the kernels' deadline only"
-                    .into(),
-            );
+        let peers = PeerProcesses::gather(rdv)?;
+        if !peers.hidden().is_empty() {
+            notes.push(format!(
+                "the processes of ranks {:?} on this host are not visible from here (another pid namespace?): their \
+                 death is found by the kernels' deadline only",
+                peers.hidden()
+            ));
         }
-        let watch = Watch::start(&gpu, watched)?;
+        let watch = Watch::start(&gpu, peers)?;
         let team = Team::new(&gpu, rdv, sharers(&placement, opts))
             .with_kernel_timeout(timeout)
             .with_missing_peer_atomics(no_atomics.as_deref())
@@ -537,6 +534,12 @@ impl Communicator {
     /// A handle that ends this communicator from any thread ([`AbortHandle::abort`]), as `ncclCommAbort`.
     pub fn abort_handle(&self) -> AbortHandle {
         self.watch.abort_handle()
+    }
+
+    /// The processes of the peers on this host that its watchdog watches (another watchdog, NCCL's say, may
+    /// watch them too).
+    pub fn peer_processes(&self) -> &PeerProcesses {
+        self.watch.peers()
     }
 
     /// Enqueues an allreduce of `count` elements of `dtype` from `input` into `output` (they may be the same

@@ -4,7 +4,7 @@
 //! `ncclCommAbort`. No wait traps, so the process's GPU context outlives a failed call.
 
 use collective_core::status::describe;
-use collective_core::STATUS_BYTES;
+use collective_core::{PeerProcesses, STATUS_BYTES};
 use gpu::{DeviceBuffer, DriverKind, Gpu};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,6 +47,7 @@ impl AbortHandle {
 pub(super) struct Watch {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    peers: PeerProcesses,
 }
 
 impl Shared {
@@ -124,9 +125,8 @@ impl Shared {
 }
 
 impl Watch {
-    /// Zeroed status words, and a watchdog over them and over `peers` ((rank, pid) of the peers whose processes
-    /// this rank can see).
-    pub(super) fn start(gpu: &Gpu, peers: Vec<(usize, i32)>) -> Result<Watch, crate::Error> {
+    /// Zeroed status words, and a watchdog over them and over the processes of `peers`.
+    pub(super) fn start(gpu: &Gpu, peers: PeerProcesses) -> Result<Watch, crate::Error> {
         let status = collective_core::status_words(gpu)?;
         let stream = gpu.stream()?;
         let shared = Arc::new(Shared {
@@ -136,17 +136,22 @@ impl Watch {
             failed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
-        let s = shared.clone();
+        let (s, watched) = (shared.clone(), peers.clone());
         let thread = std::thread::Builder::new()
             .name("allreduce-watchdog".into())
-            .spawn(move || watchdog(&s, &peers, stream))
+            .spawn(move || watchdog(&s, &watched, stream))
             .map_err(|e| crate::Error::Unsupported(format!("starting the watchdog thread: {e}")))?;
-        Ok(Watch { shared, thread: Some(thread) })
+        Ok(Watch { shared, thread: Some(thread), peers })
     }
 
     /// The status words' device address, for the kernels.
     pub(super) fn status(&self) -> gpu::DevicePtr {
         self.shared.status.ptr()
+    }
+
+    /// The peers' processes the watchdog watches.
+    pub(super) fn peers(&self) -> &PeerProcesses {
+        &self.peers
     }
 
     pub(super) fn abort_handle(&self) -> AbortHandle {
@@ -180,43 +185,13 @@ impl Drop for Watch {
 }
 
 /// Until stopped or failed: the status words, then whether every watched peer's process still exists.
-fn watchdog(shared: &Shared, peers: &[(usize, i32)], stream: gpu::Stream) {
+fn watchdog(shared: &Shared, peers: &PeerProcesses, stream: gpu::Stream) {
     while !shared.stop.load(Ordering::Acquire) && shared.failure().is_none() {
         shared.look(Some(&stream));
-        let gone: Vec<usize> = peers
-            .iter()
-            .filter(|&&(_, pid)| {
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
-            })
-            .map(|&(r, _)| r)
-            .collect();
+        let gone = peers.gone();
         if !gone.is_empty() {
             shared.fail(Failure { ranks: gone, what: "exited (its process is gone)".into() });
         }
         std::thread::sleep(WATCH_PERIOD);
-    }
-}
-
-/// The peers whose processes this rank can watch: every other rank on this host whose pid is alive from here now
-/// (a pid of another pid namespace would look dead, so those are left to the kernels' deadline).
-pub(super) fn watchable(pids: &[i32], hosts: &[&str], rank: usize) -> Vec<(usize, i32)> {
-    let visible = |pid: i32| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-    (0..pids.len())
-        .filter(|&r| r != rank && hosts[r] == hosts[rank] && visible(pids[r]))
-        .map(|r| (r, pids[r]))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_visible_peers_of_this_host_are_watched() {
-        let me = std::process::id() as i32;
-        // A pid far above any pid_max: no such process, as a peer in another pid namespace looks.
-        let pids = [me, me, i32::MAX, me];
-        let hosts = ["a", "a", "a", "b"];
-        assert_eq!(watchable(&pids, &hosts, 0), vec![(1, me)]);
     }
 }
