@@ -22,6 +22,16 @@ pub struct Engine {
 impl Engine {
     /// Builds every candidate. Collective: every rank calls it with the same tables.
     pub fn new(team: Team<'_>, capacity_bytes: usize, tables: Tables) -> Result<Engine, CollectiveError> {
+        if team.gpu.kind() == gpu::DriverKind::Host {
+            let stems = std::env::var(gpu::UNFIT_KERNELS_VAR).unwrap_or_default();
+            let unknown = gpu::unknown_unfit_stems(&stems, &[&car::LIBRARY, &symm::LIBRARY, &symm::tuned::LIBRARY]);
+            if !unknown.is_empty() {
+                return Err(CollectiveError::BadArgs(format!(
+                    "{} names {unknown:?}, which are no kernel's name (without its dtype suffix)",
+                    gpu::UNFIT_KERNELS_VAR
+                )));
+            }
+        }
         let car = |algo| {
             let opts = car::CarOptions { capacity_bytes, uncached: true, rule: None, variant: car::Variant::Base };
             car::Car::new(team, algo, opts)

@@ -71,6 +71,16 @@ fn a_design_the_device_cannot_fit_is_not_run_and_the_rest_is() {
     );
     assert!(t.contains("symm_zc_2shot: not even one block of 1 thread(s) per rank fits beside the 2 ranks that share a device: the designs that need it run car's"), "{t}");
     assert!(t.contains("# Failures: none"), "{t}");
+    // A name that is no kernel's is refused, rather than leave every kernel fit.
+    let o = Command::new(BIN)
+        .args(QUICK)
+        .args(["--num_ranks", "2", "--counts", "1024", "--methods", "car_2shot"])
+        .env(gpu::UNFIT_KERNELS_VAR, "symm_zc_2shot,symm_zc_2sht")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("ARX_HOST_UNFIT_KERNELS names [\"symm_zc_2sht\"], which are no kernel's name"), "{t}");
 }
 
 #[test]

@@ -88,6 +88,16 @@ pub(crate) struct HostDriver {
 /// where a device cannot run some kernel.
 pub const UNFIT_KERNELS_VAR: &str = "ARX_HOST_UNFIT_KERNELS";
 
+/// The stems of `stems` (comma-separated, as [`UNFIT_KERNELS_VAR`] holds them) that name no kernel of `libraries`:
+/// a misspelt name would otherwise leave every kernel fit and a test that relies on it vacuous.
+pub fn unknown_unfit_stems(stems: &str, libraries: &[&KernelLibrary]) -> Vec<String> {
+    let known = |stem: &str| {
+        let one = [stem.to_string()];
+        libraries.iter().flat_map(|l| l.host.iter()).any(|(name, _)| is_unfit(&one, name))
+    };
+    stems.split(',').filter(|s| !s.is_empty() && !known(s)).map(String::from).collect()
+}
+
 /// Whether `kernel` (`{stem}_{dtype}`, or a name without a suffix) is one of the `unfit` stems.
 fn is_unfit(unfit: &[String], kernel: &str) -> bool {
     unfit.iter().any(|stem| {
@@ -526,6 +536,12 @@ mod tests {
     }
 
     static LIB: KernelLibrary = KernelLibrary { name: "test", source: "", headers: &[], host: &[("add_one", add_one)] };
+
+    #[test]
+    fn unfit_stems_that_name_no_kernel_are_found() {
+        assert_eq!(super::unknown_unfit_stems("add_one,,add_on,add_one_x", &[&LIB]), ["add_on", "add_one_x"]);
+        assert!(super::unknown_unfit_stems("", &[&LIB]).is_empty());
+    }
 
     #[test]
     fn unfit_kernels_are_named_by_their_stem() {

@@ -14,7 +14,7 @@ mod host;
 mod kernel_cache;
 
 pub use error::{mismatch, GpuError, KernelFault, Result};
-pub use host::{HostKernel, HostLaunch, UNFIT_KERNELS_VAR};
+pub use host::{unknown_unfit_stems, HostKernel, HostLaunch, UNFIT_KERNELS_VAR};
 
 use std::collections::HashMap;
 use std::fmt;
