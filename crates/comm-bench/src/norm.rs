@@ -35,7 +35,8 @@ pub struct NormArgs {
     /// fused_zc_1shot, fused_zc_2shot (the zero-copy designs with the norm in their kernel, the caller's input copied
     /// in first), fused_zc_2shot_push (the two-shot with its rows pushed into their owners' staging), fused_zc_2shot_ll
     /// (the two-shot whose r travels as packets, where the largest share's rows fit them), fused_epoch_1shot
-    /// (car's one-shot protocol on symmetric memory with the norm in its kernel), unfused (auto's allreduce, then the norm kernel), auto (the communicator's choice).
+    /// (car's one-shot protocol on symmetric memory with the norm in its kernel), unfused (auto's allreduce, then the norm kernel), unfused:ALGO (the allreduce ALGO, then the
+    /// norm kernel), auto (the communicator's choice).
     #[arg(
         long,
         value_delimiter = ',',
@@ -92,7 +93,8 @@ struct NormRow {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Way {
     Fused(Algorithm),
-    Unfused,
+    /// The allreduce, then the norm kernel: the allreduce the tables pick, or the one named (`unfused:ALGO`).
+    Unfused(Option<Algorithm>),
     Auto,
 }
 
@@ -106,14 +108,19 @@ fn way(name: &str) -> Result<Way, BenchError> {
         "fused_zc_2shot_push" => Way::Fused(Algorithm::SymmZc2ShotPush),
         "fused_zc_2shot_ll" => Way::Fused(Algorithm::SymmZc2ShotLl),
         "fused_epoch_1shot" => Way::Fused(Algorithm::SymmEpoch1Shot),
-        "unfused" => Way::Unfused,
+        "unfused" => Way::Unfused(None),
         "auto" => Way::Auto,
-        _ => {
-            return Err(BenchError::Config(format!(
-                "unknown norm method {name:?}; known: fused_1shot, fused_2shot, fused_ll, fused_zc_1shot, \
-                 fused_zc_2shot, fused_zc_2shot_push, fused_zc_2shot_ll, fused_epoch_1shot, unfused, auto"
-            )))
-        }
+        _ => match name.strip_prefix(Choice::UNFUSED).map(Algorithm::from_name) {
+            Some(Some(a)) if Algorithm::CANDIDATES.contains(&a) => Way::Unfused(Some(a)),
+            _ => {
+                return Err(BenchError::Config(format!(
+                    "unknown norm method {name:?}; known: fused_1shot, fused_2shot, fused_ll, fused_zc_1shot, \
+                     fused_zc_2shot, fused_zc_2shot_push, fused_zc_2shot_ll, fused_epoch_1shot, unfused, auto, and \
+                     unfused:ALGO with ALGO an allreduce ({})",
+                    Algorithm::CANDIDATES.map(Algorithm::name).join(", ")
+                )))
+            }
+        },
     })
 }
 
@@ -182,7 +189,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             Ok(unsafe {
                 match w {
                     Way::Fused(a) => comm.issue_as(call, Choice::of(a), s.handle())?,
-                    Way::Unfused => Choice::unfused(comm.issue_unfused(call, None, s.handle())?),
+                    Way::Unfused(a) => Choice::unfused(comm.issue_unfused(call, a, s.handle())?),
                     Way::Auto => {
                         comm.issue(call, None, s.handle())?;
                         comm.last_choice().expect("a call ran")
@@ -275,7 +282,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             let t = timer.time_calls(&timing, rdv, |s| issue(wy, s).map(|_| ()))?;
             times.push(median(&t.repeats_ms) * 1e3);
         }
-        let unfused = ways.iter().position(|&w| w == Way::Unfused).map(|k| times[k]);
+        let unfused = ways.iter().position(|&w| w == Way::Unfused(None)).map(|k| times[k]);
         if rank == 0 {
             for ((name, us), algo) in args.methods.iter().zip(&times).zip(&ran) {
                 let vs = unfused.map_or(String::new(), |u| format!("{:.2}x", u / us));
@@ -283,7 +290,8 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                 // does not carry the norm; auto's choice).
                 let label = match way(name)? {
                     Way::Fused(a) if Choice::of(a) == *algo => name.clone(),
-                    Way::Unfused => format!("{name} ({})", algo.algorithm),
+                    Way::Unfused(Some(a)) if Choice::unfused(a) == *algo => name.clone(),
+                    Way::Unfused(None) => format!("{name} ({})", algo.algorithm),
                     _ => format!("{name} ({algo})"),
                 };
                 println!("{tokens:>8} {:>10} {label:<46} {us:>10.2} {vs:>12}", count * dtype.size());

@@ -362,3 +362,27 @@ fn norm_checks_every_method_and_names_what_ran() {
     assert_eq!((fell_back["ran"].as_str(), fell_back["count"].as_u64()), (Some("car_1shot"), Some(16 * 8192)));
     assert!(rows.iter().all(|r| r["status"] == "passed" && r["time_ms"].as_f64().is_some_and(|t| t > 0.0)), "{rows:?}");
 }
+
+/// `unfused:ALGO` runs the unfused sequence on the allreduce named, checked as every method is; a name that is no
+/// allreduce is refused.
+#[test]
+fn norm_unfused_on_a_named_allreduce() {
+    let o = Command::new(BIN)
+        .args(["norm", "--backend", "host", "--num_ranks", "2", "--hidden", "1024", "--tokens", "1,8"])
+        .args(["-n", "2", "-w", "0", "--repeats", "1", "--methods", "unfused,unfused:car_1shot,unfused:symm_ll"])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for tokens in ["1", "8"] {
+        for method in ["unfused:car_1shot", "unfused:symm_ll"] {
+            let named = |l: &&str| {
+                let mut cells = l.trim_start_matches("[rank 0]").split_whitespace();
+                cells.next() == Some(tokens) && cells.nth(1) == Some(method)
+            };
+            assert!(t.lines().any(|l| named(&l)), "{tokens} x {method}: {t}");
+        }
+    }
+    let o = Command::new(BIN).args(["norm", "--num_ranks", "2", "--methods", "unfused:car_rs"]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("unfused:ALGO with ALGO an allreduce"), "{}", text(&o));
+}
