@@ -158,7 +158,8 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     let alloc = || gpu.alloc(capacity, MemKind::Device);
     let variants: Vec<_> = (0..2 * VARIANTS).map(|_| alloc()).collect::<Result<_, _>>()?;
     let (variant_inputs, variant_residuals) = variants.split_at(VARIANTS);
-    let sums = Checksum::new(gpu)?;
+    // One checksum per call of the consecutive calls, so a wrong one names its call.
+    let sums: Vec<Checksum> = (0..2 * VARIANTS).map(|_| Checksum::new(gpu)).collect::<Result<_, _>>()?;
     let timer = Timer::new(gpu)?;
     let stream = &timer.stream;
     let timing = TimingOptions {
@@ -245,16 +246,16 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             (0..VARIANTS as u64).map(|k| checksum(&variant_sum(world + 1, 0, count, k))).collect();
         for (name, &wy) in args.methods.iter().zip(&ways) {
             let burst = |s: &gpu::Stream| -> Result<(), BenchError> {
-                for c in 0..2 * VARIANTS {
+                for (c, sum) in sums.iter().enumerate() {
                     let k = c % VARIANTS;
                     // SAFETY: our own buffers of `capacity` bytes, each holding `count` elements.
                     unsafe { s.copy(residual.ptr(), variant_residuals[k].ptr(), bytes)? };
                     issue_on(wy, calls[k], s)?;
-                    sums.fold(s, &residual, count, dtype)?;
+                    sum.fold(s, &residual, count, dtype)?;
                 }
                 Ok(())
             };
-            sums.reset(stream)?;
+            sums.iter().try_for_each(|sum| sum.reset(stream))?;
             let replays = if args.graph {
                 stream.begin_capture()?;
                 let captured = burst(stream);
@@ -266,14 +267,30 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                 burst(stream)?;
                 1
             };
-            let want = (0..2 * VARIANTS).map(|c| per_variant[c % VARIANTS]).fold(0u64, u64::wrapping_add);
-            let right = sums.total(stream)? == want.wrapping_mul(replays);
-            let verdicts = rdv.all_gather("norm burst", &[u8::from(right)])?;
-            if let Some(r) = verdicts.iter().position(|v| v[..] != [1]) {
+            // A bit per call whose checksum of r is wrong here.
+            let mut wrong = 0u64;
+            for (c, sum) in sums.iter().enumerate() {
+                if sum.total(stream)? != per_variant[c % VARIANTS].wrapping_mul(replays) {
+                    wrong |= 1 << c;
+                }
+            }
+            let verdicts = rdv.all_gather("norm burst", &wrong.to_le_bytes())?;
+            let wrong: Vec<String> = verdicts
+                .iter()
+                .enumerate()
+                .filter_map(|(r, v)| {
+                    let bits = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+                    let calls: Vec<usize> = (0..2 * VARIANTS).filter(|c| bits >> c & 1 == 1).collect();
+                    (bits != 0).then(|| format!("rank {r} at calls {calls:?}"))
+                })
+                .collect();
+            if !wrong.is_empty() {
                 return Err(BenchError::Config(format!(
-                    "{name} {tokens}x{hidden}: {} consecutive calls: rank {r}'s checksum of r is wrong (a stale or \
+                    "{name} {tokens}x{hidden}: {} consecutive calls{}: the checksum of r is wrong on {} (a stale or \
                      torn read, or a row normalised before its sums were in)",
-                    2 * VARIANTS as u64 * replays
+                    2 * VARIANTS,
+                    if replays > 1 { format!(", replayed {replays} times") } else { String::new() },
+                    wrong.join(", ")
                 )));
             }
         }
