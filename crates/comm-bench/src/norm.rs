@@ -35,8 +35,8 @@ pub struct NormArgs {
     /// fused_zc_1shot, fused_zc_2shot (the zero-copy designs with the norm in their kernel, the caller's input copied
     /// in first), fused_zc_2shot_push (the two-shot with its rows pushed into their owners' staging), fused_zc_2shot_ll
     /// (the two-shot whose r travels as packets, where the largest share's rows fit them), fused_epoch_1shot
-    /// (car's one-shot protocol on symmetric memory with the norm in its kernel), unfused (auto's allreduce, then the norm kernel), unfused:ALGO (the allreduce ALGO, then the
-    /// norm kernel), auto (the communicator's choice).
+    /// (car's one-shot protocol on symmetric memory with the norm in its kernel), unfused (auto's allreduce, then the
+    /// norm kernel), unfused:ALGO (the allreduce ALGO, then the norm kernel), auto (the communicator's choice).
     #[arg(
         long,
         value_delimiter = ',',

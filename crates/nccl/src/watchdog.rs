@@ -1,8 +1,9 @@
 //! A deadline on the work enqueued on NCCL/RCCL, as torch's NCCL watchdog: each step is followed by an event on the
-//! caller's stream, and a thread that finds a step not done by its deadline, or a communicator with an asynchronous
-//! error (a peer's connection lost), or a peer on this host whose process is gone, ends every communicator it watches (`ncclCommAbort`: kernels waiting for a dead
-//! peer return, so the caller's stream drains and its syncs come back) and records why; every later call returns
-//! that failure. Without it, a peer that dies on another node, or stalls, leaves the survivors' streams spinning.
+//! caller's stream, and a thread that finds a step not done by its deadline, a communicator with an asynchronous
+//! error (a peer's connection lost), or a peer on this host whose process is gone, ends every communicator it watches
+//! (`ncclCommAbort`: kernels waiting for a dead peer return, so the caller's stream drains and its syncs come back)
+//! and records why; every later call returns that failure. Without it, a peer that dies on another node, or stalls,
+//! leaves the survivors' streams spinning.
 
 use crate::Nccl;
 use collective_core::{Call, Collective, CollectiveError, DType, Op, PeerProcesses, Team};
