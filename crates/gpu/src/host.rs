@@ -95,7 +95,12 @@ pub fn unknown_unfit_stems(stems: &str, libraries: &[&KernelLibrary]) -> Vec<Str
         let one = [stem.to_string()];
         libraries.iter().flat_map(|l| l.host.iter()).any(|(name, _)| is_unfit(&one, name))
     };
-    stems.split(',').filter(|s| !s.is_empty() && !known(s)).map(String::from).collect()
+    unfit_stems(stems).filter(|s| !known(s)).map(String::from).collect()
+}
+
+/// The stems of [`UNFIT_KERNELS_VAR`]'s comma-separated value.
+fn unfit_stems(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').filter(|s| !s.is_empty())
 }
 
 /// Whether `kernel` (`{stem}_{dtype}`, or a name without a suffix) is one of the `unfit` stems.
@@ -139,9 +144,7 @@ impl HostDriver {
             kernels: Mutex::default(),
             graphs: Mutex::default(),
             launches: Mutex::default(),
-            unfit: std::env::var(UNFIT_KERNELS_VAR)
-                .map(|v| v.split(',').filter(|s| !s.is_empty()).map(String::from).collect())
-                .unwrap_or_default(),
+            unfit: unfit_stems(&std::env::var(UNFIT_KERNELS_VAR).unwrap_or_default()).map(String::from).collect(),
         }
     }
 

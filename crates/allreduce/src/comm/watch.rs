@@ -30,6 +30,8 @@ struct Shared {
     /// Whether `failure` is set: what every call reads first, without the lock.
     failed: AtomicBool,
     stop: AtomicBool,
+    /// The peers' processes the watchdog watches.
+    peers: PeerProcesses,
 }
 
 /// Ends a communicator from any thread, as `ncclCommAbort`: every wait of its kernels ends (those running and those
@@ -47,7 +49,6 @@ impl AbortHandle {
 pub(super) struct Watch {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    peers: PeerProcesses,
 }
 
 impl Shared {
@@ -135,13 +136,14 @@ impl Watch {
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            peers,
         });
-        let (s, watched) = (shared.clone(), peers.clone());
+        let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("allreduce-watchdog".into())
-            .spawn(move || watchdog(&s, &watched, stream))
+            .spawn(move || watchdog(&s, stream))
             .map_err(|e| crate::Error::Unsupported(format!("starting the watchdog thread: {e}")))?;
-        Ok(Watch { shared, thread: Some(thread), peers })
+        Ok(Watch { shared, thread: Some(thread) })
     }
 
     /// The status words' device address, for the kernels.
@@ -151,7 +153,7 @@ impl Watch {
 
     /// The peers' processes the watchdog watches.
     pub(super) fn peers(&self) -> &PeerProcesses {
-        &self.peers
+        &self.shared.peers
     }
 
     pub(super) fn abort_handle(&self) -> AbortHandle {
@@ -185,10 +187,10 @@ impl Drop for Watch {
 }
 
 /// Until stopped or failed: the status words, then whether every watched peer's process still exists.
-fn watchdog(shared: &Shared, peers: &PeerProcesses, stream: gpu::Stream) {
+fn watchdog(shared: &Shared, stream: gpu::Stream) {
     while !shared.stop.load(Ordering::Acquire) && shared.failure().is_none() {
         shared.look(Some(&stream));
-        let gone = peers.gone();
+        let gone = shared.peers.gone();
         if !gone.is_empty() {
             shared.fail(Failure { ranks: gone, what: "exited (its process is gone)".into() });
         }
