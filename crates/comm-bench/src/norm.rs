@@ -55,6 +55,9 @@ pub struct NormArgs {
     pub num_warmup_iters: u64,
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub repeats: u64,
+    /// Times each method's consecutive-call check runs: a fault that shows once in many calls needs many.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub bursts: u64,
     #[arg(long = "num_ranks", alias = "num-ranks", value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub num_ranks: Option<u64>,
     #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<gpu::Backend>().map_err(|e| e.to_string()))]
@@ -160,6 +163,8 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     let (variant_inputs, variant_residuals) = variants.split_at(VARIANTS);
     // One checksum per call of the consecutive calls, so a wrong one names its call.
     let sums: Vec<Checksum> = (0..2 * VARIANTS).map(|_| Checksum::new(gpu)).collect::<Result<_, _>>()?;
+    // Each consecutive call's r, kept so that a wrong one can be shown element by element.
+    let kept: Vec<_> = (0..2 * VARIANTS).map(|_| alloc()).collect::<Result<_, _>>()?;
     let timer = Timer::new(gpu)?;
     let stream = &timer.stream;
     let timing = TimingOptions {
@@ -252,45 +257,67 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                     unsafe { s.copy(residual.ptr(), variant_residuals[k].ptr(), bytes)? };
                     issue_on(wy, calls[k], s)?;
                     sum.fold(s, &residual, count, dtype)?;
+                    // SAFETY: as the copy above.
+                    unsafe { s.copy(kept[c].ptr(), residual.ptr(), bytes)? };
                 }
                 Ok(())
             };
-            sums.iter().try_for_each(|sum| sum.reset(stream))?;
-            let replays = if args.graph {
-                stream.begin_capture()?;
-                let captured = burst(stream);
-                let graph = stream.end_capture()?;
-                captured?;
-                (0..2).try_for_each(|_| stream.replay(&graph))?;
-                2
-            } else {
-                burst(stream)?;
-                1
-            };
-            // A bit per call whose checksum of r is wrong here.
-            let mut wrong = 0u64;
-            for (c, sum) in sums.iter().enumerate() {
-                if sum.total(stream)? != per_variant[c % VARIANTS].wrapping_mul(replays) {
+            // Every burst runs, so a fault that persists (every later burst wrong) tells itself from a one-off.
+            let mut failed = Vec::new();
+            for round in 1..=args.bursts {
+                sums.iter().try_for_each(|sum| sum.reset(stream))?;
+                let replays = if args.graph {
+                    stream.begin_capture()?;
+                    let captured = burst(stream);
+                    let graph = stream.end_capture()?;
+                    captured?;
+                    (0..2).try_for_each(|_| stream.replay(&graph))?;
+                    2
+                } else {
+                    burst(stream)?;
+                    1
+                };
+                // A bit per call whose checksum of r is wrong here, and what is wrong in the first such call's r.
+                let mut wrong = 0u64;
+                let mut shown = String::new();
+                for (c, sum) in sums.iter().enumerate() {
+                    if sum.total(stream)? == per_variant[c % VARIANTS].wrapping_mul(replays) {
+                        continue;
+                    }
                     wrong |= 1 << c;
+                    if shown.is_empty() {
+                        let mut r = vec![0u8; bytes];
+                        stream.download(&kept[c], 0, &mut r)?;
+                        shown =
+                            describe_wrong_r(&dtype.decode(&r), world, (c % VARIANTS) as u64, 4 / dtype.size(), hidden);
+                        eprintln!("rank {rank}, burst {round}, call {c}: {shown}");
+                    }
+                }
+                let verdicts = rdv.all_gather("norm burst", &wrong.to_le_bytes())?;
+                let wrong: Vec<String> = verdicts
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(r, v)| {
+                        let bits = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+                        let calls: Vec<usize> = (0..2 * VARIANTS).filter(|c| bits >> c & 1 == 1).collect();
+                        (bits != 0).then(|| format!("rank {r} at calls {calls:?}"))
+                    })
+                    .collect();
+                if !wrong.is_empty() {
+                    failed.push(format!("burst {round}: {}", wrong.join(", ")));
                 }
             }
-            let verdicts = rdv.all_gather("norm burst", &wrong.to_le_bytes())?;
-            let wrong: Vec<String> = verdicts
-                .iter()
-                .enumerate()
-                .filter_map(|(r, v)| {
-                    let bits = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
-                    let calls: Vec<usize> = (0..2 * VARIANTS).filter(|c| bits >> c & 1 == 1).collect();
-                    (bits != 0).then(|| format!("rank {r} at calls {calls:?}"))
-                })
-                .collect();
-            if !wrong.is_empty() {
+            if !failed.is_empty() {
+                let shown = failed.len().min(8);
                 return Err(BenchError::Config(format!(
-                    "{name} {tokens}x{hidden}: {} consecutive calls{}: the checksum of r is wrong on {} (a stale or \
-                     torn read, or a row normalised before its sums were in)",
+                    "{name} {tokens}x{hidden}: {} consecutive calls{}: the checksum of r is wrong in {} of {} bursts \
+                     (a stale or torn read, or a row normalised before its sums were in): {}{}",
                     2 * VARIANTS,
-                    if replays > 1 { format!(", replayed {replays} times") } else { String::new() },
-                    wrong.join(", ")
+                    if args.graph { ", replayed 2 times" } else { "" },
+                    failed.len(),
+                    args.bursts,
+                    failed[..shown].join("; "),
+                    if shown < failed.len() { "; ..." } else { "" }
                 )));
             }
         }
@@ -339,4 +366,70 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     stream.sync()?;
     rdv.barrier("norm sweep teardown")?;
     Ok(())
+}
+
+/// What is wrong in r of a consecutive call of variant `k` (the residual and every rank's input that variant's,
+/// so r holds whole numbers): how many elements, the first few, and which ranks' inputs of which other variant
+/// (a call before or after) account for every wrong element of the first wrong packet (`per` elements), if any do.
+fn describe_wrong_r(got: &[f64], world: usize, k: u64, per: usize, hidden: usize) -> String {
+    let want = variant_sum(world + 1, 0, got.len(), k);
+    let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    let Some(&first) = bad.first() else { return "r is right element by element (only its checksum was wrong)".into() };
+    let firsts: Vec<String> = bad.iter().take(4).map(|&i| format!("[{i}] {} for {}", got[i], want[i])).collect();
+    let packet: Vec<usize> = (first / per * per..(first / per + 1) * per).filter(|&i| i < got.len()).collect();
+    let diff = |i: usize| got[i] - want[i];
+    let mut fits = Vec::new();
+    for v in (0..VARIANTS as u64).filter(|&v| v != k) {
+        let swapped = |ranks: &[usize], i: usize| -> f64 {
+            ranks.iter().map(|&q| (variant_value(q, i, v) - variant_value(q, i, k)) as f64).sum()
+        };
+        for q in 0..world {
+            if packet.iter().all(|&i| diff(i) == swapped(&[q], i)) {
+                fits.push(format!("rank {q}'s input of variant {v}"));
+            }
+        }
+        let all: Vec<usize> = (0..world).collect();
+        if packet.iter().all(|&i| diff(i) == swapped(&all, i)) {
+            fits.push(format!("every rank's input of variant {v}"));
+        }
+    }
+    for q in 0..world {
+        if packet.iter().all(|&i| diff(i) == -(variant_value(q, i, k) as f64)) {
+            fits.push(format!("rank {q}'s input missing"));
+        }
+    }
+    format!(
+        "{} of {} elements of r wrong (variant {k}), from element {first} (row {}), first {}; the first wrong packet \
+         is explained by {}",
+        bad.len(),
+        got.len(),
+        first / hidden,
+        firsts.join(", "),
+        if fits.is_empty() { "no single rank's other variant".to_string() } else { fits.join(" or ") }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_r_is_described_by_the_input_that_explains_it() {
+        let (world, hidden, k) = (4, 64, 1u64);
+        let want = variant_sum(world + 1, 0, 4 * hidden, k);
+        assert!(describe_wrong_r(&want, world, k, 2, hidden).contains("right element by element"));
+        // Packet 40 (elements 80 and 81, row 1) carries rank 2's input of the call before (variant 0).
+        let mut got = want.clone();
+        for i in [80, 81] {
+            got[i] += (variant_value(2, i, 0) - variant_value(2, i, k)) as f64;
+        }
+        let told = describe_wrong_r(&got, world, k, 2, hidden);
+        assert!(told.contains("of 256 elements of r wrong (variant 1), from element 80 (row 1)"), "{told}");
+        assert!(told.contains("rank 2's input of variant 0"), "{told}");
+        // A sum that never reached the output: r is the residual plus whatever the output held before.
+        let mut stale = want.clone();
+        stale[7] = variant_value(world, 7, k) as f64 + 0.75;
+        let told = describe_wrong_r(&stale, world, k, 2, hidden);
+        assert!(told.starts_with("1 of 256") && told.contains("no single rank's other variant"), "{told}");
+    }
 }
