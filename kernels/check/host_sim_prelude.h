@@ -44,10 +44,23 @@ template <class Body> void arx_sim_run_block(unsigned threads, Body body) {
     for (auto& t : running) t.join();
     arx_sim_block = nullptr;
 }
+// Clock noise: with ARX_SIM_TIMER_TEARS set (a seed), one reading in 64 is 2^32 ns early or late, as a read of a GPU's
+// 64-bit timer in two halves across its low word's wrap can be, so that a wait whose deadline such a reading ends
+// fails here too.
 inline unsigned long long arx_sim_now_ns() {
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+    unsigned long long now = (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+    static const unsigned long long seed = [] {
+        const char* s = std::getenv("ARX_SIM_TIMER_TEARS");
+        return s ? std::strtoull(s, nullptr, 10) : 0ull;
+    }();
+    if (seed == 0) return now;
+    thread_local unsigned long long x = 0;
+    if (x == 0) x = (seed ^ (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (threadIdx.x + 1ull)) | 1;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    if ((x & 63) != 0) return now;
+    return x & 64 ? now + (1ull << 32) : now - (1ull << 32);
 }
 inline void arx_sim_relax() { sched_yield(); }
 // Schedule noise: every system-scope access may, rarely and at random, stall its thread for 20-300 ms (longer than

@@ -148,10 +148,14 @@ ARX_DEV u64 cas_acq_rel_sys(u64* p, u64 expected, u64 desired) {
     return old;
 }
 ARX_DEV void st_stage(vec16* p, vec16 v) { *p = v; }
+// %globaltimer's halves, the high one read again after the low one: a read that straddles the low word's wrap (every
+// 2^32 ns) would otherwise be 4.3 s early or late, and a wait's deadline would end at once.
 ARX_DEV u64 timer_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
+    u32 hi, lo, again;
+    asm volatile("mov.u32 %0, %%globaltimer_hi;" : "=r"(hi));
+    asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(lo));
+    asm volatile("mov.u32 %0, %%globaltimer_hi;" : "=r"(again));
+    return hi == again ? ((u64)hi << 32 | lo) : (u64)again << 32;
 }
 ARX_DEV float u32_as_f32(u32 x) { return __uint_as_float(x); }
 ARX_DEV u32 f32_as_u32(float x) { return __float_as_uint(x); }

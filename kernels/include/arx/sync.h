@@ -58,7 +58,8 @@ struct Spin {
         // The clock is read only here, on the slow path: a wait that ends within its first polls (every packet of
         // the LL designs, most flag waits) never reads it. The deadline counts from the first slow check.
         u64 now = timer_ns();
-        if (start == 0) start = now;
+        // A clock that steps back (a torn read of it) restarts the deadline: the unsigned difference would end it.
+        if (start == 0 || now < start) start = now;
         bool aborted = ld_relaxed_sys(status) != 0;
         if (!aborted && now - start <= timeout) return true;
         // The first failure of a call is what the host reports; a later one's record would describe the same stall.

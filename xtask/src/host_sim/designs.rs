@@ -204,9 +204,11 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         }
         let (input, output) = (out.join("kernel_sim.in"), out.join("kernel_sim.out"));
         std::fs::write(&input, &plan).map_err(|e| format!("{}: {e}", input.display()))?;
-        // Stalls seeded per run (kernels/check/host_sim_prelude.h), so a rank's thread falls calls behind its peers.
+        // Stalls seeded per run (kernels/check/host_sim_prelude.h), so a rank's thread falls calls behind its peers,
+        // and a torn clock now and then, which no wait's deadline may take for a timeout.
         let stalls = (seed ^ k as u64) | 1;
-        run(Command::new(sim).env("ARX_SIM_STALLS", stalls.to_string()).arg(&input).arg(&output))
+        let noise = [("ARX_SIM_STALLS", stalls.to_string()), ("ARX_SIM_TIMER_TEARS", stalls.to_string())];
+        run(Command::new(sim).envs(noise).arg(&input).arg(&output))
             .map_err(|e| format!("the designs on the host, {what}: {e}"))?;
         let got = std::fs::read(&output).map_err(|e| format!("{}: {e}", output.display()))?;
         let (bytes, out_bytes) = (count * dtype.size(), out_count * dtype.size());
