@@ -35,8 +35,16 @@ machine() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
 }
-# step NAME CMD...: runs CMD with its output in OUT_DIR/NAME.txt and shows its end; a failure is marked there and
-# sets status=1, and the script goes on with the next step.
+# restart_mps: a fresh MPS server, where this script started one: a run that ended in a stuck wait (or was killed
+# with kernels in flight) left the server unable to make contexts for the next ("cuDevicePrimaryCtxRetain failed").
+restart_mps() {
+    [ "$mps_started" = 1 ] || return 0
+    echo quit | nvidia-cuda-mps-control || true
+    sleep 2
+    nvidia-cuda-mps-control -d
+}
+# step NAME CMD...: runs CMD with its output in OUT_DIR/NAME.txt and shows its end; a failure is marked there, sets
+# status=1 and restarts MPS, and the script goes on with the next step.
 status=0
 step() {
     local name=$1
@@ -45,6 +53,7 @@ step() {
     if ! "$@" >>"$out/$name.txt" 2>&1; then
         echo "## $name FAILED" | tee -a "$out/$name.txt"
         status=1
+        restart_mps
     fi
     tail -n 12 "$out/$name.txt"
 }

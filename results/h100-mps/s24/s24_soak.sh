@@ -4,13 +4,9 @@
 # calls of a burst go wrong. For each build in BUILDS (comm-bench binaries; main's, and R: packets pushed with
 # st.release.sys and polled with ld.acquire.sys), each method alone, BURSTS bursts of 6 consecutive checked calls of
 # 8 x 4096 bf16 at NRANKS (8) ranks, REPS times; then a plain comm-bench loop on symm_ll alone (no norm) for PLAIN_SECS.
-# Run from dist/: `cd dist && OUT=out BUILDS="./comm-bench ./R/comm-bench" bash ../results/h100-mps/s24/s24_soak.sh`.
+# Run from dist/: `cd dist && OUT=out BUILDS="./comm-bench ./R/comm-bench" bash ../results/h100-mps/s24/s24_soak.sh`
+# (R/ a build with results/h100-mps/s24/first-call/R.patch applied); a failed run restarts MPS (gpu_env.sh).
 source ./gpu_env.sh $OUT >/dev/null && machine > $OUT/machine.txt
-# A run that ended in a stuck wait leaves the MPS server unable to make contexts: a fresh one for the next run.
-restart_mps() {
-  [ "$mps_started" = 1 ] || return 0
-  echo quit | nvidia-cuda-mps-control; sleep 2; nvidia-cuda-mps-control -d
-}
 methods=${METHODS:-unfused:symm_ll fused_ll unfused:car_1shot unfused:symm_epoch_1shot}
 for b in ${BUILDS:-./comm-bench}; do
   tag=$(basename $(dirname $b)); [ "$tag" = . ] && tag=main
