@@ -58,6 +58,11 @@ pub struct NormArgs {
     /// Times each method's consecutive-call check runs: a fault that shows once in many calls needs many.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub bursts: u64,
+    /// Before each burst rank r waits r times this many microseconds, so that every burst's first calls find the ranks
+    /// far apart (waits long enough to read their deadline's clock, peers whole calls ahead), not only the first
+    /// burst after the single-call checks.
+    #[arg(long = "skew_us", alias = "skew-us", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub skew_us: u64,
     #[arg(long = "num_ranks", alias = "num-ranks", value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub num_ranks: Option<u64>,
     #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<gpu::Backend>().map_err(|e| e.to_string()))]
@@ -266,14 +271,17 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             let mut failed = Vec::new();
             for round in 1..=args.bursts {
                 sums.iter().try_for_each(|sum| sum.reset(stream))?;
+                let skew = || std::thread::sleep(Duration::from_micros(args.skew_us * rank as u64));
                 let replays = if args.graph {
                     stream.begin_capture()?;
                     let captured = burst(stream);
                     let graph = stream.end_capture()?;
                     captured?;
+                    skew();
                     (0..2).try_for_each(|_| stream.replay(&graph))?;
                     2
                 } else {
+                    skew();
                     burst(stream)?;
                     1
                 };

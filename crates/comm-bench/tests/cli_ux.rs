@@ -369,7 +369,7 @@ fn norm_checks_every_method_and_names_what_ran() {
 fn norm_unfused_on_a_named_allreduce() {
     let o = Command::new(BIN)
         .args(["norm", "--backend", "host", "--num_ranks", "2", "--hidden", "1024", "--tokens", "1,8"])
-        .args(["-n", "2", "-w", "0", "--repeats", "1", "--bursts", "2"])
+        .args(["-n", "2", "-w", "0", "--repeats", "1", "--bursts", "2", "--skew_us", "2000"])
         .args(["--methods", "unfused,unfused:car_1shot,unfused:symm_ll"])
         .output()
         .unwrap();
