@@ -183,6 +183,10 @@ pub struct BenchArgs {
     /// room for them all [default: this job's ranks per device].
     #[arg(long = "device_shared_by", alias = "device-shared-by", allow_negative_numbers = true, value_parser = whole(1, 1024))]
     pub device_shared_by: Option<u64>,
+    /// Before each size's consecutive checked calls rank r waits r times this many microseconds, so that they start
+    /// with the ranks far apart (waits long enough to read their deadline's clock, peers whole calls ahead).
+    #[arg(long = "skew_us", alias = "skew-us", default_value_t = 0, value_parser = whole(0, 1_000_000))]
+    pub skew_us: u64,
     /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
     #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub timeout_s: Option<f64>,
@@ -313,6 +317,7 @@ impl BenchArgs {
             report: self.report,
             car_uncached: self.car_memory == CarMemory::Uncached,
             device_shared_by: self.device_shared_by.map(|n| n as usize),
+            skew_us: self.skew_us,
             timeout: self.timeout_s.map(Duration::from_secs_f64),
             setup_timeout: self.setup_timeout_s.map(Duration::from_secs_f64),
             tune_table: self.tune_table.clone(),

@@ -6,7 +6,7 @@
 //! timed); then timed on the one timing path (`measure::timing`).
 
 use crate::checksum::Checksum;
-use crate::run::VARIANTS;
+use crate::run::{hold_back, VARIANTS};
 use crate::summary::AUTO_SLOW_RATIO;
 use crate::BenchError;
 use allreduce::{AddRmsNorm, Algorithm, Call, Choice, Communicator, DType, Op, Options};
@@ -271,17 +271,16 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             let mut failed = Vec::new();
             for round in 1..=args.bursts {
                 sums.iter().try_for_each(|sum| sum.reset(stream))?;
-                let skew = || std::thread::sleep(Duration::from_micros(args.skew_us * rank as u64));
                 let replays = if args.graph {
                     stream.begin_capture()?;
                     let captured = burst(stream);
                     let graph = stream.end_capture()?;
                     captured?;
-                    skew();
+                    hold_back(rank, args.skew_us);
                     (0..2).try_for_each(|_| stream.replay(&graph))?;
                     2
                 } else {
-                    skew();
+                    hold_back(rank, args.skew_us);
                     burst(stream)?;
                     1
                 };

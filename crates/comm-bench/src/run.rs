@@ -223,9 +223,11 @@ fn measure(
         let captured = (0..calls).try_for_each(|c| issue(m, stream, c, true, true));
         let graph = stream.end_capture()?;
         captured?;
+        hold_back(rank, cfg.skew_us);
         (0..2).try_for_each(|_| stream.replay(&graph))?;
         2
     } else {
+        hold_back(rank, cfg.skew_us);
         (0..calls).try_for_each(|c| issue(m, stream, c, true, true))?;
         1
     };
@@ -254,6 +256,12 @@ fn measure(
         return Ok(row(Status::Failed(failure)));
     }
     Ok(row(Status::Passed).timed(t, cfg.report))
+}
+
+/// Holds rank `rank` back `rank` x `skew_us` microseconds before consecutive checked calls, so that they start with
+/// the ranks far apart: lower ranks' first calls then wait long for higher ones (`--skew_us`).
+pub(crate) fn hold_back(rank: usize, skew_us: u64) {
+    std::thread::sleep(std::time::Duration::from_micros(skew_us * rank as u64));
 }
 
 /// Whether a method can run this sweep at all, whatever the size: its op, dtype and mode.

@@ -281,11 +281,14 @@ fn bad_flags_get_a_clear_error_and_no_launch() {
 
 /// A protocol that reads a peer's buffer while the peer already writes its next call's input (one buffer half for
 /// every call) passes a single checked call and identical timed calls; the checks of consecutive calls with
-/// changing inputs (device-side checksum) must fail it, at every size, while car's real one-shot passes.
+/// changing inputs (device-side checksum) must fail it, at every size, while car's real one-shot passes, also with
+/// the ranks held back apart before those calls (`--skew_us`).
 #[test]
 fn a_protocol_that_reads_a_stale_buffer_fails_the_consecutive_call_checks() {
     let args =
         ["--counts", "8,1000,4099,20000", "--methods", "car_1shot,car_1shot_broken_samehalf", "--num_iters", "5"];
+    sweep_fails(3, &args, "car_1shot", "checksum");
+    let args = [&args[..], &["--skew_us", "3000"]].concat();
     sweep_fails(3, &args, "car_1shot", "checksum");
 }
 
