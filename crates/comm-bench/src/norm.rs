@@ -6,7 +6,7 @@
 //! timed); then timed on the one timing path (`measure::timing`).
 
 use crate::checksum::Checksum;
-use crate::run::{hold_back, VARIANTS};
+use crate::run::{run_checked, VARIANTS};
 use crate::summary::AUTO_SLOW_RATIO;
 use crate::BenchError;
 use allreduce::{AddRmsNorm, Algorithm, Call, Choice, Communicator, DType, Op, Options};
@@ -271,19 +271,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             let mut failed = Vec::new();
             for round in 1..=args.bursts {
                 sums.iter().try_for_each(|sum| sum.reset(stream))?;
-                let replays = if args.graph {
-                    stream.begin_capture()?;
-                    let captured = burst(stream);
-                    let graph = stream.end_capture()?;
-                    captured?;
-                    hold_back(rank, args.skew_us);
-                    (0..2).try_for_each(|_| stream.replay(&graph))?;
-                    2
-                } else {
-                    hold_back(rank, args.skew_us);
-                    burst(stream)?;
-                    1
-                };
+                let replays = run_checked(stream, args.graph, rank, args.skew_us, burst)?;
                 // A bit per call whose checksum of r is wrong here, and what is wrong in the first such call's r.
                 let mut wrong = 0u64;
                 let mut shown = String::new();

@@ -218,19 +218,9 @@ fn measure(
     };
     let calls = cfg.timing.warmup.max(2 * VARIANTS as u64);
     b.checksum.reset(stream)?;
-    let replays = if cfg.timing.graph {
-        stream.begin_capture()?;
-        let captured = (0..calls).try_for_each(|c| issue(m, stream, c, true, true));
-        let graph = stream.end_capture()?;
-        captured?;
-        hold_back(rank, cfg.skew_us);
-        (0..2).try_for_each(|_| stream.replay(&graph))?;
-        2
-    } else {
-        hold_back(rank, cfg.skew_us);
-        (0..calls).try_for_each(|c| issue(m, stream, c, true, true))?;
-        1
-    };
+    let replays = run_checked(stream, cfg.timing.graph, rank, cfg.skew_us, |s| {
+        (0..calls).try_for_each(|c| issue(m, s, c, true, true))
+    })?;
     let per_variant: Vec<u64> =
         (0..VARIANTS as u64).map(|k| checksum(&Expected::variant(op, world, count, rank, k).values)).collect();
     let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
@@ -258,10 +248,30 @@ fn measure(
     Ok(row(Status::Passed).timed(t, cfg.report))
 }
 
-/// Holds rank `rank` back `rank` x `skew_us` microseconds before consecutive checked calls, so that they start with
-/// the ranks far apart: lower ranks' first calls then wait long for higher ones (`--skew_us`).
-pub(crate) fn hold_back(rank: usize, skew_us: u64) {
-    std::thread::sleep(std::time::Duration::from_micros(skew_us * rank as u64));
+/// Runs consecutive checked calls (`calls` enqueues them) as the timed ones run: eagerly, or captured once and the
+/// graph replayed twice; rank `rank` is held back `rank` x `skew_us` microseconds first (`--skew_us`), so that they
+/// start with the ranks far apart and lower ranks' first calls wait long for higher ones. Returns how many times the
+/// calls ran.
+pub(crate) fn run_checked(
+    stream: &Stream,
+    graph: bool,
+    rank: usize,
+    skew_us: u64,
+    calls: impl FnOnce(&Stream) -> Result<(), BenchError>,
+) -> Result<u64, BenchError> {
+    let hold_back = || std::thread::sleep(std::time::Duration::from_micros(skew_us * rank as u64));
+    if !graph {
+        hold_back();
+        calls(stream)?;
+        return Ok(1);
+    }
+    stream.begin_capture()?;
+    let captured = calls(stream);
+    let graph = stream.end_capture()?;
+    captured?;
+    hold_back();
+    (0..2).try_for_each(|_| stream.replay(&graph))?;
+    Ok(2)
 }
 
 /// Whether a method can run this sweep at all, whatever the size: its op, dtype and mode.
