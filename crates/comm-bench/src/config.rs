@@ -80,7 +80,7 @@ pub struct SweepConfig {
     pub tune_residencies: Vec<Residency>,
     /// Ranks in all that run kernels on each device (`Options::device_shared_by`).
     pub device_shared_by: Option<usize>,
-    /// Microseconds rank r is held back, times r, before the consecutive checked calls ([`crate::run::run_checked`]).
+    /// Microseconds rank r is held back, times r, before the consecutive checked calls (`--skew_us`).
     pub skew_us: u64,
 }
 
