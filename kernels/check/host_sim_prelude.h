@@ -44,6 +44,21 @@ template <class Body> void arx_sim_run_block(unsigned threads, Body body) {
     for (auto& t : running) t.join();
     arx_sim_block = nullptr;
 }
+// The noise below: its seed, from the environment variable `var` (unset or 0: no noise) ...
+inline unsigned long long arx_sim_seed(const char* var) {
+    const char* s = std::getenv(var);
+    return s ? std::strtoull(s, nullptr, 10) : 0ull;
+}
+// ... and a thread's next draw from a xorshift generator `x` (the caller's thread_local) seeded from `seed`, differing
+// per process and thread; 0 when `seed` is 0.
+inline unsigned long long arx_sim_noise(unsigned long long seed, unsigned long long& x) {
+    if (seed == 0) return 0;
+    if (x == 0)
+        x = (seed ^ (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (threadIdx.x + 1ull) * 0xbf58476d1ce4e5b9ull) |
+            1;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x;
+}
 // Clock noise: with ARX_SIM_TIMER_TEARS set (a seed), one reading in 64 is 2^32 ns early or late, as a read of a GPU's
 // 64-bit timer in two halves across its low word's wrap can be, so that a wait whose deadline such a reading ends
 // fails here too.
@@ -51,35 +66,22 @@ inline unsigned long long arx_sim_now_ns() {
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     unsigned long long now = (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
-    static const unsigned long long seed = [] {
-        const char* s = std::getenv("ARX_SIM_TIMER_TEARS");
-        return s ? std::strtoull(s, nullptr, 10) : 0ull;
-    }();
-    if (seed == 0) return now;
+    static const unsigned long long seed = arx_sim_seed("ARX_SIM_TIMER_TEARS");
     thread_local unsigned long long x = 0;
-    if (x == 0) x = (seed ^ (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (threadIdx.x + 1ull)) | 1;
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    if ((x & 63) != 0) return now;
-    return x & 64 ? now + (1ull << 32) : now - (1ull << 32);
+    unsigned long long draw = arx_sim_noise(seed, x);
+    if (draw == 0 || (draw & 63) != 0) return now;
+    return draw & 64 ? now + (1ull << 32) : now - (1ull << 32);
 }
 inline void arx_sim_relax() { sched_yield(); }
 // Schedule noise: every system-scope access may, rarely and at random, stall its thread for 20-300 ms (longer than
 // a simulated call takes), so that peers run whole calls ahead of it, as they can of a descheduled GPU block, and a
-// protocol that counts on peers keeping pace fails here too. The seed comes from ARX_SIM_STALLS (unset or
-// 0: no stalls) and differs per process and thread.
+// protocol that counts on peers keeping pace fails here too (ARX_SIM_STALLS: the seed; unset or 0, no stalls).
 inline void arx_sim_stall() {
-    static const unsigned long long seed = [] {
-        const char* s = std::getenv("ARX_SIM_STALLS");
-        return s ? std::strtoull(s, nullptr, 10) : 0ull;
-    }();
-    if (seed == 0) return;
+    static const unsigned long long seed = arx_sim_seed("ARX_SIM_STALLS");
     thread_local unsigned long long x = 0;
-    if (x == 0)
-        x = (seed ^ (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (threadIdx.x + 1ull) * 0xbf58476d1ce4e5b9ull) |
-            1;
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    if ((x & 2047) != 0) return;
-    timespec pause{0, (long)(20000000 + (x >> 20) % 280000000)};
+    unsigned long long draw = arx_sim_noise(seed, x);
+    if (draw == 0 || (draw & 2047) != 0) return;
+    timespec pause{0, (long)(20000000 + (draw >> 20) % 280000000)};
     nanosleep(&pause, nullptr);
 }
 // Runs `body(i)` in a child process for each i < count (memory mapped shared before the call is shared with them),

@@ -303,7 +303,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                 }
             }
             if !failed.is_empty() {
-                let shown = failed.len().min(8);
+                let listed = failed.len().min(8);
                 return Err(BenchError::Config(format!(
                     "{name} {tokens}x{hidden}: {} consecutive calls{}: the checksum of r is wrong in {} of {} bursts \
                      (a stale or torn read, or a row normalised before its sums were in): {}{}",
@@ -311,8 +311,8 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                     if args.graph { ", replayed 2 times" } else { "" },
                     failed.len(),
                     args.bursts,
-                    failed[..shown].join("; "),
-                    if shown < failed.len() { "; ..." } else { "" }
+                    failed[..listed].join("; "),
+                    if listed < failed.len() { "; ..." } else { "" }
                 )));
             }
         }
