@@ -530,7 +530,7 @@ template <int DT> ARX_DEV void zc_2shot_ll(const TunedParams& p, const u64* in, 
         u64 m = (r.hi - r.lo + per - 1) / per;
         for (u64 j = first; j < m; j += stride) {
             Spin s = spin_start(p.timeout_ns, p.status);
-            u32 w = LlPacket::poll(inbox + src * p.ll_packets + j, flag, s, src);
+            u32 w = LlPacket::poll(inbox + src * p.ll_packets + j, j, flag, s, src);
             if (s.failed) return;
             u64 e = r.lo + j * per;
             if (e + per <= r.hi) {
@@ -576,7 +576,8 @@ template <int DT> ARX_DEV void zc_2shot_ll_norm(const TunedParams& p, const u64*
         Range sh = row_range(all, src, p.world);
         Range m = row_range(sh, blockIdx.x, gridDim.x);
         for (u64 j = threadIdx.x; j < (m.hi - m.lo) * ppr && !s.failed; j += blockDim.x) {
-            u32 w = LlPacket::poll(inbox + src * p.ll_packets + (m.lo - sh.lo) * ppr + j, flag, s, src);
+            u64 at = (m.lo - sh.lo) * ppr + j;
+            u32 w = LlPacket::poll(inbox + src * p.ll_packets + at, at, flag, s, src);
             if (!s.failed) store_row_packet<DT>(mine, (m.lo + j / ppr) * p.hidden, p.hidden, j % ppr, w);
         }
     }

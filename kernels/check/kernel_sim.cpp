@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
         k.residual = arena.take(bytes);
         k.weight = arena.take(weight_bytes + 16), k.staging = arena.take(2 * half_bytes);
         k.packets = (u64*)arena.take(packet_bytes), k.flags = (u64*)arena.take(flag_bytes);
-        k.counters = (u64*)arena.take(counter_bytes), k.status = (u64*)arena.take(32);
+        k.counters = (u64*)arena.take(counter_bytes), k.status = (u64*)arena.take(64);
         for (u32 b = 0; b < ARX_MAX_BLOCKS; ++b) k.counters[b] = plan.first_epoch;
         k.boundary = (pthread_barrier_t*)arena.take(sizeof(pthread_barrier_t));
         pthread_barrier_init(k.boundary, &attr, plan.grid);
@@ -218,7 +218,8 @@ int main(int argc, char** argv) {
     for (u32 r = 0; r < plan.world; ++r)
         if (ranks[r].status[1] != 0) {
             const u64* s = ranks[r].status;
-            std::fprintf(stderr, "rank %u failed a wait: peer %llu, what %#llx\n", r, s[2], s[3]);
+            std::fprintf(stderr, "rank %u failed a wait: peer %llu, what %#llx, after %llu ns, read %#llx at %llu for %#llx\n",
+                         r, s[2], s[3], s[4], s[5], s[6], s[7]);
             failed = true;
         }
     // symm_tuned.cu's kernels leave nothing past the epoch counters (symm_ll_norm's row counts are zeroed by the

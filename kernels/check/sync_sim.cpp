@@ -23,7 +23,7 @@ constexpr u64 FLAG_WORDS = (u64)ARX_MAX_BLOCKS * ARX_PHASES * ARX_MAX_RANKS;
 // What the ranks share: their flags, status words and how many calls each completed.
 struct Shared {
     u64 flags[ARX_MAX_RANKS][FLAG_WORDS];
-    u64 status[ARX_MAX_RANKS][4];
+    u64 status[ARX_MAX_RANKS][8];
     u32 completed[ARX_MAX_RANKS];
 };
 
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
     if (!arx_sim_fork(world, 60, rank, [](u32 r) { return "rank " + std::to_string(r); })) return 4;
     for (u32 r = 0; r < world; ++r) {
         const u64* s = shared->status[r];
-        std::printf("%u %u %llu %llu %llu %llu\n", r, shared->completed[r], s[0], s[1], s[2], s[3]);
+        std::printf("%u %u %llu %llu %llu %llu %llu %llu %llu %llu\n", r, shared->completed[r], s[0], s[1], s[2], s[3],
+                    s[4], s[5], s[6], s[7]);
     }
     return 0;
 }

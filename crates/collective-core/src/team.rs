@@ -25,8 +25,9 @@ pub struct Team<'a> {
 }
 
 /// Bytes of a communicator's status words: u64 [abort, failed (1; 2 while a kernel writes the record), the rank waited
-/// for, what was waited for].
-pub const STATUS_BYTES: usize = 32;
+/// for, what was waited for, how long (ns), the word it last saw, where, the word it waited for]
+/// (`kernels/include/arx/sync.h`).
+pub const STATUS_BYTES: usize = 64;
 
 /// Zeroed status words for `gpu`'s kernels to watch. On HIP they are uncached memory, as the polled flags are: the
 /// host's store of the abort word into coarse-grained memory need not reach a kernel that is already polling.

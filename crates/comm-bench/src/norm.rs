@@ -288,6 +288,11 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
                         eprintln!("rank {rank}, burst {round}, call {c}: {shown}");
                     }
                 }
+                // A wait that ended without its peer leaves its output unwritten and says why in the status words:
+                // read them now, or a wrong r would be reported without its cause.
+                comm.check().map_err(|e| {
+                    BenchError::Config(format!("{name} {tokens}x{hidden}, burst {round}, rank {rank}: {e}"))
+                })?;
                 let verdicts = rdv.all_gather("norm burst", &wrong.to_le_bytes())?;
                 let wrong: Vec<String> = verdicts
                     .iter()

@@ -28,20 +28,14 @@ template <int DT> ARX_DEV u32 pack_payload(const float* a) {
 struct LlPacket {
     // Stores `data` flagged `flag` at `slot`.
     ARX_DEV void write(u64* slot, u32 data, u64 flag) { st_relaxed_sys(slot, flag | data); }
-    // Reads `slot` once: true, with its data in `data`, when it carries `flag`.
-    ARX_DEV bool read(const u64* slot, u64 flag, u32& data) {
-        u64 v = ld_relaxed_sys(slot);
-        data = (u32)v;
-        return (v & 0xffffffff00000000ull) == flag;
-    }
-    // Polls `slot` until it carries `flag` (from rank `src`) and returns its data; when the wait ends without it
-    // (see Spin), `s.failed` says so and the data is meaningless. The data is returned, not written through a
-    // pointer, so a caller's unrolled array of words stays in registers.
-    ARX_DEV u32 poll(const u64* slot, u64 flag, Spin& s, u32 src) {
-        u32 data;
-        while (!read(slot, flag, data))
-            if (!s.check(src, ARX_WAIT_PACKETS)) break;
-        return data;
+    // Polls `slot` (number `at` of its area) until it carries `flag` (from rank `src`) and returns its data; when the
+    // wait ends without it (see Spin), `s.failed` says so and the data is meaningless. The data is returned, not
+    // written through a pointer, so a caller's unrolled array of words stays in registers.
+    ARX_DEV u32 poll(const u64* slot, u64 at, u64 flag, Spin& s, u32 src) {
+        u64 v;
+        while (((v = ld_relaxed_sys(slot)) & 0xffffffff00000000ull) != flag)
+            if (!s.check(src, ARX_WAIT_PACKETS, Seen{v, at, flag})) break;
+        return (u32)v;
     }
 };
 
@@ -57,18 +51,20 @@ ARX_DEV void ll_poll_sum(const u64* inbox, u64 ll_packets, u64 j, u64 flag, u32 
     u32 pending = (1u << world) - 1u;
     while (pending != 0) {
         u32 missing = ARX_MAX_RANKS;  // the lowest source still missing, whom a failed wait names
+        u64 seen = 0;                 // and what its slot held
 #pragma unroll
         for (u32 src = 0; src < ARX_MAX_RANKS; ++src) {
-            u32 data;
             if (!(pending >> src & 1u)) continue;
-            if (LlPacket::read(inbox + src * ll_packets + j, flag, data)) {
-                words[src] = data;
+            u64 v = ld_relaxed_sys(inbox + src * ll_packets + j);
+            if ((v & 0xffffffff00000000ull) == flag) {
+                words[src] = (u32)v;
                 pending &= ~(1u << src);
             } else if (missing == ARX_MAX_RANKS) {
                 missing = src;
+                seen = v;
             }
         }
-        if (pending != 0 && !s.check(missing, ARX_WAIT_PACKETS)) return;
+        if (pending != 0 && !s.check(missing, ARX_WAIT_PACKETS, Seen{seen, j, flag})) return;
     }
     for (int k = 0; k < per; ++k) acc[k] = payload<DT>(words[0], k);
 #pragma unroll

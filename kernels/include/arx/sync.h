@@ -20,10 +20,12 @@ ARX_DEV u64 next_epoch(u64 counters) {
     return s_epoch;
 }
 
-// The communicator's status words (device memory, u64 [4]) that every wait watches, so no wait traps and a failure
+// The communicator's status words (device memory, u64 [8]) that every wait watches, so no wait traps and a failure
 // ends every wait of this rank: [0] abort (set by the host, or by a wait that timed out), [1] 1 once a wait timed
 // out (2 while its record is being written), [2] the rank it waited for, [3] what it waited for (ARX_WAIT_* |
-// phase). The host reads them and reports.
+// phase), [4] how long it waited by its clock (ns; 0 for a peer met in another kernel), [5] the word it last read,
+// [6] where (a packet's slot; 0 elsewhere), [7] the word it waited for (a packet's flag, an epoch). The host reads
+// them and reports: what a lost packet's slot held tells a packet never written from one overwritten.
 #define ARX_WAIT_FLAGS 0x100u    // an epoch-flag barrier, | its phase
 #define ARX_WAIT_PACKETS 0x200u  // LL packets
 #define ARX_WAIT_CAS 0x300u      // torch's compare-and-swap handshake
@@ -34,15 +36,24 @@ ARX_DEV u64 next_epoch(u64 counters) {
 #define ARX_TAG_BITS 8
 #define ARX_TAG_MASK ((1ull << ARX_TAG_BITS) - 1)
 
-// Records the first failure of a call in the status words (the peer and what was waited for) and sets the abort
-// word, which ends every wait of this rank. One thread claims the record (`recorded` 0 -> 2) and writes both words,
+// Records the first failure of a call in the status words (the peer, what was waited for, how long, and what was seen)
+// and sets the abort word, which ends every wait of this rank. One thread claims the record (`recorded` 0 -> 2) and writes them,
 // then marks it whole (1) and aborts: threads that fail at once (a warp's lanes, whose stores to one word land in any
 // order) would otherwise leave one's peer beside another's `what`. A thread that loses the claim leaves the abort to
 // the winner, so the host never sees the abort without the record.
-ARX_DEV void record_failure(u64* status, u32 peer, u32 what) {
+// What a failed wait saw: the word it last read, where (a packet's slot), and the word it waited for.
+struct Seen {
+    u64 word, at, want;
+};
+
+ARX_DEV void record_failure(u64* status, u32 peer, u32 what, u64 waited_ns, Seen seen) {
     if (cas_acq_rel_sys(status + 1, 0ull, 2ull) != 0) return;
     st_relaxed_sys(status + 2, peer);
     st_relaxed_sys(status + 3, what);
+    st_relaxed_sys(status + 4, waited_ns);
+    st_relaxed_sys(status + 5, seen.word);
+    st_relaxed_sys(status + 6, seen.at);
+    st_relaxed_sys(status + 7, seen.want);
     st_release_sys(status + 1, 1);
     st_release_sys(status, 1);
 }
@@ -53,7 +64,9 @@ struct Spin {
     u64* status;
     u32 n;
     bool failed;
-    __device__ __forceinline__ bool check(u32 peer, u32 what) {
+    __device__ __forceinline__ bool check(u32 peer, u32 what) { return check(peer, what, Seen{0, 0, 0}); }
+    // As check(peer, what), recording `seen` (what the wait read last) should the wait end here.
+    __device__ __forceinline__ bool check(u32 peer, u32 what, Seen seen) {
         if ((++n & 1023u) != 0) return true;
         // The clock is read only here, on the slow path: a wait that ends within its first polls (every packet of
         // the LL designs, most flag waits) never reads it. The deadline counts from the first slow check.
@@ -66,7 +79,7 @@ struct Spin {
         if (aborted)
             st_release_sys(status, 1);
         else
-            record_failure(status, peer, what);
+            record_failure(status, peer, what, now - start, seen);
         failed = true;
         return false;
     }
@@ -95,13 +108,13 @@ ARX_DEV u64 wait_epoch(const u64* p, u64 epoch, u32 shift, u64 timeout_ns, u64 s
 #ifdef ARX_IS_HIP
     // On GFX942 every system-scope acquire load invalidates the caches: poll relaxed, then acquire once.
     while (((word = ld_relaxed_sys(p)) >> shift) < epoch)
-        if (!s.check(peer, what)) return 0;
+        if (!s.check(peer, what, Seen{word, 0, epoch})) return 0;
     fence_acquire_sys();
 #else
     // On NVIDIA an acquire load per poll is cheaper than relaxed polls and PTX's only acquire fence, a full
     // fence.acq_rel.
     while (((word = ld_acquire_sys(p)) >> shift) < epoch)
-        if (!s.check(peer, what)) return 0;
+        if (!s.check(peer, what, Seen{word, 0, epoch})) return 0;
 #endif
     return word;
 }
@@ -126,7 +139,8 @@ ARX_DEV bool flag_barrier(const u64* flags, u32 rank, u32 world, u32 ph, u64 epo
         if (word == 0) {
             s_failed = 1;
         } else if ((word >> ARX_TAG_BITS) == epoch && (word & ARX_TAG_MASK) != tag) {
-            record_failure((u64*)status, t, ((u32)tag << 16) | ARX_WAIT_MISMATCH | (u32)(word & ARX_TAG_MASK));
+            record_failure((u64*)status, t, ((u32)tag << 16) | ARX_WAIT_MISMATCH | (u32)(word & ARX_TAG_MASK), 0,
+                           Seen{word, 0, epoch});
             s_failed = 1;
         }
     }

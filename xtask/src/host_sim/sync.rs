@@ -13,11 +13,31 @@ use std::time::{Duration, Instant};
 /// The tag that tells a simulated rank to leave before that call (`LEAVES` in sync_sim.cpp).
 const LEAVES: u32 = u32::MAX;
 
-/// One rank's end: the calls it completed and its status words.
+/// One rank's end: the calls it completed and its status words, how long its failed wait lasted and what it read
+/// (the word, where, the word it waited for) apart.
 #[derive(Debug, PartialEq)]
 struct End {
     completed: u32,
     status: [u64; 4],
+    waited_ns: u64,
+    seen: [u64; 3],
+}
+
+impl End {
+    fn clean(completed: usize) -> End {
+        End { completed: completed as u32, status: [0; 4], waited_ns: 0, seen: [0; 3] }
+    }
+
+    /// Whether this end is `completed` calls and the record `status` of a wait that lasted at least `timeout` for the
+    /// next call's epoch, on a flag that said an earlier one.
+    fn timed_out(&self, completed: usize, status: [u64; 4], timeout: Duration) -> bool {
+        let [word, _, want] = self.seen;
+        let next = completed as u64 + 1;
+        (self.completed, self.status) == (completed as u32, status)
+            && self.waited_ns >= timeout.as_nanos() as u64
+            && want == next
+            && word >> 8 < next
+    }
 }
 
 fn tag(kernel: &str) -> u32 {
@@ -53,7 +73,9 @@ fn run(
                 .map(|w| w.parse().map_err(|_| format!("sync_sim said {l:?}")))
                 .collect::<Result<_, _>>()?;
             match f[..] {
-                [_, completed, s0, s1, s2, s3] => Ok(End { completed: completed as u32, status: [s0, s1, s2, s3] }),
+                [_, completed, s0, s1, s2, s3, waited_ns, word, at, want] => {
+                    Ok(End { completed: completed as u32, status: [s0, s1, s2, s3], waited_ns, seen: [word, at, want] })
+                }
                 _ => Err(format!("sync_sim said {l:?}")),
             }
         })
@@ -76,7 +98,7 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         };
         for (phases, calls) in [(3, calls), (1, 10 * calls)] {
             let (ends, _) = run(sim, out, &alike(calls), phases, Duration::from_secs(30), &[])?;
-            let clean = End { completed: calls as u32, status: [0; 4] };
+            let clean = End::clean(calls);
             if let Some((r, e)) = ends.iter().enumerate().find(|(_, e)| **e != clean) {
                 return fail(format!("ranks of one kernel per call, {phases} barrier(s) each: rank {r} ended {e:?}"));
             }
@@ -95,7 +117,8 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
             let named_right = if r == odd { peer as usize != odd } else { peer as usize == odd };
             let said = describe(what);
             let both = said.contains(&format!("ran {theirs} where this rank ran {ours}"));
-            if (e.completed, abort, recorded) != (at as u32, 1, 1) || !named_right || !both {
+            // A peer met in another kernel is judged at once: no wait, so no time waited.
+            if (e.completed, abort, recorded, e.waited_ns) != (at as u32, 1, 1, 0) || !named_right || !both {
                 return fail(format!("rank {r} of {ours} among ranks of {theirs} ended {e:?}: {said}"));
             }
         }
@@ -105,11 +128,11 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
         left[odd][at] = LEAVES;
         let (ends, took) = run(sim, out, &left, 3, timeout, &[])?;
         for (r, e) in ends.iter().enumerate() {
-            let want = match r == odd {
-                true => End { completed: at as u32, status: [0; 4] },
-                false => End { completed: at as u32, status: [1, 1, odd as u64, 0x100] },
+            let right = match r == odd {
+                true => *e == End::clean(at),
+                false => e.timed_out(at, [1, 1, odd as u64, 0x100], timeout),
             };
-            if *e != want {
+            if !right {
                 return fail(format!("rank {r} with rank {odd} gone ended {e:?}: {}", describe(e.status[3])));
             }
         }
@@ -122,17 +145,23 @@ pub fn check(sim: &Path, out: &Path) -> Result<(), String> {
     let (ours, theirs) = (tag("symm_zc_2shot"), tag("symm_ll"));
     let alone = vec![vec![ours], vec![LEAVES], vec![LEAVES]];
     let timeout = Duration::from_millis(100);
-    let cases = [
-        (flag_word(2, theirs), End { completed: 1, status: [0; 4] }),
-        (
-            flag_word(1, theirs),
-            End { completed: 0, status: [1, 1, 2, u64::from(ours) << 16 | 0x500 | u64::from(theirs)] },
-        ),
-        (flag_word(0, ours), End { completed: 0, status: [1, 1, 2, 0x100] }),
+    let mismatch = End {
+        completed: 0,
+        status: [1, 1, 2, u64::from(ours) << 16 | 0x500 | u64::from(theirs)],
+        waited_ns: 0,
+        // The flag it met, and this call's epoch.
+        seen: [flag_word(1, theirs), 0, 1],
+    };
+    // Rank 2's preset flag, and whether rank 0's end is the right one for it.
+    type Case<'a> = (u64, &'a dyn Fn(&End) -> bool);
+    let cases: [Case; 3] = [
+        (flag_word(2, theirs), &|e| *e == End::clean(1)),
+        (flag_word(1, theirs), &|e| *e == mismatch),
+        (flag_word(0, ours), &|e| e.timed_out(0, [1, 1, 2, 0x100], timeout)),
     ];
-    for (word, want) in cases {
+    for (word, right) in cases {
         let (ends, _) = run(sim, out, &alone, 1, timeout, &[(1, flag_word(1, ours)), (2, word)])?;
-        if ends[0] != want {
+        if !right(&ends[0]) {
             let said = describe(ends[0].status[3]);
             return Err(format!(
                 "the device barrier on the host, rank 2's flag {word:#x}: rank 0 ended {:?} ({said})",

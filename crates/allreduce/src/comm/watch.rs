@@ -3,7 +3,7 @@
 //! failure the next call returns (the communicator is then poisoned), and the abort any thread may set, as
 //! `ncclCommAbort`. No wait traps, so the process's GPU context outlives a failed call.
 
-use collective_core::status::describe;
+use collective_core::status::describe_record;
 use collective_core::{PeerProcesses, STATUS_BYTES};
 use gpu::{DeviceBuffer, DriverKind, Gpu};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -79,9 +79,9 @@ impl Shared {
     }
 
     /// The status words: [abort, failed (1; 2 while a kernel writes the record), the rank waited for, what was waited
-    /// for].
-    fn read(&self, stream: Option<&gpu::Stream>) -> gpu::Result<[u64; 4]> {
-        let mut words = [0u64; 4];
+    /// for, how long (ns), the word it read last, where, the word it waited for].
+    fn read(&self, stream: Option<&gpu::Stream>) -> gpu::Result<[u64; STATUS_BYTES / 8]> {
+        let mut words = [0u64; STATUS_BYTES / 8];
         if self.gpu.kind() == DriverKind::Host {
             for (k, w) in words.iter_mut().enumerate() {
                 // SAFETY: as in set_abort.
@@ -108,7 +108,9 @@ impl Shared {
     /// What the status words say failed, recorded as this communicator's failure.
     fn look(&self, stream: Option<&gpu::Stream>) {
         match self.read(stream) {
-            Ok([_, 1, peer, what]) => self.fail(Failure { ranks: vec![peer as usize], what: describe(what) }),
+            Ok([_, 1, peer, what, waited, word, at, want]) => {
+                self.fail(Failure { ranks: vec![peer as usize], what: describe_record(what, waited, [word, at, want]) })
+            }
             Ok([abort, ..]) if abort != 0 => {
                 self.fail(Failure { ranks: Vec::new(), what: "the communicator's abort word was set".into() })
             }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 25: grids capped at a device's resident blocks / (ranks on it + 1) (main since this call's build): the
+# skewed consecutive-call check on the packet designs and two flag-barrier designs, then what the smaller grids cost:
+# comm-bench at 1M and 16M elements, eager, against dist/diag/comm-bench (the exact-fit caps of before).
+#   OUT=dir PACK=1 bash results/h100-mps/s25/s25_margin.sh
+set -u
+out=$OUT
+cd dist
+source ./gpu_env.sh $out
+machine | tee $out/machine.txt
+norm=(norm --backend cuda --num_ranks 8 --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1)
+step warm timeout 200 env ALLREDUCE_TIMEOUT_S=300 ./comm-bench "${norm[@]}" --methods unfused:symm_ll,fused_ll
+for rep in 1 2; do
+  for m in unfused:symm_ll fused_ll; do
+    step skew_${m/:/-}_$rep timeout 150 ./comm-bench "${norm[@]}" --methods $m --bursts 1500 --skew_us 3000
+  done
+done
+for m in unfused:symm_epoch_1shot unfused:car_1shot; do
+  step skew_${m/:/-} timeout 150 ./comm-bench "${norm[@]}" --methods $m --bursts 1000 --skew_us 3000
+done
+sweep=(--backend cuda --num_ranks 8 --counts 1048576,16777216 --methods auto,car_2shot,symm_zc_2shot,symm_zc_2shot_pull --repeats 5)
+for pass in 1 2; do
+  step sweep_margin_$pass timeout 100 ./comm-bench "${sweep[@]}"
+  step sweep_exact_$pass timeout 100 ./diag/comm-bench "${sweep[@]}"
+done
+exit $status
