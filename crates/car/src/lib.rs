@@ -187,7 +187,7 @@ pub struct Car {
     _flags: DeviceBuffer,
     _counters: DeviceBuffer,
     _table: Option<DeviceBuffer>,
-    _status: OwnStatus,
+    status: OwnStatus,
 }
 
 /// u64 words of a rank's counter array: epoch counters, then `Variant::OneBlockBarrier`'s arrival and release words.
@@ -304,7 +304,7 @@ impl Car {
             _flags: flags,
             _counters: counters,
             _table: table,
-            _status: status,
+            status,
         })
     }
 }
@@ -462,6 +462,10 @@ impl Collective for Car {
 
     fn rounds_every_add(&self) -> bool {
         self.variant == Variant::RoundEveryAdd
+    }
+
+    fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
+        self.status.failure()
     }
 
     unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {

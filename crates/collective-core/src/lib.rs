@@ -270,6 +270,13 @@ pub trait Collective {
     fn registered_output(&self) -> Option<&gpu::DeviceBuffer> {
         None
     }
+    /// What made a wait of this method's kernels end without its peer, if one did (the ranks waited for and what was
+    /// seen; [`status::recorded`]), read now from the status words it watches where they are its own; None where
+    /// nothing failed or another owner (a communicator) reports its words. The calls after such a failure end their
+    /// waits at once, so their results mean nothing.
+    fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
+        Ok(None)
+    }
     /// Enqueues `call` on `stream`. Every rank must make the same calls, in the same order.
     ///
     /// # Safety

@@ -4,6 +4,52 @@
 //! kernel-check`'s run of the device barrier on the host.
 
 use crate::flag_tags::flag_kernel;
+use crate::team::STATUS_BYTES;
+use gpu::{DeviceBuffer, DriverKind, Stream};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The status words `status` (of [`STATUS_BYTES`]) hold now: read through `stream` (or a stream of their own, so
+/// that the read does not wait behind the kernels that may write them); on the host driver, from memory.
+pub fn read_words(status: &DeviceBuffer, stream: Option<&Stream>) -> gpu::Result<[u64; STATUS_BYTES / 8]> {
+    let mut words = [0u64; STATUS_BYTES / 8];
+    if status.bytes() < STATUS_BYTES {
+        return Err(gpu::GpuError::BadArgs(format!("{} bytes of status words, not {STATUS_BYTES}", status.bytes())));
+    }
+    if status.gpu().kind() == DriverKind::Host {
+        for (k, w) in words.iter_mut().enumerate() {
+            // SAFETY: on the host driver a buffer is this process's live memory, 8-aligned and of STATUS_BYTES
+            // (checked); its host kernels write these words atomically.
+            *w = unsafe { &*(status.ptr().0 as *const AtomicU64).add(k) }.load(Ordering::Acquire);
+        }
+        return Ok(words);
+    }
+    let own;
+    let stream = match stream {
+        Some(s) => s,
+        None => {
+            own = status.gpu().stream()?;
+            &own
+        }
+    };
+    let mut bytes = [0u8; STATUS_BYTES];
+    stream.download(status, 0, &mut bytes)?;
+    for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    }
+    Ok(words)
+}
+
+/// What status words say failed: the rank a wait recorded and what it says ([`describe_record`]), or an abort
+/// without a record (no rank); None while nothing failed.
+pub fn recorded(words: &[u64; STATUS_BYTES / 8]) -> Option<(Vec<usize>, String)> {
+    match *words {
+        [_, 1, peer, what, waited, word, at, want] => {
+            Some((vec![peer as usize], describe_record(what, waited, [word, at, want])))
+        }
+        [abort, ..] if abort != 0 => Some((Vec::new(), "the abort word was set".into())),
+        _ => None,
+    }
+}
 
 /// What the peer a kernel's wait recorded did (`ARX_WAIT_*` in `kernels/include/arx/sync.h`): never arrived at what
 /// was waited for, or ran another kernel.
@@ -68,6 +114,16 @@ mod tests {
         );
         // A peer met in another kernel: judged at once, no wait.
         assert_eq!(describe_record(0x101, 0, [0; 3]), "never arrived at barrier phase 1");
+    }
+
+    #[test]
+    fn records_are_read_as_the_kernels_leave_them() {
+        assert_eq!(recorded(&[0; 8]), None);
+        // A record being written (2) is not read yet; the abort without a record names no rank.
+        assert_eq!(recorded(&[1, 2, 3, 0x200, 5, 0, 0, 0]), Some((Vec::new(), "the abort word was set".into())));
+        let (ranks, what) = recorded(&[1, 1, 7, 0x200, 10_000_000_000, 6 << 32, 12, 8 << 32]).expect("a record");
+        assert_eq!(ranks, vec![7]);
+        assert!(what.ends_with("its packet slot 12 held a packet flagged 2 call(s) before)"), "{what}");
     }
 
     #[test]

@@ -46,7 +46,17 @@ pub fn status_words(gpu: &Gpu) -> Result<DeviceBuffer, CollectiveError> {
 /// Status words a method allocated for itself because its team had none; the kernels' address is `ptr`.
 pub struct OwnStatus {
     pub ptr: u64,
-    pub _buf: Option<DeviceBuffer>,
+    buf: Option<DeviceBuffer>,
+}
+
+impl OwnStatus {
+    /// [`crate::Collective::failure`] of the method that holds these words: read where they are its own.
+    pub fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
+        match &self.buf {
+            Some(buf) => Ok(crate::status::recorded(&crate::status::read_words(buf, None)?)),
+            None => Ok(None),
+        }
+    }
 }
 
 /// Every rank's copies of a set of buffers, as mapped here: `ptrs[rank][k]` is rank `rank`'s buffer `k`.
@@ -95,10 +105,10 @@ impl<'a> Team<'a> {
     /// The status words a method's kernels watch: the team's, or zeroed ones of the method's own (kept with it).
     pub fn status(&self) -> Result<OwnStatus, CollectiveError> {
         if let Some(p) = self.status {
-            return Ok(OwnStatus { ptr: p.0, _buf: None });
+            return Ok(OwnStatus { ptr: p.0, buf: None });
         }
         let buf = status_words(self.gpu)?;
-        Ok(OwnStatus { ptr: buf.ptr().0, _buf: Some(buf) })
+        Ok(OwnStatus { ptr: buf.ptr().0, buf: Some(buf) })
     }
 
     /// The same team, told that atomics on peers' memory are not native (`reason`).

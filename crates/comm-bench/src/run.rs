@@ -225,6 +225,14 @@ fn measure(
         (0..VARIANTS as u64).map(|k| checksum(&Expected::variant(op, world, count, rank, k).values)).collect();
     let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
     let got_total = b.checksum.total(stream)?;
+    // A wait that ended without its peer leaves wrong outputs too: say so, with what it saw, before the checksums.
+    let failure = m.failure()?.map(|(ranks, what)| format!("peer rank(s) {ranks:?} {what}")).unwrap_or_default();
+    let failures = rdv.all_gather("checked calls' waits", failure.as_bytes())?;
+    if let Some((r, f)) = failures.iter().enumerate().find(|(_, f)| !f.is_empty()) {
+        let n = calls * replays;
+        let f = String::from_utf8_lossy(f);
+        return Ok(row(Status::Failed(format!("{n} consecutive checked calls: rank {r}'s wait ended: {f}"))));
+    }
     let sums = rdv.all_gather("checked calls", &[u8::from(got_total == want_total)])?;
     if let Some(r) = sums.iter().position(|v| v[..] != [1]) {
         let n = calls * replays;

@@ -467,6 +467,10 @@ impl DeviceBuffer {
     pub fn ptr(&self) -> DevicePtr {
         self.raw.ptr
     }
+    /// The device (and driver) this memory belongs to.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
     pub fn bytes(&self) -> usize {
         self.raw.bytes
     }

@@ -410,6 +410,13 @@ impl Collective for Public<'_> {
         Some(self.0.registered_output())
     }
 
+    fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
+        match self.0.check() {
+            Err(allreduce::Error::Peer { ranks, what }) => Ok(Some((ranks, what))),
+            _ => Ok(None),
+        }
+    }
+
     unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {
         let (input, output, count, dtype) = (call.input(), call.output(), call.count(), call.dtype());
         // SAFETY: the caller's contract; `stream` is a live stream of the communicator's device.

@@ -96,7 +96,7 @@ pub struct Symm {
     _buffer: DeviceBuffer,
     /// The signal pad, where it is not at the end of the buffer.
     _pad: Option<DeviceBuffer>,
-    _status: OwnStatus,
+    status: OwnStatus,
 }
 
 impl Symm {
@@ -162,7 +162,7 @@ impl Symm {
             _peers: peers.mapped,
             _buffer: buffer,
             _pad: pad,
-            _status: status,
+            status,
         })
     }
 }
@@ -178,6 +178,10 @@ impl Collective for Symm {
 
     fn capacity_bytes(&self) -> usize {
         self.capacity
+    }
+
+    fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
+        self.status.failure()
     }
 
     unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {

@@ -139,7 +139,7 @@ pub struct SymmTuned {
     _sync: DeviceBuffer,
     _staging: DeviceBuffer,
     _counters: DeviceBuffer,
-    _status: OwnStatus,
+    status: OwnStatus,
 }
 
 /// Bytes of a rank's packet area: two parities, a slot per source.
@@ -285,7 +285,7 @@ impl SymmTuned {
             _sync: sync,
             _staging: staging,
             _counters: counters,
-            _status: status,
+            status,
         })
     }
 }
@@ -588,6 +588,10 @@ impl Collective for SymmTuned {
 
     fn registered_output(&self) -> Option<&DeviceBuffer> {
         Some(&self.output)
+    }
+
+    fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
+        self.status.failure()
     }
 
     unsafe fn run(&mut self, call: &Call, stream: &Stream) -> Result<(), CollectiveError> {

@@ -3,8 +3,8 @@
 //! failure the next call returns (the communicator is then poisoned), and the abort any thread may set, as
 //! `ncclCommAbort`. No wait traps, so the process's GPU context outlives a failed call.
 
-use collective_core::status::describe_record;
-use collective_core::{PeerProcesses, STATUS_BYTES};
+use collective_core::status::{read_words, recorded};
+use collective_core::PeerProcesses;
 use gpu::{DeviceBuffer, DriverKind, Gpu};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,43 +78,14 @@ impl Shared {
         stream.sync()
     }
 
-    /// The status words: [abort, failed (1; 2 while a kernel writes the record), the rank waited for, what was waited
-    /// for, how long (ns), the word it read last, where, the word it waited for].
-    fn read(&self, stream: Option<&gpu::Stream>) -> gpu::Result<[u64; STATUS_BYTES / 8]> {
-        let mut words = [0u64; STATUS_BYTES / 8];
-        if self.gpu.kind() == DriverKind::Host {
-            for (k, w) in words.iter_mut().enumerate() {
-                // SAFETY: as in set_abort.
-                *w = unsafe { &*(self.status.ptr().0 as *const AtomicU64).add(k) }.load(Ordering::Acquire);
-            }
-            return Ok(words);
-        }
-        let own;
-        let stream = match stream {
-            Some(s) => s,
-            None => {
-                own = self.gpu.stream()?;
-                &own
-            }
-        };
-        let mut bytes = [0u8; STATUS_BYTES];
-        stream.download(&self.status, 0, &mut bytes)?;
-        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-            *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
-        }
-        Ok(words)
-    }
-
     /// What the status words say failed, recorded as this communicator's failure.
     fn look(&self, stream: Option<&gpu::Stream>) {
-        match self.read(stream) {
-            Ok([_, 1, peer, what, waited, word, at, want]) => {
-                self.fail(Failure { ranks: vec![peer as usize], what: describe_record(what, waited, [word, at, want]) })
+        match read_words(&self.status, stream) {
+            Ok(words) => {
+                if let Some((ranks, what)) = recorded(&words) {
+                    self.fail(Failure { ranks, what });
+                }
             }
-            Ok([abort, ..]) if abort != 0 => {
-                self.fail(Failure { ranks: Vec::new(), what: "the communicator's abort word was set".into() })
-            }
-            Ok(_) => {}
             Err(e) => eprintln!("warning: allreduce communicator: reading the status words: {e}"),
         }
     }
