@@ -36,16 +36,16 @@ ARX_DEV u64 next_epoch(u64 counters) {
 #define ARX_TAG_BITS 8
 #define ARX_TAG_MASK ((1ull << ARX_TAG_BITS) - 1)
 
-// Records the first failure of a call in the status words (the peer, what was waited for, how long, and what was seen)
-// and sets the abort word, which ends every wait of this rank. One thread claims the record (`recorded` 0 -> 2) and writes them,
-// then marks it whole (1) and aborts: threads that fail at once (a warp's lanes, whose stores to one word land in any
-// order) would otherwise leave one's peer beside another's `what`. A thread that loses the claim leaves the abort to
-// the winner, so the host never sees the abort without the record.
 // What a failed wait saw: the word it last read, where (a packet's slot), and the word it waited for.
 struct Seen {
     u64 word, at, want;
 };
 
+// Records the first failure of a call in the status words (the peer, what was waited for, how long, and what was
+// seen) and sets the abort word, which ends every wait of this rank. One thread claims the record (`recorded` 0 -> 2)
+// and writes them, then marks it whole (1) and aborts: threads that fail at once (a warp's lanes, whose stores to one
+// word land in any order) would otherwise leave one's peer beside another's `what`. A thread that loses the claim
+// leaves the abort to the winner, so the host never sees the abort without the record.
 ARX_DEV void record_failure(u64* status, u32 peer, u32 what, u64 waited_ns, Seen seen) {
     if (cas_acq_rel_sys(status + 1, 0ull, 2ull) != 0) return;
     st_relaxed_sys(status + 2, peer);
