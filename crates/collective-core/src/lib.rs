@@ -19,7 +19,8 @@ pub use elem::{sum_sources, Element, HostElem};
 pub use kernel_headers::KERNEL_HEADERS;
 pub use peers::PeerProcesses;
 pub use plan::{LaunchPlan, LaunchRule};
-pub use team::{status_words, OwnStatus, PeerMaps, Sharing, Team, STATUS_BYTES};
+pub use status::STATUS_BYTES;
+pub use team::{status_words, OwnStatus, PeerMaps, Sharing, Team};
 
 use gpu::Stream;
 use std::fmt;

@@ -4,9 +4,13 @@
 //! kernel-check`'s run of the device barrier on the host.
 
 use crate::flag_tags::flag_kernel;
-use crate::team::STATUS_BYTES;
 use gpu::{DeviceBuffer, DriverKind, Stream};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes of a communicator's status words: u64 [abort, failed (1; 2 while a kernel writes the record), the rank waited
+/// for, what was waited for, how long (ns), the word it last saw, where, the word it waited for]
+/// (`kernels/include/arx/sync.h`).
+pub const STATUS_BYTES: usize = 64;
 
 /// The status words `status` (of [`STATUS_BYTES`]) hold now: read through `stream` (or a stream of their own, so
 /// that the read does not wait behind the kernels that may write them); on the host driver, from memory.

@@ -1,6 +1,7 @@
 //! The set-up every custom method shares, written once: agreeing on sizes, mapping every peer's buffers, and launch
 //! caps that every rank computes alike.
 
+use crate::status::{read_words, recorded, STATUS_BYTES};
 use crate::{check_world, CollectiveError};
 use gpu::{DeviceBuffer, DevicePtr, DriverKind, Gpu, Kernel, MemKind};
 use ipc::Rendezvous;
@@ -23,11 +24,6 @@ pub struct Team<'a> {
     /// own watches words of its own ([`Team::status`]).
     pub status: Option<DevicePtr>,
 }
-
-/// Bytes of a communicator's status words: u64 [abort, failed (1; 2 while a kernel writes the record), the rank waited
-/// for, what was waited for, how long (ns), the word it last saw, where, the word it waited for]
-/// (`kernels/include/arx/sync.h`).
-pub const STATUS_BYTES: usize = 64;
 
 /// Zeroed status words for `gpu`'s kernels to watch. On HIP they are uncached memory, as the polled flags are: the
 /// host's store of the abort word into coarse-grained memory need not reach a kernel that is already polling.
@@ -53,7 +49,7 @@ impl OwnStatus {
     /// [`crate::Collective::failure`] of the method that holds these words: read where they are its own.
     pub fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
         match &self.buf {
-            Some(buf) => Ok(crate::status::recorded(&crate::status::read_words(buf, None)?)),
+            Some(buf) => Ok(recorded(&read_words(buf, None)?)),
             None => Ok(None),
         }
     }

@@ -18,11 +18,7 @@ use measure::check::{
     variant_value, NormCase,
 };
 use measure::timing::{median, Timer, TimingOptions};
-use std::time::{Duration, Instant};
-
-/// Past this, a rank's enqueueing of a burst (after its hold-back) is reported: far longer than a launch takes, and
-/// far shorter than the waits' deadline, so a peer that timed out waiting for this rank's host would show it.
-const SLOW_ENQUEUE: Duration = Duration::from_millis(50);
+use std::time::Duration;
 
 #[derive(Args, Debug, Clone)]
 pub struct NormArgs {
@@ -275,17 +271,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
             let mut failed = Vec::new();
             for round in 1..=args.bursts {
                 sums.iter().try_for_each(|sum| sum.reset(stream))?;
-                let started = Instant::now();
-                let replays = run_checked(stream, args.graph, rank, args.skew_us, burst)?;
-                // Enqueueing is quick on a GPU; a rank whose host took long past its hold-back would leave its peers
-                // waiting. (The host driver runs each kernel as it is enqueued.)
-                let held = Duration::from_micros(args.skew_us * rank as u64);
-                let enqueueing = started.elapsed().saturating_sub(held);
-                if gpu.kind() != gpu::DriverKind::Host && enqueueing > SLOW_ENQUEUE {
-                    eprintln!(
-                        "rank {rank}, burst {round}: enqueueing its calls took {enqueueing:?} past its hold-back"
-                    );
-                }
+                let replays = run_checked(stream, args.graph, rank, args.skew_us, &format!("burst {round}"), burst)?;
                 // A bit per call whose checksum of r is wrong here, and what is wrong in the first such call's r.
                 let mut wrong = 0u64;
                 let mut shown = String::new();

@@ -9,11 +9,12 @@ use crate::report::{Outcome, Row, RunNotes, Status, Unavailable};
 use crate::BenchError;
 use allreduce::{Communicator, DType, Op, Options, Residency};
 use collective_core::{Call, Collective};
-use gpu::{DeviceBuffer, MemKind, Stream};
+use gpu::{DeviceBuffer, DriverKind, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
 use measure::check::{agree_seed, agree_verdict, checksum, input_values, variant_input, Expected, POISON};
 use measure::timing::Timer;
+use std::time::{Duration, Instant};
 
 /// Runs this rank's part; rank 0 returns the results.
 pub fn run_rank(cfg: &SweepConfig, info: &RankInfo) -> Result<Option<Outcome>, BenchError> {
@@ -218,7 +219,7 @@ fn measure(
     };
     let calls = cfg.timing.warmup.max(2 * VARIANTS as u64);
     b.checksum.reset(stream)?;
-    let replays = run_checked(stream, cfg.timing.graph, rank, cfg.skew_us, |s| {
+    let replays = run_checked(stream, cfg.timing.graph, rank, cfg.skew_us, &format!("{count} elements"), |s| {
         (0..calls).try_for_each(|c| issue(m, s, c, true, true))
     })?;
     let per_variant: Vec<u64> =
@@ -226,7 +227,11 @@ fn measure(
     let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
     let got_total = b.checksum.total(stream)?;
     // A wait that ended without its peer leaves wrong outputs too: say so, with what it saw, before the checksums.
-    let failure = m.failure()?.map(|(ranks, what)| format!("peer rank(s) {ranks:?} {what}")).unwrap_or_default();
+    let failure = match m.failure()? {
+        Some((ranks, what)) if !ranks.is_empty() => format!("peer rank(s) {ranks:?} {what}"),
+        Some((_, what)) => what,
+        None => String::new(),
+    };
     let failures = rdv.all_gather("checked calls' waits", failure.as_bytes())?;
     if let Some((r, f)) = failures.iter().enumerate().find(|(_, f)| !f.is_empty()) {
         let n = calls * replays;
@@ -256,21 +261,35 @@ fn measure(
     Ok(row(Status::Passed).timed(t, cfg.report))
 }
 
+/// Past this, a rank's enqueueing of its consecutive checked calls is reported: far longer than launches take, far
+/// shorter than the waits' deadline, so a peer that timed out waiting for this rank's host would show it.
+const SLOW_ENQUEUE: Duration = Duration::from_millis(50);
+
 /// Runs consecutive checked calls (`calls` enqueues them) as the timed ones run: eagerly, or captured once and the
 /// graph replayed twice; rank `rank` is held back `rank` x `skew_us` microseconds first (`--skew_us`), so that they
-/// start with the ranks far apart and lower ranks' first calls wait long for higher ones. Returns how many times the
-/// calls ran.
+/// start with the ranks far apart and lower ranks' first calls wait long for higher ones. On a GPU, enqueueing that
+/// takes longer than [`SLOW_ENQUEUE`] is reported, with `what` the calls are. Returns how many times the calls ran.
 pub(crate) fn run_checked(
     stream: &Stream,
     graph: bool,
     rank: usize,
     skew_us: u64,
+    what: &str,
     calls: impl FnOnce(&Stream) -> Result<(), BenchError>,
 ) -> Result<u64, BenchError> {
-    let hold_back = || std::thread::sleep(std::time::Duration::from_micros(skew_us * rank as u64));
+    let hold_back = || std::thread::sleep(Duration::from_micros(skew_us * rank as u64));
+    // The host driver runs each kernel as it is enqueued: only a GPU's enqueueing is judged.
+    let judge = |started: Instant| {
+        let took = started.elapsed();
+        if stream.gpu().kind() != DriverKind::Host && took > SLOW_ENQUEUE {
+            eprintln!("rank {rank}, {what}: enqueueing the consecutive checked calls took {took:?}");
+        }
+    };
     if !graph {
         hold_back();
+        let started = Instant::now();
         calls(stream)?;
+        judge(started);
         return Ok(1);
     }
     stream.begin_capture()?;
@@ -278,7 +297,9 @@ pub(crate) fn run_checked(
     let graph = stream.end_capture()?;
     captured?;
     hold_back();
+    let started = Instant::now();
     (0..2).try_for_each(|_| stream.replay(&graph))?;
+    judge(started);
     Ok(2)
 }
 
