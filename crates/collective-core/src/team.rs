@@ -25,6 +25,19 @@ pub struct Team<'a> {
     pub status: Option<DevicePtr>,
 }
 
+/// Blocks per rank that leave a multiprocessor free when `ranks_per_device` ranks share a device of `units`: the ranks'
+/// grids spread one block per multiprocessor first, and a rank that lags behind its peers must still run its own
+/// earlier kernels (a norm kernel that takes a whole multiprocessor, say) before it reaches the collective whose
+/// blocks on every other rank spin waiting for it. With a spinning block on every multiprocessor those kernels never
+/// start, and the peers wait until their deadline. A rank alone on its device is not limited; on a device with no
+/// more units than ranks, one block each (the most that can still run at all).
+pub fn spare_unit_cap(units: usize, ranks_per_device: usize) -> usize {
+    if ranks_per_device <= 1 {
+        return usize::MAX;
+    }
+    (units.saturating_sub(1) / ranks_per_device).max(1)
+}
+
 /// Zeroed status words for `gpu`'s kernels to watch. On HIP they are uncached memory, as the polled flags are: the
 /// host's store of the abort word into coarse-grained memory need not reach a kernel that is already polling.
 pub fn status_words(gpu: &Gpu) -> Result<DeviceBuffer, CollectiveError> {
@@ -160,9 +173,10 @@ impl<'a> Team<'a> {
 
     /// Blocks of any of `kernels` (of `threads` threads; a kernel's dtype variants, which differ in registers) one
     /// rank may launch so that the blocks of every rank sharing a device are resident at once: the least occupancy
-    /// of the kernels on this device over the ranks that share it, then the minimum over all ranks, so that no block
-    /// ever waits for a peer block (or a block of its own grid) that was never launched. None where some rank fits
-    /// not even one block (every rank gets the same answer), so the caller can do without these kernels.
+    /// of the kernels on this device over the ranks that share it, and no more than [`spare_unit_cap`] allows; then
+    /// the minimum over all ranks, so that no block ever waits for a peer block (or a block of its own grid, or a
+    /// lagging peer's earlier kernel) that cannot run. None where some rank fits not even one block (every rank gets
+    /// the same answer), so the caller can do without these kernels.
     pub fn resident_cap<'k>(
         &self,
         name: &str,
@@ -174,7 +188,11 @@ impl<'a> Team<'a> {
             let blocks = kernel.max_resident_blocks(threads, 0)?;
             least = Some(least.map_or(blocks, |l| l.min(blocks)));
         }
-        let local = least.unwrap_or(0) / self.ranks_per_device;
+        let mut local = least.unwrap_or(0) / self.ranks_per_device;
+        // A host kernel runs to completion on its caller's thread: nothing of it waits for a multiprocessor.
+        if self.gpu.kind() != DriverKind::Host {
+            local = local.min(spare_unit_cap(self.gpu.info().multiprocessors, self.ranks_per_device));
+        }
         let all = self.rdv.all_gather(&format!("{name} resident blocks"), &(local as u64).to_le_bytes())?;
         let cap = all.iter().map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as usize).min();
         Ok(cap.filter(|&c| c > 0))
@@ -263,5 +281,21 @@ impl<'a> Team<'a> {
             })
             .collect();
         Ok(PeerMaps { ptrs, mapped: theirs.into_iter().map(|t| t.2).collect() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spare_unit_cap;
+
+    #[test]
+    fn shared_devices_keep_a_multiprocessor_free() {
+        // 8 ranks on 132 SMs: 16 blocks each, 128 in all; 4 ranks: 32 each (128); 2 ranks: 65 each (130).
+        for (units, ranks, cap) in [(132, 8, 16), (132, 4, 32), (132, 2, 65), (132, 3, 43), (304, 8, 37)] {
+            assert_eq!(spare_unit_cap(units, ranks), cap, "{units} units, {ranks} ranks");
+            assert!(cap * ranks < units, "every rank's grid together leaves a unit free");
+        }
+        assert_eq!(spare_unit_cap(132, 1), usize::MAX, "a rank alone on its device");
+        assert_eq!(spare_unit_cap(8, 8), 1, "no unit to spare: one block each");
     }
 }
