@@ -31,7 +31,7 @@ pub struct Team<'a> {
 /// blocks on every other rank spin waiting for it. With a spinning block on every multiprocessor those kernels never
 /// start, and the peers wait until their deadline. A rank alone on its device is not limited; on a device with no
 /// more units than ranks, one block each (the most that can still run at all).
-pub fn spare_unit_cap(units: usize, ranks_per_device: usize) -> usize {
+fn spare_unit_cap(units: usize, ranks_per_device: usize) -> usize {
     if ranks_per_device <= 1 {
         return usize::MAX;
     }
@@ -173,7 +173,7 @@ impl<'a> Team<'a> {
 
     /// Blocks of any of `kernels` (of `threads` threads; a kernel's dtype variants, which differ in registers) one
     /// rank may launch so that the blocks of every rank sharing a device are resident at once: the least occupancy
-    /// of the kernels on this device over the ranks that share it, and no more than [`spare_unit_cap`] allows; then
+    /// of the kernels on this device over the ranks that share it, and no more than `spare_unit_cap` allows; then
     /// the minimum over all ranks, so that no block ever waits for a peer block (or a block of its own grid, or a
     /// lagging peer's earlier kernel) that cannot run. None where some rank fits not even one block (every rank gets
     /// the same answer), so the caller can do without these kernels.

@@ -4,8 +4,11 @@
 # spinning blocks on 132 SMs) against the spare-multiprocessor cap (dist/comm-bench: 16 per rank at 8 ranks, 128 in
 # all), alternating on one machine; then, with the cap, #28's grid at hidden 4096 / 8192 and #24's sweep at
 # 1K / 64K / 1M / 16M elements, eager and graph.
-#   OUT=dir PACK=1 bash results/h100-mps/s26/call2.sh   (dist/kcache: call 1's compiled kernels)
+#   OUT=dir PACK=1 SECS=500 bash results/h100-mps/s26/call2.sh   (dist/kcache: call 1's compiled kernels; a step
+#   starts only if its timeout ends within SECS of the start)
 set -u
+end=$(( $(date +%s) + ${SECS:-560} ))
+fits() { (( $(date +%s) + $1 <= end )); }
 out=$OUT
 cd dist
 export ARX_KERNEL_CACHE=$PWD/kcache
@@ -25,14 +28,14 @@ done
 for h in 4096 8192; do
   for mode in eager graph; do
     flag=(); [ $mode = graph ] && flag=(--graph)
-    step norm_${h}_$mode timeout 45 ./comm-bench norm --backend cuda --num_ranks 8 --hidden $h --repeats 5 \
+    fits 45 && step norm_${h}_$mode timeout 45 ./comm-bench norm --backend cuda --num_ranks 8 --hidden $h --repeats 5 \
       --methods fused_ll,fused_1shot,fused_epoch_1shot,unfused,auto "${flag[@]}"
   done
 done
 m=car_1shot,car_2shot,auto,symm_epoch_1shot,symm_zc_1shot,symm_zc_2shot,symm_zc_2shot_pull
 for mode in eager graph; do
   flag=(); [ $mode = graph ] && flag=(--graph)
-  step sweep_$mode timeout 50 ./comm-bench --backend cuda --num_ranks 8 --counts 1024,65536,1048576,16777216 \
+  fits 50 && step sweep_$mode timeout 50 ./comm-bench --backend cuda --num_ranks 8 --counts 1024,65536,1048576,16777216 \
     --methods $m --repeats 3 "${flag[@]}"
 done
 exit $status
