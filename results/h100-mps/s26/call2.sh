@@ -18,10 +18,10 @@ export ALLREDUCE_SETUP_TIMEOUT_S=200
 stress=(norm --backend cuda --num_ranks 8 --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1 --skew_us 3000)
 step warm timeout 60 ./comm-bench "${stress[@]}" --methods unfused:symm_ll,fused_ll
 for rep in 1 2; do
-  step base_$rep timeout 35 env ALLREDUCE_TIMEOUT_S=5 ./diag/comm-bench "${stress[@]}" --methods unfused:symm_ll --bursts 600
-  step fix_$rep timeout 35 env ALLREDUCE_TIMEOUT_S=5 ./comm-bench "${stress[@]}" --methods unfused:symm_ll --bursts 600
+  fits 35 && step base_$rep timeout 35 env ALLREDUCE_TIMEOUT_S=5 ./diag/comm-bench "${stress[@]}" --methods unfused:symm_ll --bursts 600
+  fits 35 && step fix_$rep timeout 35 env ALLREDUCE_TIMEOUT_S=5 ./comm-bench "${stress[@]}" --methods unfused:symm_ll --bursts 600
 done
-step fix_fused timeout 35 env ALLREDUCE_TIMEOUT_S=5 ./comm-bench "${stress[@]}" --methods fused_ll --bursts 600
+fits 35 && step fix_fused timeout 35 env ALLREDUCE_TIMEOUT_S=5 ./comm-bench "${stress[@]}" --methods fused_ll --bursts 600
 for f in $out/base_* $out/fix_*; do
   echo "$(basename $f .txt): $(grep -c FAILED $f) failed; $(grep -ho 'burst [0-9]*, rank [0-9]*: peer.*before)' $f | head -1)"
 done
