@@ -261,8 +261,9 @@ fn measure(
     Ok(row(Status::Passed).timed(t, cfg.report))
 }
 
-/// Past this, a rank's enqueueing of its consecutive checked calls is reported: far longer than launches take, far
-/// shorter than the waits' deadline, so a peer that timed out waiting for this rank's host would show it.
+/// Past this, a rank's enqueueing of its consecutive checked calls is reported, while it lasts: far longer than
+/// launches take, far shorter than the waits' deadline, so a peer that times out waiting for this rank's host shows it
+/// before the run is stopped.
 const SLOW_ENQUEUE: Duration = Duration::from_millis(50);
 
 /// Runs consecutive checked calls (`calls` enqueues them) as the timed ones run: eagerly, or captured once and the
@@ -279,17 +280,11 @@ pub(crate) fn run_checked(
 ) -> Result<u64, BenchError> {
     let hold_back = || std::thread::sleep(Duration::from_micros(skew_us * rank as u64));
     // The host driver runs each kernel as it is enqueued: only a GPU's enqueueing is judged.
-    let judge = |started: Instant| {
-        let took = started.elapsed();
-        if stream.gpu().kind() != DriverKind::Host && took > SLOW_ENQUEUE {
-            eprintln!("rank {rank}, {what}: enqueueing the consecutive checked calls took {took:?}");
-        }
-    };
+    let judged = stream.gpu().kind() != DriverKind::Host;
+    let report = |line: String| eprintln!("rank {rank}, {what}: {line}");
     if !graph {
         hold_back();
-        let started = Instant::now();
-        calls(stream)?;
-        judge(started);
+        watch_enqueue(judged, SLOW_ENQUEUE, report, || calls(stream))?;
         return Ok(1);
     }
     stream.begin_capture()?;
@@ -297,10 +292,31 @@ pub(crate) fn run_checked(
     let graph = stream.end_capture()?;
     captured?;
     hold_back();
-    let started = Instant::now();
-    (0..2).try_for_each(|_| stream.replay(&graph))?;
-    judge(started);
+    watch_enqueue(judged, SLOW_ENQUEUE, report, || (0..2).try_for_each(|_| stream.replay(&graph)))?;
     Ok(2)
+}
+
+/// Runs `enqueue`; where `judged`, a watcher reports (through `report`) once it has lasted `slow`, and how long it
+/// took in all once it ends: a host stuck in the enqueueing is named while its peers still wait for it.
+fn watch_enqueue<T>(judged: bool, slow: Duration, report: impl Fn(String) + Sync, enqueue: impl FnOnce() -> T) -> T {
+    if !judged {
+        return enqueue();
+    }
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let started = Instant::now();
+    let report = &report;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            if finished.recv_timeout(slow) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                report(format!("enqueueing the consecutive checked calls has taken {:?} so far", started.elapsed()));
+                let _ = finished.recv();
+                report(format!("enqueueing the consecutive checked calls took {:?}", started.elapsed()));
+            }
+        });
+        let out = enqueue();
+        drop(done);
+        out
+    })
 }
 
 /// Whether a method can run this sweep at all, whatever the size: its op, dtype and mode.
@@ -329,4 +345,29 @@ fn verify_output(
     let mut out = vec![0u8; want.values.len() * dtype.size()];
     stream.download(output, 0, &mut out)?;
     Ok(agree_verdict(rdv, &out, dtype, &want.values, want.tol, want.bitwise, when)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::watch_enqueue;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    #[test]
+    fn a_slow_enqueue_is_reported_while_it_lasts_and_a_quick_one_never() {
+        let lines = Mutex::new(Vec::new());
+        let report = |l: String| lines.lock().unwrap().push(l);
+        let seen_during = watch_enqueue(true, Duration::from_millis(20), report, || {
+            std::thread::sleep(Duration::from_millis(500));
+            lines.lock().unwrap().len()
+        });
+        assert_eq!(seen_during, 1, "reported before the enqueueing ended");
+        let lines = lines.into_inner().unwrap();
+        assert!(lines[0].contains("has taken") && lines[1].contains("took"), "{lines:?}");
+        let quiet = Mutex::new(Vec::new());
+        let n = watch_enqueue(true, Duration::from_secs(5), |l: String| quiet.lock().unwrap().push(l), || 7);
+        assert_eq!((n, quiet.into_inner().unwrap().len()), (7, 0));
+        let unjudged = watch_enqueue(false, Duration::ZERO, |_: String| panic!("not judged"), || 3);
+        assert_eq!(unjudged, 3);
+    }
 }
