@@ -29,13 +29,11 @@ pub struct Team<'a> {
 /// grids spread one block per multiprocessor first, and a rank that lags behind its peers must still run its own
 /// earlier kernels (a norm kernel that takes a whole multiprocessor, say) before it reaches the collective whose
 /// blocks on every other rank spin waiting for it. With a spinning block on every multiprocessor those kernels never
-/// start, and the peers wait until their deadline. A rank alone on its device is not limited; on a device with no
-/// more units than ranks, one block each (the most that can still run at all).
-fn spare_unit_cap(units: usize, ranks_per_device: usize) -> usize {
-    if ranks_per_device <= 1 {
-        return usize::MAX;
-    }
-    (units.saturating_sub(1) / ranks_per_device).max(1)
+/// start, and the peers wait until their deadline. None where nothing is limited: a rank alone on its device, or host
+/// kernels (each runs to completion on its caller's thread). On a device with no more units than ranks, one block
+/// each (the most that can still run at all).
+fn spare_unit_cap(kind: DriverKind, units: usize, ranks_per_device: usize) -> Option<usize> {
+    (kind != DriverKind::Host && ranks_per_device > 1).then(|| (units.saturating_sub(1) / ranks_per_device).max(1))
 }
 
 /// Zeroed status words for `gpu`'s kernels to watch. On HIP they are uncached memory, as the polled flags are: the
@@ -188,14 +186,28 @@ impl<'a> Team<'a> {
             let blocks = kernel.max_resident_blocks(threads, 0)?;
             least = Some(least.map_or(blocks, |l| l.min(blocks)));
         }
-        let mut local = least.unwrap_or(0) / self.ranks_per_device;
-        // A host kernel runs to completion on its caller's thread: nothing of it waits for a multiprocessor.
-        if self.gpu.kind() != DriverKind::Host {
-            local = local.min(spare_unit_cap(self.gpu.info().multiprocessors, self.ranks_per_device));
-        }
+        let local = (least.unwrap_or(0) / self.ranks_per_device).min(self.spare_unit_cap().unwrap_or(usize::MAX));
         let all = self.rdv.all_gather(&format!("{name} resident blocks"), &(local as u64).to_le_bytes())?;
         let cap = all.iter().map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as usize).min();
         Ok(cap.filter(|&c| c > 0))
+    }
+
+    /// `spare_unit_cap` on this team's device.
+    fn spare_unit_cap(&self) -> Option<usize> {
+        spare_unit_cap(self.gpu.kind(), self.gpu.info().multiprocessors, self.ranks_per_device)
+    }
+
+    /// What that cap does to this team's grids, where it applies: a note for the communicator to show, since it
+    /// shapes every figure measured with ranks sharing a device.
+    pub fn spare_unit_note(&self) -> Option<String> {
+        self.spare_unit_cap().map(|cap| {
+            format!(
+                "{} ranks share a device of {} multiprocessors: each rank's grids are capped at {cap} blocks, so that \
+                 together they leave one free for a lagging rank's kernels",
+                self.ranks_per_device,
+                self.gpu.info().multiprocessors
+            )
+        })
     }
 
     /// [`Team::resident_cap`] of kernels the caller cannot do without: none fitting is an error.
@@ -287,15 +299,19 @@ impl<'a> Team<'a> {
 #[cfg(test)]
 mod tests {
     use super::spare_unit_cap;
+    use gpu::DriverKind;
 
     #[test]
     fn shared_devices_keep_a_multiprocessor_free() {
         // 8 ranks on 132 SMs: 16 blocks each, 128 in all; 4 ranks: 32 each (128); 2 ranks: 65 each (130).
         for (units, ranks, cap) in [(132, 8, 16), (132, 4, 32), (132, 2, 65), (132, 3, 43), (304, 8, 37)] {
-            assert_eq!(spare_unit_cap(units, ranks), cap, "{units} units, {ranks} ranks");
+            for kind in [DriverKind::Cuda, DriverKind::Hip] {
+                assert_eq!(spare_unit_cap(kind, units, ranks), Some(cap), "{units} units, {ranks} ranks");
+            }
             assert!(cap * ranks < units, "every rank's grid together leaves a unit free");
         }
-        assert_eq!(spare_unit_cap(132, 1), usize::MAX, "a rank alone on its device");
-        assert_eq!(spare_unit_cap(8, 8), 1, "no unit to spare: one block each");
+        assert_eq!(spare_unit_cap(DriverKind::Cuda, 132, 1), None, "a rank alone on its device");
+        assert_eq!(spare_unit_cap(DriverKind::Host, 2, 8), None, "host kernels never wait for a unit");
+        assert_eq!(spare_unit_cap(DriverKind::Cuda, 8, 8), Some(1), "no unit to spare: one block each");
     }
 }

@@ -332,6 +332,7 @@ impl Communicator {
             .with_kernel_timeout(timeout)
             .with_missing_peer_atomics(no_atomics.as_deref())
             .with_status(watch.status());
+        notes.extend(team.spare_unit_note());
         let engine = Engine::new(team, opts.capacity_bytes, tables)?;
         let car_opts = car::CarOptions {
             capacity_bytes: opts.capacity_bytes,
