@@ -63,9 +63,9 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let text = built_in_text(driver);
     let what = match driver {
         DriverKind::Cuda => {
-            "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink); calls with the \
-             residual add and RMSNorm with 8 ranks only; on one H100, caller buffers with 2, 3, 4, 6 and 8 ranks (the \
-             pulled two-shot and the larger grid past 2 MiB measured there only)"
+            "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink), before the \
+             spare-multiprocessor cap; calls with the residual add and RMSNorm with 8 ranks only; on one H100, caller \
+             buffers with 2 ranks, and with 3, 4, 6 and 8 ranks under the cap"
         }
         DriverKind::Hip => "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table",
         DriverKind::Host => "host: measured with 2 and 3 ranks on 2 shared cores (results/host-tune)",
