@@ -1,12 +1,19 @@
 # Sourced by the GPU-node scripts: the environment every run shares, and MPS when ranks share GPUs.
 #   source gpu_env.sh OUT_DIR   (sets ranks, gpus, mps_started and out=OUT_DIR; stops MPS on exit; defines
-#   machine and step). PACK=1: on exit, everything in OUT_DIR becomes one OUT_DIR/results.tgz, for nodes that send
-#   back only a few files.
+#   machine, step and fits). PACK=1: on exit, everything in OUT_DIR becomes one OUT_DIR/results.tgz, for nodes that
+#   send back only a few files.
 # Never NVLink multicast: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Compiled kernels outside OUT_DIR (keyed by their source's hash, so builds share it safely), so the results that
-# a GPU node sends back are only results.
-export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-${TMPDIR:-/tmp}/arx-kernel-cache}
+# a GPU node sends back are only results; a kcache/ beside this file (an earlier call's, carried with dist/) saves a
+# fresh node the compiling.
+default_cache=${TMPDIR:-/tmp}/arx-kernel-cache
+[ -d "$(dirname "${BASH_SOURCE[0]}")/kcache" ] && default_cache=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/kcache
+export ARX_KERNEL_CACHE=${ARX_KERNEL_CACHE:-$default_cache}
+# fits N: whether a step whose timeout is N seconds ends within SECS (default 560) of sourcing this file, so that a
+# script guards its steps (fits 90 && step ...) and ends before the node's limit cuts it mid-step.
+steps_end=$(($(date +%s) + ${SECS:-560}))
+fits() { (($(date +%s) + $1 <= steps_end)); }
 ranks=${RANKS:-8}
 gpus=$( (nvidia-smi -L 2>/dev/null; rocm-smi --showid 2>/dev/null | grep 'Device ID') | grep -c '^GPU' || true)
 mps_started=0
