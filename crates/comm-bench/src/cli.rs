@@ -187,6 +187,11 @@ pub struct BenchArgs {
     /// with the ranks far apart (waits long enough to read their deadline's clock, peers whole calls ahead).
     #[arg(long = "skew_us", alias = "skew-us", default_value_t = 0, value_parser = whole(0, 1_000_000))]
     pub skew_us: u64,
+    /// Seconds after which no further size starts (counted from set-up; rank 0's clock decides, so every rank stops
+    /// after the same size; the first size always runs): a run under a wall-clock limit ends with its report and
+    /// summary of the sizes that ran, which say how many did not.
+    #[arg(long = "max_seconds", alias = "max-seconds", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
+    pub max_seconds: Option<f64>,
     /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
     #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub timeout_s: Option<f64>,
@@ -318,6 +323,7 @@ impl BenchArgs {
             car_uncached: self.car_memory == CarMemory::Uncached,
             device_shared_by: self.device_shared_by.map(|n| n as usize),
             skew_us: self.skew_us,
+            max_duration: self.max_seconds.map(Duration::from_secs_f64),
             timeout: self.timeout_s.map(Duration::from_secs_f64),
             setup_timeout: self.setup_timeout_s.map(Duration::from_secs_f64),
             tune_table: self.tune_table.clone(),

@@ -82,6 +82,8 @@ pub struct SweepConfig {
     pub device_shared_by: Option<usize>,
     /// Microseconds rank r is held back, times r, before the consecutive checked calls (`--skew_us`).
     pub skew_us: u64,
+    /// No size after the first starts once the rank has run this long (`--max_seconds`).
+    pub max_duration: Option<Duration>,
 }
 
 impl SweepConfig {

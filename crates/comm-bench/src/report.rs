@@ -140,6 +140,8 @@ pub struct RunNotes {
     pub ceilings: Ceilings,
     pub unavailable: Vec<Unavailable>,
     pub provenance: Provenance,
+    /// The sizes `--max_seconds` left out.
+    pub not_run: Vec<usize>,
 }
 
 /// Where and with what a run was made.
@@ -180,6 +182,9 @@ pub struct Outcome {
     /// Where and with what it ran: host name, comm-bench's version and commit, the collective library's version.
     #[serde(default)]
     pub provenance: Provenance,
+    /// Element counts of the sweep that did not run: `--max_seconds` was reached before them.
+    #[serde(default)]
+    pub not_run: Vec<usize>,
     /// Seconds since the Unix epoch when the sweep ended.
     pub unix_time: u64,
     pub ceilings: Ceilings,
@@ -204,6 +209,7 @@ impl Outcome {
             report: cfg.report,
             unavailable: run.unavailable,
             provenance: run.provenance,
+            not_run: run.not_run,
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             ceilings: run.ceilings,
             rows,
@@ -310,8 +316,13 @@ pub(crate) mod fixtures {
             empty_all_ranks_us: 1.0,
             barrier_us: None,
         };
-        let notes =
-            RunNotes { tune_table: "test".into(), ceilings, unavailable: Vec::new(), provenance: Default::default() };
+        let notes = RunNotes {
+            tune_table: "test".into(),
+            ceilings,
+            unavailable: Vec::new(),
+            provenance: Default::default(),
+            not_run: Vec::new(),
+        };
         Outcome::new(&info, world, &cfg, notes, rows)
     }
 }

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 /// Runs this rank's part; rank 0 returns the results.
 pub fn run_rank(cfg: &SweepConfig, info: &RankInfo) -> Result<Option<Outcome>, BenchError> {
+    let started = Instant::now();
     let comm = Communicator::new(info.clone(), options(cfg)?)?;
-    let result = sweep(cfg, &comm);
+    let result = sweep(cfg, &comm, started);
     if let Err(e) = &result {
         comm.rendezvous().abort(&e.to_string());
     }
@@ -56,7 +57,8 @@ struct Buffers {
     timer: Timer,
 }
 
-fn sweep(cfg: &SweepConfig, comm: &Communicator) -> Result<Option<Outcome>, BenchError> {
+/// The sweep on `comm`; `started` is when set-up began, which `--max_seconds` counts from.
+fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Option<Outcome>, BenchError> {
     let gpu = comm.gpu().clone();
     let (rank, world) = (comm.rank(), comm.world());
     let sizes = cfg.counts(gpu.info().size_align);
@@ -108,8 +110,13 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator) -> Result<Option<Outcome>, Benc
         crate::report::print_header();
     }
     let mut rows = Vec::new();
+    let mut not_run = Vec::new();
     let progress = crate::progress::Progress::new(sizes.len() * built.len(), rank == 0);
-    for &count in &sizes {
+    for (i, &count) in sizes.iter().enumerate() {
+        if i > 0 && out_of_time(comm.rendezvous(), cfg.max_duration, started)? {
+            not_run = sizes[i..].to_vec();
+            break;
+        }
         for (name, method) in built.iter_mut() {
             let here = measure_ways(cfg, comm.rendezvous(), &bufs, name, method.as_mut(), count)?;
             if rank == 0 {
@@ -127,8 +134,14 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator) -> Result<Option<Outcome>, Benc
     let tune_table = [Residency::Caller, Residency::Registered]
         .map(|r| format!("{r}: {}", comm.table_source(cfg.mode(), r)))
         .join("; ");
-    let notes = RunNotes { tune_table, ceilings, unavailable, provenance };
+    let notes = RunNotes { tune_table, ceilings, unavailable, provenance, not_run };
     Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, notes, rows)))
+}
+
+/// Whether the sweep has used up `budget` since `started`, by rank 0's clock, so that every rank stops together.
+fn out_of_time(rdv: &Rendezvous, budget: Option<Duration>, started: Instant) -> Result<bool, BenchError> {
+    let Some(budget) = budget else { return Ok(false) };
+    Ok(rdv.broadcast("sweep budget", 0, &[u8::from(started.elapsed() > budget)])? == [1])
 }
 
 /// A method with registered buffers is timed on them (a caller that allocated its tensors there: the `+reg` row)

@@ -77,6 +77,10 @@ pub fn render(outcome: &Outcome) -> String {
     for u in &outcome.unavailable {
         let _ = writeln!(w, "# Not run: {}: {}", u.method, u.reason);
     }
+    if let (Some(first), Some(last)) = (outcome.not_run.first(), outcome.not_run.last()) {
+        let sizes = outcome.not_run.len();
+        let _ = writeln!(w, "# Not run: {sizes} size(s), {first} to {last} elements: --max_seconds was reached first");
+    }
     let all = mean(outcome.rows.iter().filter(|r| r.status == Status::Passed).filter_map(|r| r.busbw_gbs));
     let _ = writeln!(w, "# Avg bus bandwidth    : {}", all.map_or("-".into(), |b| format!("{b:.4}")));
     render_auto(w, outcome);
