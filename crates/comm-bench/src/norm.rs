@@ -6,7 +6,7 @@
 //! timed); then timed on the one timing path (`measure::timing`).
 
 use crate::checksum::Checksum;
-use crate::run::{run_checked, VARIANTS};
+use crate::run::{out_of_time, run_checked, VARIANTS};
 use crate::summary::AUTO_SLOW_RATIO;
 use crate::BenchError;
 use allreduce::{AddRmsNorm, Algorithm, Call, Choice, Communicator, DType, Op, Options};
@@ -18,7 +18,7 @@ use measure::check::{
     variant_value, NormCase,
 };
 use measure::timing::{median, Timer, TimingOptions};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug, Clone)]
 pub struct NormArgs {
@@ -69,6 +69,10 @@ pub struct NormArgs {
     pub backend: gpu::Backend,
     #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub timeout_s: Option<f64>,
+    /// Seconds after which no further token count starts (counted from set-up, by rank 0's clock; the first always
+    /// runs): a run under a wall-clock limit ends with the rows it measured, and says which token counts it left out.
+    #[arg(long = "max_seconds", alias = "max-seconds", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
+    pub max_seconds: Option<f64>,
     /// Also write the timings to DIR/norm_benchmark.json (the rows as comm_ops_benchmark.json's: method, count,
     /// time_ms, status), for scripts/ab_table.py and the like.
     #[arg(long = "output_dir", alias = "output-dir")]
@@ -83,6 +87,8 @@ struct NormReport {
     hidden: usize,
     graph: bool,
     rows: Vec<NormRow>,
+    /// Token counts `--max_seconds` left out.
+    not_run: Vec<u64>,
 }
 
 #[derive(serde::Serialize)]
@@ -140,6 +146,7 @@ impl NormArgs {
 
 /// One rank's sweep; rank 0 prints the table.
 pub fn run_rank(args: &NormArgs, info: &RankInfo) -> Result<(), BenchError> {
+    let started = Instant::now();
     let timeout = match args.timeout_s {
         Some(s) => Duration::from_secs_f64(s),
         None => deadline::timeout_from_env().map_err(BenchError::Config)?,
@@ -150,14 +157,15 @@ pub fn run_rank(args: &NormArgs, info: &RankInfo) -> Result<(), BenchError> {
     let opts =
         Options { backend: args.backend, capacity_bytes: capacity, timeout: Some(timeout), ..Options::default() };
     let comm = Communicator::new(info.clone(), opts)?;
-    let result = sweep(args, &comm, capacity);
+    let result = sweep(args, &comm, capacity, started);
     if let Err(e) = &result {
         comm.rendezvous().abort(&e.to_string());
     }
     result
 }
 
-fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), BenchError> {
+/// The token counts' sweep on `comm`; `started` is when set-up began, which `--max_seconds` counts from.
+fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize, started: Instant) -> Result<(), BenchError> {
     let (gpu, rdv) = (comm.gpu(), comm.rendezvous());
     let (rank, world, dtype, hidden) = (comm.rank(), comm.world(), args.dtype, args.hidden as usize);
     let ways: Vec<Way> = args.methods.iter().map(|m| way(m)).collect::<Result<_, _>>()?;
@@ -186,8 +194,20 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     // Token counts where auto was timed against another method, and those where it was more than AUTO_SLOW_RATIO
     // slower than the fastest of them.
     let (mut judged, mut slow) = (0, 0);
-    let mut report = NormReport { world, dtype: dtype.to_string(), hidden, graph: args.graph, rows: Vec::new() };
-    for &tokens in &args.tokens {
+    let mut report = NormReport {
+        world,
+        dtype: dtype.to_string(),
+        hidden,
+        graph: args.graph,
+        rows: Vec::new(),
+        not_run: Vec::new(),
+    };
+    let budget = args.max_seconds.map(Duration::from_secs_f64);
+    for (i, &tokens) in args.tokens.iter().enumerate() {
+        if i > 0 && out_of_time(rdv, budget, started)? {
+            report.not_run = args.tokens[i..].to_vec();
+            break;
+        }
         let count = tokens as usize * hidden;
         let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: args.eps };
         let on = |x: gpu::DevicePtr| -> Result<Call, BenchError> {
@@ -356,6 +376,9 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize) -> Result<(), Be
     }
     if rank == 0 && judged > 0 {
         println!("# auto: {slow} of {judged} token counts above {AUTO_SLOW_RATIO}x the fastest other method");
+    }
+    if rank == 0 && !report.not_run.is_empty() {
+        println!("# Not run: tokens {:?}: --max_seconds was reached first", report.not_run);
     }
     if let (0, Some(dir)) = (rank, &args.output_dir) {
         let json = dir.join("norm_benchmark.json");

@@ -139,7 +139,7 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
 }
 
 /// Whether the sweep has used up `budget` since `started`, by rank 0's clock, so that every rank stops together.
-fn out_of_time(rdv: &Rendezvous, budget: Option<Duration>, started: Instant) -> Result<bool, BenchError> {
+pub(crate) fn out_of_time(rdv: &Rendezvous, budget: Option<Duration>, started: Instant) -> Result<bool, BenchError> {
     let Some(budget) = budget else { return Ok(false) };
     Ok(rdv.broadcast("sweep budget", 0, &[u8::from(started.elapsed() > budget)])? == [1])
 }

@@ -363,6 +363,27 @@ fn norm_checks_every_method_and_names_what_ran() {
     assert!(rows.iter().all(|r| r["status"] == "passed" && r["time_ms"].as_f64().is_some_and(|t| t > 0.0)), "{rows:?}");
 }
 
+/// `norm --max_seconds`: set-up alone outlasts the budget, so the first token count runs and the rest do not, on every
+/// rank alike (the run passes); the output and the JSON name them.
+#[test]
+fn norm_max_seconds_ends_after_the_first_token_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(BIN)
+        .args(["norm", "--backend", "host", "--num_ranks", "3", "--hidden", "256", "--tokens", "1,8,32"])
+        .args(["-n", "2", "-w", "0", "--repeats", "1", "--methods", "unfused,auto", "--max_seconds", "0.001"])
+        .args(["--output_dir", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("# Not run: tokens [8, 32]: --max_seconds was reached first"), "{t}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("norm_benchmark.json")).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert!(rows.len() == 2 && rows.iter().all(|r| r["tokens"] == 1 && r["status"] == "passed"), "{rows:?}");
+    assert_eq!(report["not_run"], serde_json::json!([8, 32]));
+}
+
 /// `unfused:ALGO` runs the unfused sequence on the allreduce named, checked as every method is; a name that is no
 /// allreduce is refused.
 #[test]
