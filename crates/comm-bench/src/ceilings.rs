@@ -1,11 +1,13 @@
 //! The ceilings every result is quoted against, measured by the same binary in the same run: the device copy
 //! bandwidth (bytes read + written), an empty kernel launched eagerly and replayed from a graph (on rank 0 alone,
-//! while the others wait), and the protocol's floor: car's barrier-only kernel on every rank, timed like a method.
+//! while the others wait), and the protocol's floor: car's barrier-only kernel on every rank, timed like a method;
+//! and per size of a sweep with `auto`, every rank's copy of its input at once, the copy floor of a caller-buffer call.
 
 use crate::config::SweepConfig;
+use crate::report::CopyFloor;
 use crate::BenchError;
 use allreduce::Communicator;
-use gpu::{HostLaunch, KernelLibrary, LaunchDims};
+use gpu::{DeviceBuffer, HostLaunch, KernelLibrary, LaunchDims};
 use measure::timing::Timer;
 use serde::{Deserialize, Serialize};
 
@@ -102,4 +104,24 @@ pub(crate) fn measure(cfg: &SweepConfig, comm: &Communicator, t: &Timer) -> Resu
         empty_all_ranks_us,
         barrier_us,
     })
+}
+
+/// Every rank copies `count` elements from `src` into `dst` at once, timed as the methods are. Collective.
+pub(crate) fn copy_floor(
+    cfg: &SweepConfig,
+    comm: &Communicator,
+    t: &Timer,
+    (dst, src): (&DeviceBuffer, &DeviceBuffer),
+    count: usize,
+) -> Result<CopyFloor, BenchError> {
+    let bytes = count * cfg.dtype.size();
+    if bytes > dst.bytes().min(src.bytes()) {
+        return Err(BenchError::Config(format!("a copy floor of {bytes} bytes is larger than the sweep's buffers")));
+    }
+    let timing = t.time_calls(&cfg.timing, comm.rendezvous(), |s| {
+        // SAFETY: two of the benchmark's own buffers, checked above to hold `bytes`.
+        Ok::<_, BenchError>(unsafe { s.copy(dst.ptr(), src.ptr(), bytes) }?)
+    })?;
+    t.stream.sync()?;
+    Ok(CopyFloor { count, time_ms: cfg.report.figure_ms(&timing) })
 }

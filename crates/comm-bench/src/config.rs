@@ -53,6 +53,12 @@ impl Report {
             Report::Min => ranks.iter().copied().fold(f64::NAN, f64::min),
         }
     }
+
+    /// A timing's figure: per repeat the ranks' times combined, then the median over the repeats.
+    pub fn figure_ms(self, timing: &measure::timing::Timing) -> f64 {
+        let combined: Vec<f64> = timing.ranks_ms.iter().map(|ranks| self.combine(ranks)).collect();
+        measure::timing::median(&combined)
+    }
 }
 
 #[derive(Clone, Debug)]

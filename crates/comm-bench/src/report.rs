@@ -84,8 +84,7 @@ impl Row {
 
     /// Adds the timings: per repeat the ranks' times combined as `report` says, then the median over repeats.
     pub fn timed(mut self, timing: measure::timing::Timing, report: Report) -> Row {
-        let combined: Vec<f64> = timing.ranks_ms.iter().map(|ranks| report.combine(ranks)).collect();
-        let median = measure::timing::median(&combined);
+        let median = report.figure_ms(&timing);
         self.issue_us = Some(timing.median_issue_ms() * 1e3);
         let (mut repeats, rank0) = (timing.repeats_ms, timing.rank0_ms);
         self.ranks_ms = timing.ranks_ms;
@@ -142,6 +141,16 @@ pub struct RunNotes {
     pub provenance: Provenance,
     /// The sizes `--max_seconds` left out.
     pub not_run: Vec<usize>,
+    pub copy_floor: Vec<CopyFloor>,
+}
+
+/// Every rank's copy of its input at one size, all ranks at once, timed as the methods are (`--report`, median of
+/// the repeats): the least a caller-buffer call adds to a registered one, with the ranks' copies contending as their
+/// calls' do.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CopyFloor {
+    pub count: usize,
+    pub time_ms: f64,
 }
 
 /// Where and with what a run was made.
@@ -185,6 +194,9 @@ pub struct Outcome {
     /// Element counts of the sweep that did not run: `--max_seconds` was reached before them.
     #[serde(default)]
     pub not_run: Vec<usize>,
+    /// Per size of a sweep with `auto`, the copy floor of its caller-buffer bound (`auto+reg` plus this).
+    #[serde(default)]
+    pub copy_floor: Vec<CopyFloor>,
     /// Seconds since the Unix epoch when the sweep ended.
     pub unix_time: u64,
     pub ceilings: Ceilings,
@@ -210,6 +222,7 @@ impl Outcome {
             unavailable: run.unavailable,
             provenance: run.provenance,
             not_run: run.not_run,
+            copy_floor: run.copy_floor,
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             ceilings: run.ceilings,
             rows,
@@ -322,6 +335,7 @@ pub(crate) mod fixtures {
             unavailable: Vec::new(),
             provenance: Default::default(),
             not_run: Vec::new(),
+            copy_floor: Vec::new(),
         };
         Outcome::new(&info, world, &cfg, notes, rows)
     }

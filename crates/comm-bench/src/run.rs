@@ -111,6 +111,9 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
     }
     let mut rows = Vec::new();
     let mut not_run = Vec::new();
+    // `auto`'s caller-buffer bound needs the copy floor of every size (the summary's last block).
+    let bound = built.iter().any(|(name, _)| name == "auto");
+    let mut copy_floor = Vec::new();
     let progress = crate::progress::Progress::new(sizes.len() * built.len(), rank == 0);
     for (i, &count) in sizes.iter().enumerate() {
         if i > 0 && out_of_time(comm.rendezvous(), cfg.max_duration, started)? {
@@ -125,6 +128,10 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
             rows.extend(here);
             progress.inc(format!("{name} {count}"));
         }
+        if bound {
+            let buffers = (&bufs.input, &bufs.variants[0]);
+            copy_floor.push(crate::ceilings::copy_floor(cfg, comm, &bufs.timer, buffers, count)?);
+        }
     }
     progress.finish();
     bufs.timer.stream.sync()?;
@@ -134,7 +141,7 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
     let tune_table = [Residency::Caller, Residency::Registered]
         .map(|r| format!("{r}: {}", comm.table_source(cfg.mode(), r)))
         .join("; ");
-    let notes = RunNotes { tune_table, ceilings, unavailable, provenance, not_run };
+    let notes = RunNotes { tune_table, ceilings, unavailable, provenance, not_run, copy_floor };
     Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, notes, rows)))
 }
 

@@ -1,7 +1,8 @@
 //! The closing summary of a sweep: a size x method pivot of times with the fastest method per size, each method's
 //! mean bus bandwidth, what failed, and nccl-tests' closing `# Avg bus bandwidth` line; then, per residency (the
 //! benchmark's own buffers, or the methods' registered ones: the `+reg` rows), `auto` against the fastest other
-//! method of that residency at each size, flagging where `auto` is more than [`AUTO_SLOW_RATIO`] slower.
+//! method of that residency at each size, flagging where `auto` is more than [`AUTO_SLOW_RATIO`] slower; last,
+//! `auto` on caller buffers against its bound: `auto+reg` plus the copy floor of the same size.
 
 use crate::report::{Outcome, Row, Status};
 use allreduce::Residency;
@@ -84,6 +85,7 @@ pub fn render(outcome: &Outcome) -> String {
     let all = mean(outcome.rows.iter().filter(|r| r.status == Status::Passed).filter_map(|r| r.busbw_gbs));
     let _ = writeln!(w, "# Avg bus bandwidth    : {}", all.map_or("-".into(), |b| format!("{b:.4}")));
     render_auto(w, outcome);
+    render_bound(w, outcome);
     out
 }
 
@@ -215,6 +217,68 @@ fn render_auto(w: &mut String, outcome: &Outcome) {
     }
 }
 
+/// `auto` on caller buffers at one size against its bound: `auto+reg` (the same call on registered buffers) plus
+/// every rank's copy of its input at once, the least a caller-buffer call adds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AutoBound {
+    pub count: usize,
+    pub auto_ms: f64,
+    pub registered_ms: f64,
+    pub copy_ms: f64,
+    /// `auto_ms` over `registered_ms + copy_ms`.
+    pub ratio: f64,
+}
+
+/// [`AutoBound`] at each size (in the order of the rows) where `auto` and `auto+reg` passed and the copy floor was
+/// measured.
+pub fn auto_bounds(outcome: &Outcome) -> Vec<AutoBound> {
+    let time = |method: &str, count: usize| {
+        outcome.rows.iter().find(|r| r.count == count && r.method == method).and_then(passed_time)
+    };
+    outcome
+        .copy_floor
+        .iter()
+        .filter_map(|c| {
+            let (auto_ms, registered_ms) = (time("auto", c.count)?, time("auto+reg", c.count)?);
+            let ratio = auto_ms / (registered_ms + c.time_ms);
+            Some(AutoBound { count: c.count, auto_ms, registered_ms, copy_ms: c.time_ms, ratio })
+        })
+        .collect()
+}
+
+/// The bound block of the summary, where [`auto_bounds`] has any size.
+fn render_bound(w: &mut String, outcome: &Outcome) {
+    let bounds = auto_bounds(outcome);
+    let (Some(least), Some(most)) =
+        (bounds.iter().map(|b| b.ratio).min_by(f64::total_cmp), bounds.iter().map(|b| b.ratio).max_by(f64::total_cmp))
+    else {
+        return;
+    };
+    let _ = writeln!(
+        w,
+        "#\n# auto (caller buffers) against its bound: auto+reg plus every rank's copy of its input, all ranks at \
+         once (us per call):"
+    );
+    let head = ["count", "auto", "auto+reg", "copy", "bound", "ratio"];
+    let _ =
+        writeln!(w, "# {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}", head[0], head[1], head[2], head[3], head[4], head[5]);
+    for b in &bounds {
+        let us = |ms: f64| ms * 1e3;
+        let bound = b.registered_ms + b.copy_ms;
+        let _ = writeln!(
+            w,
+            "# {:>10} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>7.3}",
+            b.count,
+            us(b.auto_ms),
+            us(b.registered_ms),
+            us(b.copy_ms),
+            us(bound),
+            b.ratio
+        );
+    }
+    let _ = writeln!(w, "# auto (caller buffers): {least:.3}x to {most:.3}x its bound at {} sizes", bounds.len());
+}
+
 /// Whether anything at all was measured.
 pub fn measured_any(outcome: &Outcome) -> bool {
     outcome.rows.iter().any(|r| passed_time(r).is_some())
@@ -330,5 +394,45 @@ mod tests {
         let alone = outcome(&[("auto", 1024, p.clone(), 10.0), ("auto+reg", 1024, p, 9.0)]);
         assert!(auto_ratios(&alone).is_empty(), "auto is no competitor of itself");
         assert!(render(&alone).contains("# auto (caller buffers): 0 of 0 sizes above"));
+    }
+
+    /// `mixed()` with copy floors of 2 us at 1024, 1 us at 2048 and 4096, and 3 us at 8192, which has no rows.
+    fn with_floors() -> Outcome {
+        let mut o = mixed();
+        o.copy_floor = [(1024, 2.0), (2048, 1.0), (4096, 1.0), (8192, 3.0)]
+            .map(|(count, us)| crate::report::CopyFloor { count, time_ms: us * 1e-3 })
+            .to_vec();
+        o
+    }
+
+    #[test]
+    fn auto_bounds_add_the_copy_floor_to_auto_reg_where_both_passed() {
+        let bounds = auto_bounds(&with_floors());
+        let got: Vec<usize> = bounds.iter().map(|b| b.count).collect();
+        assert_eq!(got, [1024, 2048], "4096: auto failed; 8192: no rows: {bounds:?}");
+        for (b, (auto_us, reg_us, copy_us)) in bounds.iter().zip([(11.0, 11.5, 2.0), (18.0, 15.0, 1.0)]) {
+            assert!(close(b.auto_ms, auto_us * 1e-3) && close(b.registered_ms, reg_us * 1e-3), "{b:?}");
+            assert!(close(b.copy_ms, copy_us * 1e-3), "{b:?}");
+            assert!(close(b.ratio, auto_us / (reg_us + copy_us)), "{b:?}");
+        }
+        assert!(auto_bounds(&mixed()).is_empty(), "no copy floor measured, no bound");
+    }
+
+    #[test]
+    fn render_gives_the_bound_block_last_and_only_with_copy_floors() {
+        let text = render(&with_floors());
+        println!("{text}");
+        let block = text.find("# auto (caller buffers) against its bound").expect("the bound block");
+        assert!(block > text.find("# auto+reg (registered buffers): 1 of 2").unwrap(), "after the auto blocks: {text}");
+        let fields = |count: &str| {
+            let line = text[block..].lines().find(|l| l.split_whitespace().nth(1) == Some(count));
+            line.map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+        };
+        let want = ["#", "1024", "11.00", "11.50", "2.00", "13.50", &format!("{:.3}", 11.0 / 13.5)].map(String::from);
+        assert_eq!(fields("1024").as_deref(), Some(&want[..]), "{text}");
+        assert_eq!(fields("2048").unwrap()[5..], ["16.00".to_string(), "1.125".into()], "{text}");
+        assert!(fields("4096").is_none() && fields("8192").is_none(), "{text}");
+        assert!(text.contains("# auto (caller buffers): 0.815x to 1.125x its bound at 2 sizes\n"), "{text}");
+        assert!(!render(&mixed()).contains("against its bound"), "no copy floor, no block");
     }
 }

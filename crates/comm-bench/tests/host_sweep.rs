@@ -221,6 +221,32 @@ fn max_seconds_ends_the_sweep_after_the_same_size_on_every_rank() {
     assert!(out.contains("# Not run: 2 size(s), 2048 to 4096 elements: --max_seconds was reached first"), "{out}");
 }
 
+/// A sweep with `auto` times every rank's copy of its input at each size (the JSON's `copy_floor`) and closes its
+/// summary with `auto` on caller buffers against `auto+reg` plus that copy; a sweep without `auto` measures none.
+#[test]
+fn a_sweep_with_auto_measures_the_copy_floor_of_its_caller_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap();
+    let counts = [1024usize, 65536];
+    let mut args = vec!["--num_ranks", "2", "--counts", "1024,65536", "--num_iters", "3", "--num_warmup_iters", "1"];
+    args.extend(["--repeats", "1", "--export_csv", "--output_dir", out_dir, "--methods", "car_1shot,auto"]);
+    let o = comm_bench(&args);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("comm_ops_benchmark.json")).unwrap()).unwrap();
+    let floors = json["copy_floor"].as_array().unwrap();
+    let got: Vec<u64> = floors.iter().map(|f| f["count"].as_u64().unwrap()).collect();
+    assert_eq!(got, counts.map(|c| c as u64), "{json}");
+    assert!(floors.iter().all(|f| f["time_ms"].as_f64().unwrap() > 0.0), "{json}");
+    assert!(out.contains("# auto (caller buffers) against its bound"), "{out}");
+    assert!(out.contains("its bound at 2 sizes"), "{out}");
+
+    let (o, _) = run(2, &["--counts", "1024", "--methods", "car_1shot", "--num_iters", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("against its bound"), "{}", text(&o));
+}
+
 #[test]
 fn world_above_eight_is_refused_up_front_with_a_reason() {
     for world in ["9", "16"] {
