@@ -4,7 +4,6 @@
 //! and per size of a sweep with `auto`, every rank's copy of its input at once, the copy floor of a caller-buffer call.
 
 use crate::config::SweepConfig;
-use crate::report::CopyFloor;
 use crate::BenchError;
 use allreduce::Communicator;
 use gpu::{DeviceBuffer, HostLaunch, KernelLibrary, LaunchDims};
@@ -104,6 +103,15 @@ pub(crate) fn measure(cfg: &SweepConfig, comm: &Communicator, t: &Timer) -> Resu
         empty_all_ranks_us,
         barrier_us,
     })
+}
+
+/// Every rank's copy of its input at one size, all ranks at once, timed as the methods are (`--report`, median of
+/// the repeats): the least a caller-buffer call adds to a registered one, with the ranks' copies contending as their
+/// calls' do.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CopyFloor {
+    pub count: usize,
+    pub time_ms: f64,
 }
 
 /// Every rank copies `count` elements from `src` into `dst` at once, timed as the methods are. Collective.

@@ -1,7 +1,7 @@
 //! What a sweep produced, and its three renderings: the terminal table (nccl-tests style), comm_bench.py's CSV
 //! (same columns, same bandwidth formula) and a JSON file with everything.
 
-use crate::ceilings::Ceilings;
+use crate::ceilings::{Ceilings, CopyFloor};
 use crate::config::{Report, SweepConfig};
 use collective_core::Op;
 use methods::{csv_column, csv_columns};
@@ -142,15 +142,6 @@ pub struct RunNotes {
     /// The sizes `--max_seconds` left out.
     pub not_run: Vec<usize>,
     pub copy_floor: Vec<CopyFloor>,
-}
-
-/// Every rank's copy of its input at one size, all ranks at once, timed as the methods are (`--report`, median of
-/// the repeats): the least a caller-buffer call adds to a registered one, with the ranks' copies contending as their
-/// calls' do.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct CopyFloor {
-    pub count: usize,
-    pub time_ms: f64,
 }
 
 /// Where and with what a run was made.

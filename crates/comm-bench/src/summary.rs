@@ -400,7 +400,7 @@ mod tests {
     fn with_floors() -> Outcome {
         let mut o = mixed();
         o.copy_floor = [(1024, 2.0), (2048, 1.0), (4096, 1.0), (8192, 3.0)]
-            .map(|(count, us)| crate::report::CopyFloor { count, time_ms: us * 1e-3 })
+            .map(|(count, us)| crate::ceilings::CopyFloor { count, time_ms: us * 1e-3 })
             .to_vec();
         o
     }
