@@ -278,6 +278,11 @@ pub trait Collective {
     fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
         Ok(None)
     }
+    /// The design the last call ran, by its table name, for a method that picks one per call (the communicator's
+    /// `auto`); `None` for a method that is one design.
+    fn last_design(&self) -> Option<String> {
+        None
+    }
     /// Enqueues `call` on `stream`. Every rank must make the same calls, in the same order.
     ///
     /// # Safety

@@ -7,7 +7,7 @@
 
 use crate::checksum::Checksum;
 use crate::run::{out_of_time, run_checked, VARIANTS};
-use crate::summary::AUTO_SLOW_RATIO;
+use crate::summary::{auto_chose_wrong, AUTO_SLOW_RATIO};
 use crate::BenchError;
 use allreduce::{AddRmsNorm, Algorithm, Call, Choice, Communicator, DType, Op, Options};
 use clap::Args;
@@ -191,8 +191,8 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize, started: Instant
         println!("# allreduce + residual add + RMSNorm: {world} ranks, {} driver, {dtype}, hidden {hidden}, {mode}; us per call (slowest rank, median of {}), each method checked first", gpu.kind(), args.repeats);
         println!("{:>8} {:>10} {:<46} {:>10} {:>12}", "tokens", "bytes", "method", "us", "vs unfused");
     }
-    // Token counts where auto was timed against another method, and those where it was more than AUTO_SLOW_RATIO
-    // slower than the fastest of them.
+    // Token counts where auto was timed against another method, and those where it chose wrong: more than
+    // AUTO_SLOW_RATIO slower than the fastest of them while running another design.
     let (mut judged, mut slow) = (0, 0);
     let mut report = NormReport {
         world,
@@ -362,15 +362,20 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize, started: Instant
                 let (method, ran, time_ms) = (name.clone(), algo.to_string(), us / 1e3);
                 report.rows.push(NormRow { method, ran, tokens, count, time_ms, status: "passed" });
             }
-            let auto = ways.iter().position(|&w| w == Way::Auto).map(|k| times[k]);
-            let others = ways.iter().zip(&times).zip(&args.methods).filter(|((&w, _), _)| w != Way::Auto);
-            let best = others.min_by(|a, b| a.0 .1.total_cmp(b.0 .1)).map(|((_, &us), name)| (us, name));
-            if let (Some(auto), Some((best_us, best))) = (auto, best) {
-                let ratio = auto / best_us;
+            let auto = ways.iter().position(|&w| w == Way::Auto);
+            let best = (0..ways.len()).filter(|&k| ways[k] != Way::Auto).min_by(|&a, &b| times[a].total_cmp(&times[b]));
+            if let (Some(auto), Some(best)) = (auto, best) {
+                let ratio = times[auto] / times[best];
+                let wrong = auto_chose_wrong(ratio, ran[auto] == ran[best]);
                 judged += 1;
-                slow += usize::from(ratio > AUTO_SLOW_RATIO);
-                let flag = if ratio > AUTO_SLOW_RATIO { "  <- auto chose wrong" } else { "" };
-                println!("{:>8} auto / the fastest other method ({best}): {ratio:.2}x{flag}", "#");
+                slow += usize::from(wrong);
+                let flag = match (wrong, ratio > AUTO_SLOW_RATIO) {
+                    (true, _) => "  <- auto chose wrong",
+                    (false, true) => "  (auto ran that design itself: two timings of one design)",
+                    (false, false) => "",
+                };
+                let name = &args.methods[best];
+                println!("{:>8} auto / the fastest other method ({name}): {ratio:.2}x{flag}", "#");
             }
         }
     }

@@ -46,6 +46,9 @@ pub struct Row {
     pub algbw_gbs: Option<f64>,
     /// nccl-tests' bus bandwidth: algbw x [`bus_factor`].
     pub busbw_gbs: Option<f64>,
+    /// The design a method that picks one per call (`auto`) ran in the timed calls, by its table name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran: Option<String>,
     #[serde(skip)]
     bus_factor: f64,
 }
@@ -78,6 +81,7 @@ impl Row {
             issue_us: None,
             algbw_gbs: None,
             busbw_gbs: None,
+            ran: None,
             bus_factor: bus_factor(cfg.op, world),
         }
     }

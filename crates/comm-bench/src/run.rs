@@ -278,7 +278,9 @@ fn measure(
     if let Some(failure) = verify(m, &want, "after the timed calls")? {
         return Ok(row(Status::Failed(failure)));
     }
-    Ok(row(Status::Passed).timed(t, cfg.report))
+    let mut passed = row(Status::Passed).timed(t, cfg.report);
+    passed.ran = m.last_design();
+    Ok(passed)
 }
 
 /// Past this, a rank's enqueueing of its consecutive checked calls is reported, while it lasts: far longer than

@@ -5,7 +5,7 @@
 //! `auto` on caller buffers against its bound: `auto+reg` plus the copy floor of the same size.
 
 use crate::report::{Outcome, Row, Status};
-use allreduce::Residency;
+use allreduce::{Algorithm, Choice, Residency};
 use std::fmt::Write as _;
 
 /// The methods in the order they first appear.
@@ -92,6 +92,12 @@ pub fn render(outcome: &Outcome) -> String {
 /// Above this ratio of `auto`'s time to the fastest other method's, the summary says `auto` chose wrong.
 pub const AUTO_SLOW_RATIO: f64 = 1.05;
 
+/// Whether `auto` chose wrong: more than [`AUTO_SLOW_RATIO`] slower than the fastest other method, unless it ran that
+/// very design (`same_design`), when the gap is between two timings of one kernel: noise, not the table.
+pub fn auto_chose_wrong(ratio: f64, same_design: bool) -> bool {
+    ratio > AUTO_SLOW_RATIO && !same_design
+}
+
 /// The residencies a sweep's rows are timed on: the benchmark's own buffers (a caller's ordinary tensors, the plainly
 /// named rows) and the methods' registered buffers (the `METHOD+reg` rows).
 pub const ROW_RESIDENCIES: [Residency; 2] = [Residency::Caller, Residency::Registered];
@@ -125,12 +131,25 @@ pub struct AutoRatio {
     pub best_ms: f64,
     /// `auto_ms / best_ms`: above 1 `auto` is slower than the method it could have chosen.
     pub ratio: f64,
+    /// The design `auto` ran here (its row's `ran`), where the row says.
+    pub ran: Option<String>,
 }
 
 impl AutoRatio {
-    /// Whether `auto` is more than [`AUTO_SLOW_RATIO`] slower here.
+    /// Whether `auto` ran the fastest method's own design.
+    pub fn same_design(&self) -> bool {
+        let best = Algorithm::from_name(residency_of(&self.best_method).1).map(Choice::of);
+        best.is_some() && self.ran.as_deref().and_then(Choice::from_name) == best
+    }
+
+    /// Whether `auto` chose wrong here ([`auto_chose_wrong`]).
     pub fn flagged(&self) -> bool {
-        self.ratio > AUTO_SLOW_RATIO
+        auto_chose_wrong(self.ratio, self.same_design())
+    }
+
+    /// More than [`AUTO_SLOW_RATIO`] slower while running the fastest method's design: noise between two timings.
+    fn slow_by_noise(&self) -> bool {
+        self.ratio > AUTO_SLOW_RATIO && self.same_design()
     }
 }
 
@@ -159,7 +178,7 @@ pub fn auto_ratios(outcome: &Outcome) -> Vec<AutoRatio> {
                     .filter(move |r| r.count == count && residency_of(&r.method).0 == residency)
                     .filter_map(|r| Some((r, passed_time(r)?)))
             };
-            let Some(auto_ms) = passed().find(|(r, _)| r.method == auto_method(residency)).map(|(_, t)| t) else {
+            let Some((auto, auto_ms)) = passed().find(|(r, _)| r.method == auto_method(residency)) else {
                 continue;
             };
             let best = passed().filter(|(r, _)| !is_auto(&r.method)).min_by(|a, b| a.1.total_cmp(&b.1));
@@ -171,6 +190,7 @@ pub fn auto_ratios(outcome: &Outcome) -> Vec<AutoRatio> {
                     best_method: best.method.clone(),
                     best_ms,
                     ratio: auto_ms / best_ms,
+                    ran: auto.ran.clone(),
                 });
             }
         }
@@ -209,11 +229,19 @@ fn render_auto(w: &mut String, outcome: &Outcome) {
             );
             if a.flagged() {
                 let _ = write!(w, "  <-- {auto} slower than {} by more than {over:.0}%", a.best_method);
+            } else if a.slow_by_noise() {
+                let _ =
+                    write!(w, "  ({auto} ran {} itself: two timings of one design)", a.ran.as_deref().unwrap_or("-"));
             }
             let _ = writeln!(w);
         }
         let flagged = mine.iter().filter(|a| a.flagged()).count();
-        let _ = writeln!(w, "# {auto} ({label}): {flagged} of {} sizes above {AUTO_SLOW_RATIO}x {what}", mine.len());
+        let _ = write!(w, "# {auto} ({label}): {flagged} of {} sizes above {AUTO_SLOW_RATIO}x {what}", mine.len());
+        let noise = mine.iter().filter(|a| a.slow_by_noise()).count();
+        if noise > 0 {
+            let _ = write!(w, " ({noise} more where {auto} ran that method's design itself)");
+        }
+        let _ = writeln!(w);
     }
 }
 
@@ -434,5 +462,46 @@ mod tests {
         assert!(fields("4096").is_none() && fields("8192").is_none(), "{text}");
         assert!(text.contains("# auto (caller buffers): 0.815x to 1.125x its bound at 2 sizes\n"), "{text}");
         assert!(!render(&mixed()).contains("against its bound"), "no copy floor, no block");
+    }
+
+    /// `mixed()` with the designs `auto` ran: car_1shot at 1024 (the fastest method's, 10% slower: two timings of
+    /// one kernel), symm_ll at 2048; `auto+reg` symm_ll at 1024 and symm_zc_2shot at 2048 (7% slower, its own).
+    fn with_designs() -> Outcome {
+        let mut o = mixed();
+        let ran = [("auto", 1024, "car_1shot"), ("auto", 2048, "symm_ll"), ("auto+reg", 1024, "symm_ll")];
+        for (method, count, design) in ran.into_iter().chain([("auto+reg", 2048, "symm_zc_2shot")]) {
+            let row = o.rows.iter_mut().find(|r| r.method == method && r.count == count).unwrap();
+            row.ran = Some(design.into());
+        }
+        o
+    }
+
+    #[test]
+    fn auto_running_the_fastest_design_itself_is_not_a_wrong_choice() {
+        assert!(auto_chose_wrong(1.06, false) && !auto_chose_wrong(1.06, true) && !auto_chose_wrong(1.05, false));
+        let ratios = auto_ratios(&with_designs());
+        let same: Vec<bool> = ratios.iter().map(AutoRatio::same_design).collect();
+        assert_eq!(same, [true, false, false, true], "{ratios:?}");
+        assert!(ratios.iter().all(|a| !a.flagged()), "both slow sizes ran the fastest design: {ratios:?}");
+        let text = render(&with_designs());
+        println!("{text}");
+        assert!(!text.contains("<--"), "{text}");
+        let noted: Vec<&str> = text.lines().filter(|l| l.contains("two timings of one design")).collect();
+        assert_eq!(noted.len(), 2, "{text}");
+        assert!(
+            noted[0].contains(" 1024 ") && noted[0].ends_with("(auto ran car_1shot itself: two timings of one design)")
+        );
+        assert!(noted[1].ends_with("(auto+reg ran symm_zc_2shot itself: two timings of one design)"), "{text}");
+        assert!(text.contains(
+            "# auto (caller buffers): 0 of 2 sizes above 1.05x the fastest other caller-buffer method (1 more where \
+             auto ran that method's design itself)\n"
+        ));
+        // A design that is not the fastest method's is a wrong choice however it is named.
+        let mut other = with_designs();
+        other.rows.iter_mut().filter(|r| r.method == "auto").for_each(|r| r.ran = Some("car_2shot".into()));
+        assert!(auto_ratios(&other).iter().any(|a| a.residency == Residency::Caller && a.count == 1024 && a.flagged()));
+        // A design the tables do not know never counts as the same.
+        other.rows.iter_mut().filter(|r| r.method == "auto").for_each(|r| r.ran = Some("car_1shot_push".into()));
+        assert!(auto_ratios(&other).iter().any(|a| a.count == 1024 && a.flagged()));
     }
 }

@@ -222,9 +222,10 @@ fn max_seconds_ends_the_sweep_after_the_same_size_on_every_rank() {
 }
 
 /// A sweep with `auto` times every rank's copy of its input at each size (the JSON's `copy_floor`) and closes its
-/// summary with `auto` on caller buffers against `auto+reg` plus that copy; a sweep without `auto` measures none.
+/// summary with `auto` on caller buffers against `auto+reg` plus that copy; a sweep without `auto` measures none. The
+/// JSON's `auto` rows say which design ran.
 #[test]
-fn a_sweep_with_auto_measures_the_copy_floor_of_its_caller_bound() {
+fn a_sweep_with_auto_measures_the_copy_floor_of_its_caller_bound_and_the_design_it_ran() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().to_str().unwrap();
     let counts = [1024usize, 65536];
@@ -241,6 +242,16 @@ fn a_sweep_with_auto_measures_the_copy_floor_of_its_caller_bound() {
     assert!(floors.iter().all(|f| f["time_ms"].as_f64().unwrap() > 0.0), "{json}");
     assert!(out.contains("# auto (caller buffers) against its bound"), "{out}");
     assert!(out.contains("its bound at 2 sizes"), "{out}");
+    // The design `auto` ran is in its rows, and only in them.
+    for r in json["rows"].as_array().unwrap() {
+        let ran = r["ran"].as_str();
+        match r["method"].as_str().unwrap() {
+            "auto" | "auto+reg" => {
+                assert!(ran.is_some_and(|d| allreduce::Algorithm::from_name(d).is_some()), "{r}")
+            }
+            _ => assert!(ran.is_none(), "{r}"),
+        }
+    }
 
     let (o, _) = run(2, &["--counts", "1024", "--methods", "car_1shot", "--num_iters", "2"]);
     assert!(o.status.success(), "{}", text(&o));

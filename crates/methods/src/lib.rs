@@ -410,6 +410,10 @@ impl Collective for Public<'_> {
         Some(self.0.registered_output())
     }
 
+    fn last_design(&self) -> Option<String> {
+        self.0.last_choice().map(|c| c.to_string())
+    }
+
     fn failure(&self) -> Result<Option<(Vec<usize>, String)>, CollectiveError> {
         match self.0.check() {
             Err(allreduce::Error::Peer { ranks, what }) => Ok(Some((ranks, what))),
