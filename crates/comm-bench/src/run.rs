@@ -112,7 +112,8 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
     let mut rows = Vec::new();
     let mut not_run = Vec::new();
     // `auto`'s caller-buffer bound needs the copy floor of every size (the summary's last block).
-    let bound = built.iter().any(|(name, _)| name == "auto");
+    let bound =
+        built.iter().any(|(name, _)| methods::lookup(name).is_some_and(|m| m.kind == methods::Kind::Communicator));
     let mut copy_floor = Vec::new();
     let progress = crate::progress::Progress::new(sizes.len() * built.len(), rank == 0);
     for (i, &count) in sizes.iter().enumerate() {

@@ -149,7 +149,7 @@ impl AutoRatio {
 
     /// More than [`AUTO_SLOW_RATIO`] slower while running the fastest method's design: noise between two timings.
     fn slow_by_noise(&self) -> bool {
-        self.ratio > AUTO_SLOW_RATIO && self.same_design()
+        self.ratio > AUTO_SLOW_RATIO && !self.flagged()
     }
 }
 
