@@ -225,6 +225,7 @@ class Communicator:
         norm_hidden: int = 4096,
         norm_only: bool = False,
         residencies: Optional[List[str]] = None,
+        max_seconds: Optional[float] = None,
     ) -> List[str]:
         """Measures every algorithm at ``counts`` [comm_bench.py's sizes and the powers of two from 1024 to
         16,777,216, up to the capacity], eagerly and in graph replays, on each residency (your tensors, the
@@ -234,7 +235,9 @@ class Communicator:
         tables of their own, measured at rows of ``norm_hidden`` elements (your model's hidden size; 0: not
         measured); with ``norm_only`` those alone (no plain table is measured or written). ``residencies``: which
         of "caller", "registered" and "caller_registered" are measured [all]; the others' tables stay as they are.
-        Collective. Returns the files written (rank 0 writes them)."""
+        Each table is stored as soon as it is measured, so a tune stopped part-way keeps the tables it finished;
+        ``max_seconds``: no table is started once this many seconds have passed (by rank 0's clock), and the files
+        returned are those of the tables finished. Collective. Returns the files written (rank 0 writes them)."""
 
     def begin_graph_capture(self) -> None:
         """Begins recording a graph capture on your own tensors (prefer :meth:`graph_capture`): calls captured until

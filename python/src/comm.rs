@@ -299,9 +299,11 @@ impl PyCommunicator {
     /// to the capacity]. Calls with the residual add and RMSNorm get tables of their own, measured at rows of
     /// `norm_hidden` elements (your model's hidden size; 0: not measured); `norm_only` measures those alone.
     /// `residencies`: which of "caller", "registered" and "caller_registered" are measured [default: all]; the
-    /// others' tables stay as they are. Collective. Returns the files written.
+    /// others' tables stay as they are. `max_seconds`: no table is started once this many seconds have passed (by
+    /// rank 0's clock); the tables finished are kept. Each table is stored as it is finished. Collective. Returns the
+    /// files written.
     #[pyo3(signature = (dtype = None, counts = None, norm_hidden = allreduce::NORM_HIDDEN, norm_only = false,
-                        residencies = None))]
+                        residencies = None, max_seconds = None))]
     fn tune(
         &self,
         py: Python<'_>,
@@ -310,8 +312,12 @@ impl PyCommunicator {
         norm_hidden: usize,
         norm_only: bool,
         residencies: Option<Vec<String>>,
+        max_seconds: Option<f64>,
     ) -> PyResult<Vec<PathBuf>> {
         let mut req = TuneRequest::new(dtype.map_or(Ok(DType::Bf16), args::dtype_of)?);
+        req.max_duration = max_seconds
+            .map(|s| deadline::seconds(s).map_err(|e| ArgumentError::new_err(format!("max_seconds: {e}"))))
+            .transpose()?;
         req.counts = counts;
         req.norm_hidden = Some(norm_hidden).filter(|&h| h > 0);
         req.plain = !norm_only;

@@ -297,6 +297,10 @@ def facts():
     files = comm.tune(counts=[1024], norm_hidden=0, residencies=["caller"])
     assert len(files) == 2 and all(str(f).endswith("-caller.json") for f in files), files
     expect(ar.ArgumentError, lambda: comm.tune(counts=[1024], residencies=["shared"]), "expected one of caller")
+    # A time budget past at once: the first table (eager, caller: residencies go in that order) is measured, no other.
+    files = comm.tune(counts=[1024], norm_hidden=0, residencies=["registered", "caller"], max_seconds=1e-9)
+    assert len(files) == 1 and str(files[0]).endswith("eager-caller.json"), files
+    expect(ar.ArgumentError, lambda: comm.tune(counts=[1024], max_seconds=-1.0), "max_seconds")
     files = comm.tune(counts=[1024], norm_hidden=512, norm_only=True)
     assert len(files) == 6 and all(str(f).endswith("-rms_norm.json") for f in files), files
     expect(ar.ArgumentError, lambda: comm.tune(counts=[1024], norm_hidden=0, norm_only=True), "norm calls only")

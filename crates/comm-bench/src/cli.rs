@@ -189,8 +189,9 @@ pub struct BenchArgs {
     pub skew_us: u64,
     /// Seconds after which no further size starts (counted from set-up; rank 0's clock decides, so every rank stops
     /// after the same size; the first size always runs): a run under a wall-clock limit ends with its report and
-    /// summary of the sizes that ran, which say how many did not (not with --tune, whose tables need every size).
-    #[arg(long = "max_seconds", alias = "max-seconds", conflicts_with = "tune", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
+    /// summary of the sizes that ran, which say how many did not. With --tune, no further table starts (counted from
+    /// the tune's start; each table is measured whole, the first always): the tables finished are kept.
+    #[arg(long = "max_seconds", alias = "max-seconds", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]
     pub max_seconds: Option<f64>,
     /// Seconds any rank waits for a peer before it gives up, naming who did not arrive.
     #[arg(long = "timeout_s", alias = "timeout-s", allow_negative_numbers = true, value_parser = crate::config::parse_timeout)]

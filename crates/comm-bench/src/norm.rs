@@ -6,7 +6,7 @@
 //! timed); then timed on the one timing path (`measure::timing`).
 
 use crate::checksum::Checksum;
-use crate::run::{out_of_time, run_checked, VARIANTS};
+use crate::run::{run_checked, VARIANTS};
 use crate::summary::{auto_chose_wrong, AUTO_SLOW_RATIO};
 use crate::BenchError;
 use allreduce::{AddRmsNorm, Algorithm, Call, Choice, Communicator, DType, Op, Options};
@@ -17,7 +17,7 @@ use measure::check::{
     add_rms_norm_tolerance, agree_verdict, checksum, fingerprint, input_values, variant_input, variant_sum,
     variant_value, NormCase,
 };
-use measure::timing::{median, Timer, TimingOptions};
+use measure::timing::{median, out_of_time, Timer, TimingOptions};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug, Clone)]

@@ -13,7 +13,7 @@ use gpu::{DeviceBuffer, DriverKind, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
 use measure::check::{agree_seed, agree_verdict, checksum, input_values, variant_input, Expected, POISON};
-use measure::timing::Timer;
+use measure::timing::{out_of_time, Timer};
 use std::time::{Duration, Instant};
 
 /// Runs this rank's part; rank 0 returns the results.
@@ -144,12 +144,6 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
         .join("; ");
     let notes = RunNotes { tune_table, ceilings, unavailable, provenance, not_run, copy_floor };
     Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, notes, rows)))
-}
-
-/// Whether the sweep has used up `budget` since `started`, by rank 0's clock, so that every rank stops together.
-pub(crate) fn out_of_time(rdv: &Rendezvous, budget: Option<Duration>, started: Instant) -> Result<bool, BenchError> {
-    let Some(budget) = budget else { return Ok(false) };
-    Ok(rdv.broadcast("sweep budget", 0, &[u8::from(started.elapsed() > budget)])? == [1])
 }
 
 /// A method with registered buffers is timed on them (a caller that allocated its tensors there: the `+reg` row)

@@ -1,7 +1,9 @@
 //! `comm-bench --tune FILE`: the library's own tune ([`allreduce::Communicator::tune_with`]) at the sweep's sizes
 //! (comm_bench.py's with the powers of two between, or `--counts`) and timing, every mode and residency, plain
-//! allreduces (not with `--tune_norm_only`) and (rows of `--tune_hidden`, up to the largest size) norm calls; rank 0 prints each measurement and the tables, writes them to FILE as one
-//! set (what `--tune_table` reads) and the library caches each under its key.
+//! allreduces (not with `--tune_norm_only`) and (rows of `--tune_hidden`, up to the largest size) norm calls; rank 0
+//! prints each measurement and the tables, writes them to FILE as one set (what `--tune_table` reads), and the
+//! library caches each under its key as soon as it is finished (`--max_seconds`: no table starts past it, and the
+//! last line names those not measured).
 
 use crate::config::SweepConfig;
 use crate::BenchError;
@@ -21,6 +23,7 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
         dtype: cfg.dtype,
         plain: !cfg.tune_norm_only,
         residencies: cfg.tune_residencies.clone(),
+        max_duration: cfg.max_duration,
     };
     let rank0 = comm.rank() == 0;
     if rank0 {
@@ -62,5 +65,10 @@ pub fn tune_rank(cfg: &SweepConfig, info: &RankInfo, path: &Path) -> Result<(), 
     let json = serde_json::to_string_pretty(&tables).expect("tables serialise");
     crate::paths::write(path, json).map_err(BenchError::Config)?;
     println!("# wrote the {} tune tables to {}", tables.len(), path.display());
+    if !report.not_run.is_empty() {
+        let skipped: Vec<String> =
+            report.not_run.iter().map(|(mode, residency)| format!("{} {}", mode.name(), residency.name())).collect();
+        println!("# Not run: the tables of {}: --max_seconds was reached first", skipped.join(", "));
+    }
     Ok(())
 }

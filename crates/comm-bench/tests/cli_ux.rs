@@ -266,6 +266,73 @@ fn tune_prints_its_table_by_size_range() {
     assert!(!text(&o).contains("[rank"), "refused before any rank starts: {}", text(&o));
 }
 
+/// The tables in a tune cache directory, by file name.
+fn cached_tables(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".json")).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A tune keeps every table it finished: with `--max_seconds` past before the second table, the first (eager, caller
+/// buffers) is measured, written and cached and no other, and the last line names the rest; a tune ended by a
+/// signal part-way leaves the tables it had finished in the cache, each whole.
+#[test]
+fn a_tune_keeps_the_tables_it_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let (table, cache) = (dir.path().join("tune.json"), dir.path().join("cache"));
+    let tune = |extra: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.args(QUICK)
+            .args(["--num_ranks", "2", "--tune_hidden", "0", "--tune", table.to_str().unwrap()])
+            .args(extra)
+            .env("ALLREDUCE_TUNE_DIR", &cache);
+        c
+    };
+    let o = tune(&["--counts", "1024", "--tune_residency", "registered,caller", "--max_seconds", "0.001"])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let set: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    let keys: Vec<(&str, &str)> =
+        set.iter().map(|t| (t["key"]["mode"].as_str().unwrap(), t["key"]["residency"].as_str().unwrap())).collect();
+    assert_eq!(keys, [("eager", "caller")], "{t}");
+    assert!(
+        t.contains("# Not run: the tables of eager registered, graph caller, graph registered: --max_seconds"),
+        "{t}"
+    );
+    let measured_past = |l: &str| l.contains(" plain ") && (l.contains(" graph ") || l.contains(" registered "));
+    assert!(!t.lines().any(measured_past), "{t}");
+    let cached = cached_tables(&cache);
+    assert!(cached.len() == 1 && cached[0].ends_with("-eager-caller.json"), "{cached:?}");
+    std::fs::remove_dir_all(&cache).unwrap();
+    // Ended by SIGTERM once the first table is cached: that one stays, whole, and the last is never reached.
+    let mut child = tune(&["--counts", "1024,4096,16384,65536,262144"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while cached_tables(&cache).is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "the tune ended before any table was cached");
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "no table cached within 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("SIGTERM"), "{}", text(&o));
+    let cached = cached_tables(&cache);
+    assert!(!cached.is_empty() && cached.len() < 6, "{cached:?}");
+    assert!(cached.iter().all(|n| !n.contains("graph-caller_registered")), "{cached:?}");
+    for name in &cached {
+        let t: Value = serde_json::from_str(&std::fs::read_to_string(cache.join(name)).unwrap()).unwrap();
+        assert!(t["key"]["world"] == 2 && t["entries"].as_array().is_some_and(|e| !e.is_empty()), "{name}: {t}");
+    }
+}
+
 #[test]
 fn launch_sets_master_addr_and_port() {
     let o = Command::new(BIN)

@@ -4,7 +4,7 @@
 
 use gpu::{Event, Gpu, GpuError, Stream};
 use ipc::{IpcError, Rendezvous};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How calls are timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +108,13 @@ impl Timer {
         }
         Ok(timing)
     }
+}
+
+/// Whether `budget` has passed since `started` by rank 0's clock, told to every rank, so that a sweep or a tune
+/// that checks between its steps stops after the same step on every rank. No budget: never.
+pub fn out_of_time(rdv: &Rendezvous, budget: Option<Duration>, started: Instant) -> Result<bool, IpcError> {
+    let Some(budget) = budget else { return Ok(false) };
+    Ok(rdv.broadcast("time budget", 0, &[u8::from(started.elapsed() > budget)])? == [1])
 }
 
 /// Median of `v` (the mean of the two middle values for an even count; NaN when empty).

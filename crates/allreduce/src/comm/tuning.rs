@@ -8,8 +8,9 @@ use crate::Error;
 use collective_core::{AddRmsNorm, Call, DType, Op};
 use gpu::{DeviceBuffer, MemKind};
 use measure::check::{self, NormCase};
-use measure::timing::{median, Timer, TimingOptions};
-use std::path::PathBuf;
+use measure::timing::{median, out_of_time, Timer, TimingOptions};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// The buffers a tune measures on: its own, its registered ones, and the norm calls' residual and weight.
 struct TuneBuffers<'a> {
@@ -36,6 +37,10 @@ pub struct TuneRequest {
     /// The residencies measured, each for tables of its own [default: all three]; the others' tables stay as they
     /// are. A program that passes only its own tensors needs only [`Residency::Caller`]'s (a third of the time).
     pub residencies: Vec<Residency>,
+    /// A time budget: once this much has passed since the tune began (by rank 0's clock, so every rank agrees), no
+    /// further table is started; the tables measured whole are kept and followed, and the report names the rest
+    /// ([`TuneReport::not_run`]). The first table is always measured [default: none].
+    pub max_duration: Option<Duration>,
 }
 
 /// The row length norm calls are tuned at by default: a mid-sized model's hidden size.
@@ -87,7 +92,15 @@ impl TuneRequest {
     pub fn new(dtype: DType) -> TuneRequest {
         let timing = TimingOptions { iters: 20, warmup: 5, repeats: 3, graph: false };
         let residencies = Residency::ALL.to_vec();
-        TuneRequest { dtype, counts: None, timing, norm_hidden: Some(NORM_HIDDEN), plain: true, residencies }
+        TuneRequest {
+            dtype,
+            counts: None,
+            timing,
+            norm_hidden: Some(NORM_HIDDEN),
+            plain: true,
+            residencies,
+            max_duration: None,
+        }
     }
 }
 
@@ -107,10 +120,12 @@ pub struct Measured {
 }
 
 /// What a tune produced: the tables (and the cache files rank 0 wrote them to) and every measurement.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct TuneReport {
     pub tables: Vec<(TuneTable, PathBuf)>,
     pub measured: Vec<Measured>,
+    /// The (mode, residency) pairs whose tables were not measured: [`TuneRequest::max_duration`] had passed.
+    pub not_run: Vec<(Mode, Residency)>,
 }
 
 impl Communicator {
@@ -123,8 +138,9 @@ impl Communicator {
     /// replays, on each requested residency (the caller's memory, the registered buffers, caller memory registered with
     /// every peer), checks each against the float64 reference first, and stores the fastest per size as this machine's
     /// tables in the cache directory, where later communicators find them; this one follows them from now on (unless
-    /// its options named a table file). Collective. `progress` sees each measurement as it is made (a tune takes
-    /// minutes).
+    /// its options named a table file). Each mode and residency's tables are stored as soon as they are measured, so
+    /// a tune stopped part-way (a job's time limit, a signal, [`TuneRequest::max_duration`]) keeps those it finished.
+    /// Collective. `progress` sees each measurement as it is made (a tune takes minutes).
     pub fn tune_with(&mut self, req: &TuneRequest, progress: &mut dyn FnMut(&Measured)) -> Result<TuneReport, Error> {
         let dir = self
             .tune_dir
@@ -184,53 +200,73 @@ impl Communicator {
         let ids =
             unsafe { [self.register(shared[0].ptr(), self.capacity)?, self.register(shared[1].ptr(), self.capacity)?] };
         let bufs = TuneBuffers { own: &own, shared: &shared, norm: norm_bufs.as_ref().map(|(h, b)| (*h, b)) };
-        let result = self.measure_all(req, &residencies, &sizes, &timer, &bufs, progress);
+        // Tables only for the calls measured.
+        let ops: Vec<TableOp> = TableOp::ALL
+            .into_iter()
+            .filter(|&op| match op {
+                TableOp::AllReduce => req.plain,
+                TableOp::AddRmsNorm => !norm_counts.is_empty(),
+            })
+            .collect();
+        let mut report = TuneReport::default();
+        let result =
+            self.measure_all(req, &residencies, &sizes, &timer, &bufs, progress, |comm, (mode, residency), block| {
+                for &op in &ops {
+                    let table = comm.keep_table(req, (op, mode, residency), block, &dir)?;
+                    report.tables.push(table);
+                }
+                report.measured.extend_from_slice(block);
+                Ok(())
+            });
         timer.stream.sync()?;
         self.forget_stream(timer.stream.handle());
         for id in ids {
             // SAFETY: the timer's stream, the only one that used them, is idle.
             unsafe { self.release(id)? };
         }
-        let measured = result?;
-        let mut tables = Vec::new();
-        // Tables only for the calls measured.
-        let ops = TableOp::ALL.into_iter().filter(|&op| match op {
-            TableOp::AllReduce => req.plain,
-            TableOp::AddRmsNorm => !norm_counts.is_empty(),
-        });
-        for op in ops {
-            for mode in Mode::ALL {
-                for &residency in &residencies {
-                    let times: Vec<(usize, Choice, f64)> = measured
-                        .iter()
-                        .filter(|m| m.op == op && m.mode == mode && m.residency == residency)
-                        .filter_map(|m| Some((m.count * dtype.size(), m.choice, m.ms?)))
-                        .collect();
-                    let shape = (self.world(), self.device_shared_by);
-                    let key = TableKey::new(info.kind, &info.name, shape, mode, residency).for_op(op);
-                    let rows = req.norm_hidden.filter(|_| op == TableOp::AddRmsNorm);
-                    let at = rows.map_or(String::new(), |h| format!(", rows of {h}"));
-                    let on = format!("{key}, {dtype}{at}, through Communicator::tune");
-                    let table = TuneTable::from_times(&times, key.clone(), on)?;
-                    let path = dir.join(key.file_name());
-                    if self.rank() == 0 {
-                        table.store(&path)?;
-                    }
-                    // Followed from now on, unless the caller named the tables: every rank built it from the same
-                    // measurements (each the slowest rank's), as the set-up's agreement checks for cached ones.
-                    if !self.named_tables {
-                        let loaded = LoadedTable::new(table.clone(), TableSource::Cache(path.clone()))?;
-                        self.engine.tables_mut().set(op, mode, residency, loaded);
-                    }
-                    tables.push((table, path));
-                }
-            }
-        }
+        report.not_run = result?;
         self.rdv.barrier("tune tables stored")?;
-        Ok(TuneReport { tables, measured })
+        Ok(report)
     }
 
-    /// Every (mode, residency, size, candidate) measurement of a tune.
+    /// The table of `op` in `mode` and `residency` from that block's measurements `block`: stored in `dir` (by rank
+    /// 0) and followed from now on, unless the caller named the tables.
+    fn keep_table(
+        &mut self,
+        req: &TuneRequest,
+        (op, mode, residency): (TableOp, Mode, Residency),
+        block: &[Measured],
+        dir: &Path,
+    ) -> Result<(TuneTable, PathBuf), Error> {
+        let dtype = req.dtype;
+        let times: Vec<(usize, Choice, f64)> = block
+            .iter()
+            .filter(|m| m.op == op)
+            .filter_map(|m| Some((m.count * dtype.size(), m.choice, m.ms?)))
+            .collect();
+        let info = self.gpu.info();
+        let key =
+            TableKey::new(info.kind, &info.name, (self.world(), self.device_shared_by), mode, residency).for_op(op);
+        let rows = req.norm_hidden.filter(|_| op == TableOp::AddRmsNorm);
+        let at = rows.map_or(String::new(), |h| format!(", rows of {h}"));
+        let on = format!("{key}, {dtype}{at}, through Communicator::tune");
+        let table = TuneTable::from_times(&times, key.clone(), on)?;
+        let path = dir.join(key.file_name());
+        if self.rank() == 0 {
+            table.store(&path)?;
+        }
+        // Followed from now on, unless the caller named the tables: every rank built it from the same measurements
+        // (each the slowest rank's), as the set-up's agreement checks for cached ones.
+        if !self.named_tables {
+            let loaded = LoadedTable::new(table.clone(), TableSource::Cache(path.clone()))?;
+            self.engine.tables_mut().set(op, mode, residency, loaded);
+        }
+        Ok((table, path))
+    }
+
+    /// Every (mode, residency, size, candidate) measurement of a tune, handed to `done` a (mode, residency) block at a
+    /// time, as each is finished; a block not started because `req.max_duration` had passed is returned.
+    #[allow(clippy::too_many_arguments)] // the tune's set-up, passed down once
     fn measure_all(
         &mut self,
         req: &TuneRequest,
@@ -239,12 +275,20 @@ impl Communicator {
         timer: &Timer,
         bufs: &TuneBuffers<'_>,
         progress: &mut dyn FnMut(&Measured),
-    ) -> Result<Vec<Measured>, Error> {
+        mut done: impl FnMut(&mut Communicator, (Mode, Residency), &[Measured]) -> Result<(), Error>,
+    ) -> Result<Vec<(Mode, Residency)>, Error> {
         let dtype = req.dtype;
-        let mut out = Vec::new();
+        let started = Instant::now();
+        let mut not_run = Vec::new();
         for mode in Mode::ALL {
             let opts = TimingOptions { graph: mode == Mode::Graph, ..req.timing };
             for &residency in residencies {
+                let first_block = (mode, residency) == (Mode::ALL[0], residencies[0]);
+                if !not_run.is_empty() || !first_block && out_of_time(&self.rdv, req.max_duration, started)? {
+                    not_run.push((mode, residency));
+                    continue;
+                }
+                let mut out = Vec::new();
                 let (input, output) = self.residency_buffers(residency, bufs.own, bufs.shared);
                 let (i, o) = (input.ptr(), output.ptr());
                 for &(op, count) in sizes {
@@ -332,9 +376,10 @@ impl Communicator {
                         }
                     }
                 }
+                done(self, (mode, residency), &out)?;
             }
         }
-        Ok(out)
+        Ok(not_run)
     }
 
     /// The slowest rank's median milliseconds per call of `choice` on `call`, in `opts`' mode.
