@@ -304,6 +304,7 @@ impl PyCommunicator {
     /// files written.
     #[pyo3(signature = (dtype = None, counts = None, norm_hidden = allreduce::NORM_HIDDEN, norm_only = false,
                         residencies = None, max_seconds = None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn tune(
         &self,
         py: Python<'_>,
