@@ -85,6 +85,30 @@ fn near_tie(ms: &[Option<f64>]) -> Option<[usize; 2]> {
     }
 }
 
+/// The bits every candidate at one size must give, each having passed its check on the same inputs (every algorithm
+/// gives the same bits): those of the first that passed.
+#[derive(Default)]
+struct SameBits(Option<(Choice, [u64; 2])>);
+
+impl SameBits {
+    /// Refuses `choice`'s output (the fingerprints of its result and, on norm calls, of r) where it differs from the
+    /// first candidate's: a broken invariant, which no table may paper over. Past the checks' bitwise verdicts
+    /// every rank holds the same bits, so every rank fails alike.
+    fn check(&mut self, choice: Choice, print: [u64; 2], count: usize) -> Result<(), Error> {
+        match self.0 {
+            None => {
+                self.0 = Some((choice, print));
+                Ok(())
+            }
+            Some((_, first)) if first == print => Ok(()),
+            Some((first, _)) => Err(Error::Tune(format!(
+                "at {count} elements {choice} and {first} both passed their checks on the same inputs but give \
+                 different bits; every algorithm must give the same"
+            ))),
+        }
+    }
+}
+
 /// The eps of the norm calls a tune measures (it does not change their cost).
 const NORM_EPS: f32 = 1e-6;
 
@@ -312,38 +336,41 @@ impl Communicator {
                         None => Vec::new(),
                     };
                     let choices = Algorithm::CANDIDATES.map(Choice::of).into_iter().chain(after);
+                    // Fresh inputs per size, the same for every candidate: the float64 reference is computed once
+                    // (at the largest sizes it took longer than the timing), and every candidate that passes its
+                    // check must give the bits of the first that did.
+                    let seed = check::agree_seed(&self.rdv)?;
+                    let x = dtype.encode(&check::input_values(seed, self.rank(), count, dtype));
+                    let (sum, case) = match &norm {
+                        Some((n, _, weight)) => {
+                            let case = NormCase::new(seed, self.world(), count, n.hidden, dtype, n.eps);
+                            timer.stream.upload(weight, 0, &dtype.encode(&case.weight))?;
+                            (Vec::new(), Some(case))
+                        }
+                        None => (check::reference(seed, self.world(), count, dtype, 0, count), None),
+                    };
+                    let mut bits = SameBits::default();
                     let first = out.len();
                     for choice in choices {
                         // A candidate that would run another's kernel on this call is that one, measured already.
                         if self.engine.runs_as(choice, &call) != choice {
                             continue;
                         }
-                        let seed = check::agree_seed(&self.rdv)?;
-                        let values = check::input_values(seed, self.rank(), count, dtype);
                         let (input, output) = self.residency_buffers(residency, bufs.own, bufs.shared);
-                        timer.stream.upload(input, 0, &dtype.encode(&values))?;
-                        let case = match &norm {
-                            Some((n, residual, weight)) => {
-                                let case = NormCase::new(seed, self.world(), count, n.hidden, dtype, n.eps);
-                                timer.stream.upload(residual, 0, &dtype.encode(&case.residual))?;
-                                timer.stream.upload(weight, 0, &dtype.encode(&case.weight))?;
-                                Some((case, *residual))
-                            }
-                            None => None,
-                        };
+                        timer.stream.upload(input, 0, &x)?;
+                        // The norm writes r back into the residual: each candidate starts from the case's.
+                        if let (Some(case), Some((_, residual, _))) = (&case, &norm) {
+                            timer.stream.upload(residual, 0, &dtype.encode(&case.residual))?;
+                        }
                         // SAFETY: buffers of `capacity` bytes (ours, the registered ones, or our registrations; the
                         // norm's residual and weight ours); every rank runs the same sequence.
                         unsafe { self.issue_as(call, choice, timer.stream.handle())? };
                         let mut got = vec![0u8; count * dtype.size()];
                         timer.stream.download(output, 0, &mut got)?;
-                        let failed = match &case {
-                            None => {
-                                let want = check::reference(seed, self.world(), count, dtype, 0, count);
-                                let tol = check::tolerance(dtype, self.world(), false);
-                                check::agree_verdict(&self.rdv, &got, dtype, &want, tol, true, "tune")?.is_some()
-                            }
-                            Some((case, residual)) => {
-                                let mut r = vec![0u8; count * dtype.size()];
+                        let mut r = Vec::new();
+                        let failed = match (&case, &norm) {
+                            (Some(case), Some((_, residual, _))) => {
+                                r = vec![0u8; count * dtype.size()];
                                 timer.stream.download(residual, 0, &mut r)?;
                                 let tol = check::add_rms_norm_tolerance(dtype, self.world());
                                 let rdv = &self.rdv;
@@ -352,7 +379,14 @@ impl Communicator {
                                 // Past both verdicts every rank holds the same bits, so every rank judges alike.
                                 r_bad.is_some() || y_bad.is_some() || case.twin_difference(dtype, &r, &got).is_some()
                             }
+                            _ => {
+                                let tol = check::tolerance(dtype, self.world(), false);
+                                check::agree_verdict(&self.rdv, &got, dtype, &sum, tol, true, "tune")?.is_some()
+                            }
                         };
+                        if !failed {
+                            bits.check(choice, [check::fingerprint(&got), check::fingerprint(&r)], count)?;
+                        }
                         // SAFETY: as above (the norm's residual takes each call's sum, as a model's does).
                         let ms =
                             if failed { None } else { Some(unsafe { self.time_choice(call, choice, &opts, timer)? }) };
@@ -443,6 +477,16 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn candidates_of_one_size_must_give_the_first_ones_bits() {
+        let mut bits = SameBits::default();
+        let [car, ll] = [Algorithm::Car1Shot, Algorithm::SymmLl].map(Choice::of);
+        bits.check(car, [1, 2], 1024).unwrap();
+        bits.check(ll, [1, 2], 1024).unwrap();
+        let e = bits.check(Choice::unfused(Algorithm::SymmLl), [1, 3], 1024).unwrap_err().to_string();
+        assert!(e.contains("at 1024 elements") && e.contains(&car.to_string()) && e.contains("different bits"), "{e}");
+    }
 
     #[test]
     fn only_the_two_fastest_within_five_percent_are_timed_again() {
