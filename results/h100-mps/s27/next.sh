@@ -4,6 +4,7 @@
 # residencies), then the 1M / 16M sweep on them, eager and graph. The H100 has caller tables only (3-8 ranks re-tuned
 # in this session); the H200's of every residency predate the cap. Uses gpu_env.sh's fits (main after 3a54d2a).
 #   OUT=dir PACK=1 SECS=570 RES=registered WORLDS="8" [TUNE_S=330] bash results/h100-mps/s27/next.sh
+# TUNE_MAX_S (from main at a79262f): the tune starts no table after that many seconds and keeps those it finished.
 set -u
 out=$OUT
 cd dist
@@ -16,7 +17,8 @@ tune=(--tune_hidden 0 --tune_residency $RES)
 m=car_1shot,car_2shot,auto,symm_epoch_1shot,symm_zc_1shot,symm_zc_2shot,symm_zc_2shot_pull
 for w in $WORLDS; do
   fits ${TUNE_S:-330} && step tune_${RES}_w$w timeout ${TUNE_S:-330} env RANKS=$w ./comm-bench --backend cuda \
-    --num_ranks $w --tune $out/tune_${RES}_w$w.json "${tune[@]}" --num_iters 10 --num_warmup_iters 3 --repeats 3
+    --num_ranks $w --tune $out/tune_${RES}_w$w.json "${tune[@]}" --num_iters 10 --num_warmup_iters 3 --repeats 3 \
+    ${TUNE_MAX_S:+--max_seconds $TUNE_MAX_S}
   for mode in eager graph; do
     flag=(); [ $mode = graph ] && flag=(--graph)
     fits 120 && step sweep_${w}_$mode timeout 120 env RANKS=$w ./comm-bench --backend cuda --num_ranks $w \
