@@ -57,6 +57,60 @@ struct Buffers {
     timer: Timer,
 }
 
+/// What every method's checks at one size share, made once per size (at 16M elements and 8 ranks the float64
+/// reference alone takes a rank 1.5 s of CPU, more than timing every method there): the inputs, fresh for each size
+/// and the same for every method, as encoded bytes, and the expected outputs, each made when first asked for.
+struct SizeChecks {
+    op: Op,
+    dtype: DType,
+    world: usize,
+    rank: usize,
+    count: usize,
+    seed: u64,
+    input: Vec<u8>,
+    /// The seeded input's expected output, for kernels that round once and for those that round every add.
+    seeded: [Option<Expected>; 2],
+    variant_inputs: Vec<Vec<u8>>,
+    /// Per variant: the expected output and its checksum.
+    variants: Vec<Option<(Expected, u64)>>,
+}
+
+impl SizeChecks {
+    /// Collective: every rank agrees on the size's seed.
+    fn new(cfg: &SweepConfig, rdv: &Rendezvous, count: usize) -> Result<SizeChecks, BenchError> {
+        let (dtype, rank) = (cfg.dtype, rdv.rank());
+        let seed = agree_seed(rdv)?;
+        Ok(SizeChecks {
+            op: cfg.op,
+            dtype,
+            world: rdv.world(),
+            rank,
+            count,
+            seed,
+            input: dtype.encode(&input_values(seed, rank, count, dtype)),
+            seeded: [None, None],
+            variant_inputs: (0..VARIANTS as u64).map(|k| variant_input(rank, count, k, dtype)).collect(),
+            variants: vec![None; VARIANTS],
+        })
+    }
+
+    fn seeded(&mut self, rounds_every_add: bool) -> &Expected {
+        let (op, seed, world, count, dtype, rank) = (self.op, self.seed, self.world, self.count, self.dtype, self.rank);
+        self.seeded[usize::from(rounds_every_add)]
+            .get_or_insert_with(|| Expected::seeded(op, seed, world, count, dtype, rank, rounds_every_add))
+    }
+
+    /// Variant `k`'s expected output and the checksum of its values.
+    fn variant(&mut self, k: usize) -> &(Expected, u64) {
+        let (op, world, count, rank) = (self.op, self.world, self.count, self.rank);
+        self.variants[k].get_or_insert_with(|| {
+            let want = Expected::variant(op, world, count, rank, k as u64);
+            let sum = checksum(&want.values);
+            (want, sum)
+        })
+    }
+}
+
 /// The sweep on `comm`; `started` is when set-up began, which `--max_seconds` counts from.
 fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Option<Outcome>, BenchError> {
     let gpu = comm.gpu().clone();
@@ -121,8 +175,9 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
             not_run = sizes[i..].to_vec();
             break;
         }
+        let mut checks = SizeChecks::new(cfg, comm.rendezvous(), count)?;
         for (name, method) in built.iter_mut() {
-            let here = measure_ways(cfg, comm.rendezvous(), &bufs, name, method.as_mut(), count)?;
+            let here = measure_ways(cfg, comm.rendezvous(), &bufs, &mut checks, name, method.as_mut())?;
             if rank == 0 {
                 progress.suspend(|| here.iter().for_each(Row::print));
             }
@@ -152,15 +207,15 @@ fn measure_ways(
     cfg: &SweepConfig,
     rdv: &Rendezvous,
     b: &Buffers,
+    checks: &mut SizeChecks,
     name: &str,
     m: &mut dyn Collective,
-    count: usize,
 ) -> Result<Vec<Row>, BenchError> {
     let ways: &[bool] = if m.registered_input().is_some() { &[true, false] } else { &[false] };
     let mut rows = Vec::new();
     for &registered in ways {
         let label = if registered { format!("{name}+reg") } else { name.to_string() };
-        rows.push(measure(cfg, rdv, b, &label, m, count, registered)?);
+        rows.push(measure(cfg, rdv, b, checks, &label, m, registered)?);
     }
     Ok(rows)
 }
@@ -169,12 +224,12 @@ fn measure(
     cfg: &SweepConfig,
     rdv: &Rendezvous,
     b: &Buffers,
+    checks: &mut SizeChecks,
     name: &str,
     m: &mut dyn Collective,
-    count: usize,
     registered: bool,
 ) -> Result<Row, BenchError> {
-    let (op, dtype, world) = (cfg.op, cfg.dtype, rdv.world());
+    let (op, dtype, world, count) = (cfg.op, cfg.dtype, rdv.world(), checks.count);
     // The name asked for (a launch shape included), not only the method's own.
     let row = |status| Row::new(name, cfg, count, world, status);
     if op == Op::ReduceScatter && !count.is_multiple_of(world) {
@@ -183,14 +238,12 @@ fn measure(
     if count * dtype.size() > m.capacity_bytes() {
         return Ok(row(Status::Skipped(format!("above the method's largest message ({} bytes)", m.capacity_bytes()))));
     }
-    let seed = agree_seed(rdv)?;
-    let values = input_values(seed, rdv.rank(), count, dtype);
     // Registered: the input is written into the method's registered buffer and the output read from its registered
     // output (no copies, as with tensors allocated in symmetric memory); otherwise the benchmark's own buffers.
     let in_buf = |m: &dyn Collective| pick(m.registered_input(), &b.input, registered).ptr();
     let (input, output) = (in_buf(m), pick(m.registered_output(), &b.output, registered).ptr());
     let stream = &b.timer.stream;
-    stream.upload(pick(m.registered_input(), &b.input, registered), 0, &dtype.encode(&values))?;
+    stream.upload(pick(m.registered_input(), &b.input, registered), 0, &checks.input)?;
     stream.fill(pick(m.registered_output(), &b.output, registered), POISON)?;
     let capacity = m.capacity_bytes();
     let call = |input| Call::new(op, dtype, input, output, count, world, capacity);
@@ -200,16 +253,15 @@ fn measure(
     let verify = |m: &dyn Collective, want: &Expected, when| {
         verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), dtype, want, when)
     };
-    let want = Expected::seeded(op, seed, world, count, dtype, rank, m.rounds_every_add());
-    if let Some(failure) = verify(m, &want, "before timing")? {
+    if let Some(failure) = verify(m, checks.seeded(m.rounds_every_add()), "before timing")? {
         return Ok(row(Status::Failed(failure)));
     }
 
     // Consecutive calls: inputs that change from call to call (small integers, so every sum is exact), every
     // call's output folded into a device-side checksum, eagerly or replayed as the timed calls are. A call that read
     // a peer's previous call, or a torn packet, folds a different sum.
-    for (k, v) in b.variants.iter().enumerate() {
-        stream.upload(v, 0, &variant_input(rank, count, k as u64, dtype))?;
+    for (v, bytes) in b.variants.iter().zip(&checks.variant_inputs) {
+        stream.upload(v, 0, bytes)?;
     }
     let (bytes, out_count) = (count * dtype.size(), op.output_count(count, world));
     let variant = |c: u64| (c % VARIANTS as u64) as usize;
@@ -237,8 +289,7 @@ fn measure(
     let replays = run_checked(stream, cfg.timing.graph, rank, cfg.skew_us, &format!("{count} elements"), |s| {
         (0..calls).try_for_each(|c| issue(m, s, c, true, true))
     })?;
-    let per_variant: Vec<u64> =
-        (0..VARIANTS as u64).map(|k| checksum(&Expected::variant(op, world, count, rank, k).values)).collect();
+    let per_variant: Vec<u64> = (0..VARIANTS).map(|k| checks.variant(k).1).collect();
     let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
     let got_total = b.checksum.total(stream)?;
     // A wait that ended without its peer leaves wrong outputs too: say so, with what it saw, before the checksums.
@@ -269,8 +320,7 @@ fn measure(
         issue(m, s, c, false, false)
     })?;
     let last = if registered { variant(calls - 1) } else { variant(c) };
-    let want = Expected::variant(op, world, count, rank, last as u64);
-    if let Some(failure) = verify(m, &want, "after the timed calls")? {
+    if let Some(failure) = verify(m, &checks.variant(last).0, "after the timed calls")? {
         return Ok(row(Status::Failed(failure)));
     }
     let mut passed = row(Status::Passed).timed(t, cfg.report);
