@@ -18,6 +18,11 @@ use std::time::Duration;
 /// The default capacity: 32 MiB, comm_bench.py's largest bf16 message.
 pub const DEFAULT_CAPACITY: usize = 32 << 20;
 
+/// Seconds given for the argument `what`, checked as every timeout is (`deadline::seconds`).
+fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
+    s.map(|s| deadline::seconds(s).map_err(|e| ArgumentError::new_err(format!("{what}: {e}")))).transpose()
+}
+
 pub(crate) fn options(
     capacity_bytes: usize,
     backend: &str,
@@ -27,9 +32,6 @@ pub(crate) fn options(
     tune_table: Option<PathBuf>,
     device_shared_by: Option<usize>,
 ) -> PyResult<Options> {
-    let seconds = |what: &str, s: Option<f64>| -> PyResult<Option<Duration>> {
-        s.map(|s| deadline::seconds(s).map_err(|e| ArgumentError::new_err(format!("{what}: {e}")))).transpose()
-    };
     Ok(Options {
         backend: backend.parse().map_err(|e: gpu::GpuError| ArgumentError::new_err(e.to_string()))?,
         capacity_bytes,
@@ -316,9 +318,7 @@ impl PyCommunicator {
         max_seconds: Option<f64>,
     ) -> PyResult<Vec<PathBuf>> {
         let mut req = TuneRequest::new(dtype.map_or(Ok(DType::Bf16), args::dtype_of)?);
-        req.max_duration = max_seconds
-            .map(|s| deadline::seconds(s).map_err(|e| ArgumentError::new_err(format!("max_seconds: {e}"))))
-            .transpose()?;
+        req.max_duration = seconds("max_seconds", max_seconds)?;
         req.counts = counts;
         req.norm_hidden = Some(norm_hidden).filter(|&h| h > 0);
         req.plain = !norm_only;

@@ -57,9 +57,10 @@ struct Buffers {
     timer: Timer,
 }
 
-/// What every method's checks at one size share, made once per size (at 16M elements and 8 ranks the float64
-/// reference alone takes a rank 1.5 s of CPU, more than timing every method there): the inputs, fresh for each size
-/// and the same for every method, as encoded bytes, and the expected outputs, each made when first asked for.
+/// What every method's checks at one size share, made once per size rather than per method and way (the float64
+/// reference of a large size costs more CPU than timing every method there): the input, fresh for each size and the
+/// same for every method, and the expected outputs, each made when first asked for. It keeps little beyond that, as
+/// the host driver's buffers are host memory too.
 struct SizeChecks {
     op: Op,
     dtype: DType,
@@ -70,9 +71,10 @@ struct SizeChecks {
     input: Vec<u8>,
     /// The seeded input's expected output, for kernels that round once and for those that round every add.
     seeded: [Option<Expected>; 2],
-    variant_inputs: Vec<Vec<u8>>,
-    /// Per variant: the expected output and its checksum.
-    variants: Vec<Option<(Expected, u64)>>,
+    /// The checksum of each input variant's expected output.
+    variant_sums: [Option<u64>; VARIANTS],
+    /// The expected output of the variant last asked for (the timed calls end on the same one for most methods).
+    last_variant: Option<(usize, Expected)>,
 }
 
 impl SizeChecks {
@@ -89,8 +91,8 @@ impl SizeChecks {
             seed,
             input: dtype.encode(&input_values(seed, rank, count, dtype)),
             seeded: [None, None],
-            variant_inputs: (0..VARIANTS as u64).map(|k| variant_input(rank, count, k, dtype)).collect(),
-            variants: vec![None; VARIANTS],
+            variant_sums: [None; VARIANTS],
+            last_variant: None,
         })
     }
 
@@ -100,14 +102,24 @@ impl SizeChecks {
             .get_or_insert_with(|| Expected::seeded(op, seed, world, count, dtype, rank, rounds_every_add))
     }
 
-    /// Variant `k`'s expected output and the checksum of its values.
-    fn variant(&mut self, k: usize) -> &(Expected, u64) {
-        let (op, world, count, rank) = (self.op, self.world, self.count, self.rank);
-        self.variants[k].get_or_insert_with(|| {
-            let want = Expected::variant(op, world, count, rank, k as u64);
-            let sum = checksum(&want.values);
-            (want, sum)
-        })
+    fn expected_variant(&self, k: usize) -> Expected {
+        Expected::variant(self.op, self.world, self.count, self.rank, k as u64)
+    }
+
+    /// The checksum of variant `k`'s expected output.
+    fn variant_sum(&mut self, k: usize) -> u64 {
+        match self.variant_sums[k] {
+            Some(sum) => sum,
+            None => *self.variant_sums[k].insert(checksum(&self.expected_variant(k).values)),
+        }
+    }
+
+    /// Variant `k`'s expected output.
+    fn variant(&mut self, k: usize) -> &Expected {
+        if self.last_variant.as_ref().is_none_or(|(last, _)| *last != k) {
+            self.last_variant = Some((k, self.expected_variant(k)));
+        }
+        &self.last_variant.as_ref().expect("just set").1
     }
 }
 
@@ -260,8 +272,8 @@ fn measure(
     // Consecutive calls: inputs that change from call to call (small integers, so every sum is exact), every
     // call's output folded into a device-side checksum, eagerly or replayed as the timed calls are. A call that read
     // a peer's previous call, or a torn packet, folds a different sum.
-    for (v, bytes) in b.variants.iter().zip(&checks.variant_inputs) {
-        stream.upload(v, 0, bytes)?;
+    for (k, v) in b.variants.iter().enumerate() {
+        stream.upload(v, 0, &variant_input(rank, count, k as u64, dtype))?;
     }
     let (bytes, out_count) = (count * dtype.size(), op.output_count(count, world));
     let variant = |c: u64| (c % VARIANTS as u64) as usize;
@@ -289,7 +301,7 @@ fn measure(
     let replays = run_checked(stream, cfg.timing.graph, rank, cfg.skew_us, &format!("{count} elements"), |s| {
         (0..calls).try_for_each(|c| issue(m, s, c, true, true))
     })?;
-    let per_variant: Vec<u64> = (0..VARIANTS).map(|k| checks.variant(k).1).collect();
+    let per_variant: Vec<u64> = (0..VARIANTS).map(|k| checks.variant_sum(k)).collect();
     let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
     let got_total = b.checksum.total(stream)?;
     // A wait that ended without its peer leaves wrong outputs too: say so, with what it saw, before the checksums.
@@ -320,7 +332,7 @@ fn measure(
         issue(m, s, c, false, false)
     })?;
     let last = if registered { variant(calls - 1) } else { variant(c) };
-    if let Some(failure) = verify(m, &checks.variant(last).0, "after the timed calls")? {
+    if let Some(failure) = verify(m, checks.variant(last), "after the timed calls")? {
         return Ok(row(Status::Failed(failure)));
     }
     let mut passed = row(Status::Passed).timed(t, cfg.report);

@@ -63,10 +63,11 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let text = built_in_text(driver);
     let what = match driver {
         DriverKind::Cuda => {
-            "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink), under the \
-             spare-multiprocessor cap caller buffers with 3, 4, 6 and 8 ranks and registered with 8, the rest before \
-             it; calls with the residual add and RMSNorm with 8 ranks only, before it; on one H100 under the cap, caller and registered buffers with 2, 3, 4, 6 and 8 ranks (caller with 2 before it, whose \
-             grids it never reaches), caller-registered with 4, 6 and 8, and the norm calls with 8"
+            "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink): caller buffers \
+             with 3, 4, 6 and 8 ranks and registered with 8 under the spare-multiprocessor cap, the rest and the \
+             calls with the residual add and RMSNorm (8 ranks only) before it; on one H100 under the cap, caller and \
+             registered buffers with 2, 3, 4, 6 and 8 ranks (caller with 2 before it, whose grids it never reaches), \
+             caller-registered with 4, 6 and 8, and the norm calls with 8"
         }
         DriverKind::Hip => "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table",
         DriverKind::Host => "host: measured with 2 and 3 ranks on 2 shared cores (results/host-tune)",
