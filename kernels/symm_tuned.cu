@@ -372,12 +372,21 @@ ARX_DEV void reduce_push(u32 world, const u64* in, u32 outs, const u64* out, Ran
     for (u64 i = z + threadIdx.x; i < r.hi; i += blockDim.x) push_at<DT>(world, in, outs, out, i, bias);
 }
 
-// The fused copy-in of the zero-copy two-shots: block b copies block b's part of every shard (what block b of every
-// rank reads past the phase-0 barrier) from `copy_from` into this rank's registered input.
+// The fused copy-in of the zero-copy two-shots: block b copies block b's part of every peer's shard (what block b of
+// that peer reads past the phase-0 barrier) from `copy_from` into this rank's registered input. This rank's own shard
+// is read by no peer, so it stays where it is and is summed from there (shard_views): a copy of 1/world less.
 template <int DT> ARX_DEV void copy_in_shards(const TunedParams& p, const u64* in, u64 shard) {
     for (u32 s = 0; s < p.world; ++s)
-        copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
-                             block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, Elem<DT>::VEC));
+        if (s != p.rank)
+            copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
+                                 block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, Elem<DT>::VEC));
+}
+
+// The inputs a zero-copy two-shot sums its shard from: every rank's registered input, but this rank's own from the
+// caller's (`copy_from`) when the copy-in is fused, as copy_in_shards leaves that shard out.
+ARX_DEV void shard_views(const TunedParams& p, const u64* in, u64* views) {
+#pragma unroll
+    for (u32 q = 0; q < ARX_MAX_RANKS; ++q) views[q] = q == p.rank && p.copy_from ? p.copy_from : in[q];
 }
 
 template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, const u64* out) {
@@ -386,7 +395,9 @@ template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, con
     u64 shard = shard_elems(p.count, p.world, E::VEC);
     if (p.copy_from) copy_in_shards<DT>(p, in, shard);
     if (!tuned_barrier(p, 0, epoch)) return;
-    reduce_push<DT>(p.world, in, p.world, out,
+    u64 views[ARX_MAX_RANKS];
+    shard_views(p, in, views);
+    reduce_push<DT>(p.world, views, p.world, out,
                     block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC),
                     (const void*)p.bias);
     if (!tuned_barrier(p, 1, epoch)) return;
@@ -407,7 +418,9 @@ template <int DT> ARX_DEV void zc_2shot_pull(const TunedParams& p, const u64* in
     if (p.copy_from) copy_in_shards<DT>(p, in, shard);
     if (!tuned_barrier(p, 0, epoch)) return;
     u64 mine[2] = {pick(out, p.rank), pick(p.staging, p.rank) + half};
-    reduce_push<DT>(p.world, in, 2, mine,
+    u64 views[ARX_MAX_RANKS];
+    shard_views(p, in, views);
+    reduce_push<DT>(p.world, views, 2, mine,
                     block_range(shard_range(p.count, shard, p.rank), blockIdx.x, gridDim.x, E::VEC),
                     (const void*)p.bias);
     if (!tuned_barrier(p, 1, epoch)) return;

@@ -134,6 +134,13 @@ pub const METHODS: &[Method] = &[
         Kind::Tuned(Design::ZeroCopyTwoShot, Staging::Vmm, CopyIn::Fused),
         Ablation,
     ),
+    row(
+        "symm_zc_2shot_pull_fusedcopy",
+        AR,
+        None,
+        Kind::Tuned(Design::ZeroCopyTwoShotPull, Staging::Vmm, CopyIn::Fused),
+        Ablation,
+    ),
     // Host driver only: must fail the benchmark's checks of consecutive calls, and of every rank's gather.
     car_row("car_1shot_broken_samehalf", Car1, V::BrokenSameHalf, Broken),
     car_row("car_ag_broken_ringorder", CarAg, V::BrokenRingOrder, Broken),
@@ -205,6 +212,7 @@ const VARIANTS: &[&str] = &[
     "symm_2shot_fused",
     "symm_zc_1shot_fusedcopy",
     "symm_zc_2shot_fusedcopy",
+    "symm_zc_2shot_pull_fusedcopy",
 ];
 
 /// The staging comparison: car on VMM memory and by push, the tuned designs on VMM and on IPC staging.

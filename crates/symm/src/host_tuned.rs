@@ -343,7 +343,11 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         Zc::TwoShotPushNorm => row_range(all_rows, owner, c.world).0 * norm.hidden,
         _ => shard_range(count, shard, owner).0,
     };
-    let srcs = sum_sources(p.inputs[..c.world].iter().copied(), p.bias);
+    // The fused copy-in of the plain two-shots leaves this rank's own shard, which no peer reads, in the caller's
+    // input, and sums it from there.
+    let own_in_place = matches!(kind, Zc::TwoShot | Zc::TwoShotPull) && p.copy_from != 0;
+    let summed = |r: usize| if own_in_place && r == c.rank { p.copy_from } else { p.inputs[r] };
+    let srcs = sum_sources((0..c.world).map(summed), p.bias);
     for b in 0..c.grid {
         // SAFETY: counters is this rank's array of MAX_BLOCKS u64; flags[r] are live flag arrays.
         let epoch = unsafe { next_epoch(p.counters, b, c.grid) };
@@ -378,7 +382,7 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
                 unsafe { HostElem::copy(c.dtype, src.add(lo * size), slot(s, c.rank, lo) as *mut u8, 0, hi - lo) };
             }
         } else if p.copy_from != 0 {
-            for s in if two_shot { 0..c.world } else { 0..1 } {
+            for s in (if two_shot { 0..c.world } else { 0..1 }).filter(|&s| !(own_in_place && s == c.rank)) {
                 let (lo, hi) = part(s);
                 // SAFETY: the caller's input and our registered input hold `count` elements; no peer still reads
                 // ours (the previous call's last barrier).

@@ -71,7 +71,8 @@ pub enum CopyIn {
     /// A device-to-device copy on the stream before the kernel (as torch's two-shot and upstream car's two-shot).
     Dma,
     /// Inside the kernel, each block its own part, before the barrier that publishes it (one launch, no memcpy
-    /// node); the packet two-shot (`symm_zc_2shot_ll`) keeps the DMA copy.
+    /// node); the plain two-shots copy only the peers' shards and sum their own from the caller's input. The packet
+    /// two-shot (`symm_zc_2shot_ll`) keeps the DMA copy.
     Fused,
 }
 
@@ -96,6 +97,7 @@ pub fn method_name(design: Design, staging: Staging, copy_in: CopyIn) -> Option<
         _ if copy_in == CopyIn::Fused => match (design, staging) {
             (Design::ZeroCopyOneShot, Staging::Vmm) => "symm_zc_1shot_fusedcopy",
             (Design::ZeroCopyTwoShot, Staging::Vmm) => "symm_zc_2shot_fusedcopy",
+            (Design::ZeroCopyTwoShotPull, Staging::Vmm) => "symm_zc_2shot_pull_fusedcopy",
             _ => return None,
         },
         (_, Staging::Vmm) => design.method(),
