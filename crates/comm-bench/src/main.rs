@@ -145,7 +145,7 @@ fn bench(args: &BenchArgs) -> Result<(), BenchError> {
         let (cfg, kind) = (args.config(), driver_kind(args.backend)?);
         let world = world(args.num_ranks, kind);
         if kind == gpu::DriverKind::Host {
-            let need = comm_bench::memory::estimate(&cfg.methods, cfg.op, cfg.capacity_bytes(), world);
+            let need = comm_bench::memory::estimate(&cfg.methods, cfg.op, cfg.dtype, cfg.capacity_bytes(), world);
             comm_bench::memory::check(need).map_err(BenchError::Config)?;
         }
         return relaunch(world);

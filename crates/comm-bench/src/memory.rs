@@ -2,13 +2,21 @@
 //! "device" buffer is host memory, and a sweep beyond it is OOM-killed half-way: `--max_size 30` asks for gigabytes
 //! per buffer); on a GPU by every rank once its communicator is up, against the device's free memory.
 
-use collective_core::Op;
+use collective_core::{DType, Op};
 use std::path::Path;
 
 /// Bytes of the benchmark's own buffers per rank (private memory): the input and three input variants of the
 /// capacity each, and the output of `op`'s ([`Op::output_capacity`]: all-gather's holds every rank's input).
 fn bench_bytes(op: Op, capacity: usize, world: usize) -> usize {
     4 * capacity + op.output_capacity(capacity, world)
+}
+
+/// Host bytes of one rank's checks at the largest size (private memory, on any driver): its input, up to three
+/// float64 expected outputs (the seeded input's, for either rounding, and the last input variant's), and while one
+/// is made, its float64 sum and one rank's input drawn as f32, encoded, decoded to f64 and narrowed again.
+fn check_bytes(op: Op, dtype: DType, capacity: usize, world: usize) -> usize {
+    let (count, outputs) = (capacity / dtype.size(), op.output_capacity(capacity, world) / dtype.size());
+    capacity + 4 * 8 * outputs + (4 + dtype.size() + 8 + 4) * count
 }
 
 /// Bytes a sweep needs in all: of memory, and of that in /dev/shm.
@@ -24,10 +32,10 @@ fn methods_buffers(names: &[String]) -> methods::Buffers {
     names.iter().map(|m| methods::buffers_of(m)).fold(methods::Buffers::default(), |a, b| a + b)
 }
 
-/// The estimate for `world` ranks of `methods` running `op` at `capacity` bytes per input buffer.
-pub fn estimate(names: &[String], op: Op, capacity: usize, world: usize) -> Need {
+/// The estimate for `world` ranks of `methods` running `op` on `dtype` at `capacity` bytes per input buffer.
+pub fn estimate(names: &[String], op: Op, dtype: DType, capacity: usize, world: usize) -> Need {
     let own = methods_buffers(names) + methods::communicator_buffers();
-    let memory = bench_bytes(op, capacity, world) + own.capacities * capacity;
+    let memory = bench_bytes(op, capacity, world) + own.capacities * capacity + check_bytes(op, dtype, capacity, world);
     Need { memory: (memory * world) as u64, shm: (own.shm * capacity * world) as u64 }
 }
 
@@ -114,11 +122,20 @@ mod tests {
     #[test]
     fn estimates_scale_with_ranks_and_methods_and_refuse_what_is_not_free() {
         let methods: Vec<String> = ["car_1shot", "symm_1shot", "auto", "nccl"].map(String::from).to_vec();
-        let need = estimate(&methods, Op::AllReduce, 1 << 20, 2);
-        // Per rank: 5 benchmark + 13 communicator + 2 car + 1 symm capacities; in /dev/shm: 9 communicator (car's
-        // one-shot, reduce-scatter and all-gather two each, its two-shot three) + 2 car.
-        assert_eq!(need, Need { memory: 21 << 21, shm: 11 << 21 });
-        assert_eq!(estimate(&methods, Op::AllReduce, 1 << 20, 4).memory, 2 * need.memory);
+        let need = estimate(&methods, Op::AllReduce, DType::Bf16, 1 << 20, 2);
+        // Per rank: 5 benchmark + 13 communicator + 2 car + 1 symm capacities, and the checks' 26: the input, three
+        // float64 outputs of 4 capacities each (2-byte elements), a float64 sum (4) and an input drawn (9); in
+        // /dev/shm: 9 communicator (car's one-shot, reduce-scatter and all-gather two each, its two-shot three) + 2
+        // car.
+        assert_eq!(need, Need { memory: 47 << 21, shm: 11 << 21 });
+        assert_eq!(estimate(&methods, Op::AllReduce, DType::Bf16, 1 << 20, 4).memory, 2 * need.memory);
+        // fp32: the checks' float64 outputs are 2 capacities each, an input drawn 5: 1 + 3 * 2 + 2 + 5 = 14.
+        assert_eq!(estimate(&methods, Op::AllReduce, DType::F32, 1 << 20, 2).memory, (21 + 14) << 21);
+        // An all-gather's output, and its expected outputs, hold every rank's input.
+        let ag = vec!["car_ag".to_string()];
+        let (bench, own) = (4 + 2, 13 + 2);
+        let checks = 1 + 4 * 2 * 4 + 9;
+        assert_eq!(estimate(&ag, Op::AllGather, DType::Bf16, 1 << 20, 2).memory, (bench + own + checks) << 21);
         assert!(check_against(need, Some(need.memory), Some(need.shm)).is_ok());
         assert!(check_against(need, None, None).is_ok(), "what cannot be read is not held against the sweep");
         let e = check_against(need, Some(need.memory - 1), None).unwrap_err();
