@@ -74,6 +74,27 @@ pub enum CopyIn {
     /// node); the plain two-shots copy only the peers' shards and sum their own from the caller's input. The packet
     /// two-shot (`symm_zc_2shot_ll`) keeps the DMA copy.
     Fused,
+    /// Each design's cheapest as measured (`docs/symm-vs-car.md`): fused for the pulled two-shot, a memcpy for the
+    /// others. What the communicator and the designs' own methods run.
+    Cheapest,
+}
+
+impl CopyIn {
+    /// Whether `stem`'s kernel copies a caller's input in itself (`copy_from`) rather than after a memcpy.
+    fn fuses(self, stem: Stem) -> bool {
+        match self {
+            CopyIn::Dma => false,
+            CopyIn::Fused => matches!(
+                stem,
+                Stem::ZeroCopyOneShot
+                    | Stem::ZeroCopyTwoShot
+                    | Stem::ZeroCopyTwoShotPull
+                    | Stem::ZeroCopyOneShotNorm
+                    | Stem::ZeroCopyTwoShotNorm
+            ),
+            CopyIn::Cheapest => stem == Stem::ZeroCopyTwoShotPull,
+        }
+    }
 }
 
 /// The allocation behind the staging buffer and the epoch flags.
@@ -87,19 +108,20 @@ pub enum Staging {
 
 impl TunedOptions {
     pub fn new(capacity_bytes: usize) -> TunedOptions {
-        TunedOptions { capacity_bytes, staging: Staging::Vmm, rule: None, first_epoch: 0, copy_in: CopyIn::Dma }
+        TunedOptions { capacity_bytes, staging: Staging::Vmm, rule: None, first_epoch: 0, copy_in: CopyIn::Cheapest }
     }
 }
 
-/// The registry name of `design` with its staging memory.
+/// The registry name of `design` with its staging memory and copy-in (a copy-in that is not the design's cheapest
+/// names an ablation variant).
 pub fn method_name(design: Design, staging: Staging, copy_in: CopyIn) -> Option<&'static str> {
     Some(match (design, staging) {
         _ if copy_in == CopyIn::Fused => match (design, staging) {
             (Design::ZeroCopyOneShot, Staging::Vmm) => "symm_zc_1shot_fusedcopy",
             (Design::ZeroCopyTwoShot, Staging::Vmm) => "symm_zc_2shot_fusedcopy",
-            (Design::ZeroCopyTwoShotPull, Staging::Vmm) => "symm_zc_2shot_pull_fusedcopy",
             _ => return None,
         },
+        (Design::ZeroCopyTwoShotPull, Staging::Vmm) if copy_in == CopyIn::Dma => "symm_zc_2shot_pull_memcpy",
         (_, Staging::Vmm) => design.method(),
         (Design::EpochOneShot, Staging::Ipc) => "symm_epoch_1shot_ipc",
         (Design::ZeroCopyOneShot, Staging::Ipc) => "symm_zc_1shot_ipc",
@@ -503,15 +525,7 @@ impl SymmTuned {
             params.inputs[me] = input.0;
             input_view = PeerView::Caller(input);
         } else if input != self.input.ptr() {
-            let fuses = matches!(
-                stem,
-                Stem::ZeroCopyOneShot
-                    | Stem::ZeroCopyTwoShot
-                    | Stem::ZeroCopyTwoShotPull
-                    | Stem::ZeroCopyOneShotNorm
-                    | Stem::ZeroCopyTwoShotNorm
-            );
-            if self.copy_in == CopyIn::Fused && fuses {
+            if self.copy_in.fuses(stem) {
                 params.copy_from = input.0;
             } else {
                 // SAFETY: `input` holds `count` elements (the caller's contract), our registered input `capacity`.

@@ -16,6 +16,7 @@ template <int DT> ARX_DEV void split(const void* p, Range r, u64& head_end, u64&
     body_end = head_end + (r.hi - head_end) / E::VEC * E::VEC;
 }
 
+constexpr u32 COPY_UNROLL = 4;
 // STAGE: `dst` is staging that peers read, written with st_stage.
 template <int DT, bool STAGE = false> ARX_DEV void copy_range(const void* src, void* dst, Range r) {
     typedef Elem<DT> E;
@@ -27,7 +28,22 @@ template <int DT, bool STAGE = false> ARX_DEV void copy_range(const void* src, v
     for (u64 i = r.lo + threadIdx.x; i < h; i += blockDim.x) E::store(dst, i, E::load(src, i));
     const vec16* s = (const vec16*)((const char*)src + h * E::SIZE);
     vec16* d = (vec16*)((char*)dst + h * E::SIZE);
-    for (u64 v = threadIdx.x; v < (z - h) / E::VEC; v += blockDim.x) {
+    u64 n = (z - h) / E::VEC, v = threadIdx.x;
+    // COPY_UNROLL loads in flight per thread before their stores (the compiler cannot hoist a load above a store
+    // that may alias it): one at a time leaves a capped grid far from the memory's bandwidth.
+    for (; v + (COPY_UNROLL - 1) * blockDim.x < n; v += COPY_UNROLL * blockDim.x) {
+        vec16 x[COPY_UNROLL];
+#pragma unroll
+        for (u32 k = 0; k < COPY_UNROLL; ++k) x[k] = s[v + k * blockDim.x];
+#pragma unroll
+        for (u32 k = 0; k < COPY_UNROLL; ++k) {
+            if (STAGE)
+                st_stage(d + v + k * blockDim.x, x[k]);
+            else
+                d[v + k * blockDim.x] = x[k];
+        }
+    }
+    for (; v < n; v += blockDim.x) {
         if (STAGE)
             st_stage(d + v, s[v]);
         else
