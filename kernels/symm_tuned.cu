@@ -18,7 +18,8 @@
 //  - symm_zc_2shot_ll_norm: symm_zc_2shot_ll carrying them: each rank sends r of its share of the rows as packets,
 //    then every rank normalises every row from its own output.
 //  - symm_zc_2shot_pull: symm_zc_2shot whose all-gather pulls every shard from its owner's staging into this rank's
-//    output, which may then be the caller's own (no copy-out) without any peer mapping it.
+//    output, which may then be the caller's own (no copy-out) without any peer mapping it; the communicator has it
+//    copy a caller's input in itself (copy_in_shards: only the peers' shards).
 //  - symm_zc_2shot_push: symm_zc_2shot with a copy-in pushed: each rank writes each shard of its input into a slot of
 //    the shard's owner's staging, which sums locally; every remote access is a write.
 //  - symm_epoch_1shot: car's one-shot protocol on symmetric memory (copy-in fused per block into a staging half
