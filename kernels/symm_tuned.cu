@@ -272,6 +272,14 @@ template <int DT> ARX_DEV void zc_1shot_norm(const TunedParams& p, const u64* in
     ll_clean(p, epoch);
 }
 
+// The inputs a zero-copy two-shot sums its shard from: every rank's registered input, but this rank's own from the
+// caller's (`copy_from`) when the copy-in is fused, as the fused copy-ins (copy_in_shards, zc_2shot_norm_k's) leave
+// out the shard that no peer reads.
+ARX_DEV void shard_views(const TunedParams& p, const u64* in, u64* views) {
+#pragma unroll
+    for (u32 q = 0; q < ARX_MAX_RANKS; ++q) views[q] = q == p.rank && p.copy_from ? p.copy_from : in[q];
+}
+
 // Copies the row at `base` of rank `rank`'s output into every other rank's (the two-shot's push of r), each thread
 // the elements it wrote in add_residual_row, so no block sync is needed between the two.
 template <int DT> ARX_DEV void push_row(const u64* out, u32 world, u32 rank, u64 base, u32 hidden) {
@@ -296,14 +304,14 @@ template <int DT> ARX_DEV void push_row(const u64* out, u32 world, u32 rank, u64
 }
 
 // zc_2shot with the residual add and RMSNorm (arx/norm.h), ARX_NORM_LANES threads per block: the rows split among the
-// ranks (row_range), each rank's share among its blocks. Block b copies in, when asked, block b's rows of every share
-// (what block b of every rank reads); PUSH (symm_zc_2shot_push_norm) writes them instead into slot `rank` of the
-// share owner's staging half of this epoch's parity (slots of the largest share's rows), as zc_2shot_push does. Past
-// phase 0 it sums its rows of this rank's share from every rank's input (PUSH: from the slots), adds this rank's
-// residual (the same on every rank) and pushes r into every rank's output. Past phase 1 (block b of every rank has
-// pushed) it normalises block b's rows of every share from this rank's output: r copied into the residual, y over r.
-// A peer pushes into this output (or a slot of this half) again only past the next call's phase 0 (the half's next
-// but one), which this block reaches after.
+// ranks (row_range), each rank's share among its blocks. Block b copies in, when asked, block b's rows of every peer's
+// share (what block b of that peer reads; its own share it sums from the caller's input); PUSH
+// (symm_zc_2shot_push_norm) writes them instead into slot `rank` of every share owner's staging half of this epoch's
+// parity (slots of the largest share's rows), as zc_2shot_push does. Past phase 0 it sums its rows of this rank's
+// share from every rank's input (PUSH: from the slots), adds this rank's residual (the same on every rank) and pushes
+// r into every rank's output. Past phase 1 (block b of every rank has pushed) it normalises block b's rows of every
+// share from this rank's output: r copied into the residual, y over r. A peer pushes into this output (or a slot of
+// this half) again only past the next call's phase 0 (the half's next but one), which this block reaches after.
 template <int DT, bool PUSH> ARX_DEV void zc_2shot_norm_k(const TunedParams& p, const u64* in, const u64* out) {
     typedef Elem<DT> E;
     u64 epoch = next_epoch(p.counters);
@@ -311,6 +319,7 @@ template <int DT, bool PUSH> ARX_DEV void zc_2shot_norm_k(const TunedParams& p, 
     u64 half = (epoch & 1) * p.half_bytes;
     u64 per = div_ceil(all.hi, p.world);
     for (u32 s = 0; s < p.world && (PUSH || p.copy_from); ++s) {
+        if (!PUSH && s == p.rank) continue;  // summed from the caller's input (shard_views)
         Range share = row_range(all, s, p.world);
         Range m = row_range(share, blockIdx.x, gridDim.x);
         // The slot viewed so that row i of the share sits at row i (unsigned wrap-around when rank * per < lo).
@@ -321,16 +330,18 @@ template <int DT, bool PUSH> ARX_DEV void zc_2shot_norm_k(const TunedParams& p, 
     if (!tuned_barrier(p, 0, epoch)) return;
     void* mine = (void*)pick(out, p.rank);
     Range share = row_range(all, p.rank, p.world);
-    u64 slots[ARX_MAX_RANKS];
+    u64 views[ARX_MAX_RANKS];
     if (PUSH) {
         u64 own = pick(p.staging, p.rank) + half;
 #pragma unroll
         for (u32 q = 0; q < ARX_MAX_RANKS; ++q)
-            slots[q] = q < p.world ? own + ((u64)q * per - share.lo) * p.hidden * E::SIZE : 0;
+            views[q] = q < p.world ? own + ((u64)q * per - share.lo) * p.hidden * E::SIZE : 0;
+    } else {
+        shard_views(p, in, views);
     }
     Range rows = row_range(share, blockIdx.x, gridDim.x);
     for (u64 row = rows.lo; row < rows.hi; ++row) {
-        add_residual_row<DT>(PUSH ? slots : in, p.world, (const void*)p.residual, mine, row * p.hidden, p.hidden);
+        add_residual_row<DT>(views, p.world, (const void*)p.residual, mine, row * p.hidden, p.hidden);
         push_row<DT>(out, p.world, p.rank, row * p.hidden, p.hidden);
     }
     if (!tuned_barrier(p, 1, epoch)) return;
@@ -381,13 +392,6 @@ template <int DT> ARX_DEV void copy_in_shards(const TunedParams& p, const u64* i
         if (s != p.rank)
             copy_range<DT, true>((const void*)p.copy_from, (void*)pick(in, p.rank),
                                  block_range(shard_range(p.count, shard, s), blockIdx.x, gridDim.x, Elem<DT>::VEC));
-}
-
-// The inputs a zero-copy two-shot sums its shard from: every rank's registered input, but this rank's own from the
-// caller's (`copy_from`) when the copy-in is fused, as copy_in_shards leaves that shard out.
-ARX_DEV void shard_views(const TunedParams& p, const u64* in, u64* views) {
-#pragma unroll
-    for (u32 q = 0; q < ARX_MAX_RANKS; ++q) views[q] = q == p.rank && p.copy_from ? p.copy_from : in[q];
 }
 
 template <int DT> ARX_DEV void zc_2shot(const TunedParams& p, const u64* in, const u64* out) {

@@ -343,9 +343,9 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         Zc::TwoShotPushNorm => row_range(all_rows, owner, c.world).0 * norm.hidden,
         _ => shard_range(count, shard, owner).0,
     };
-    // The fused copy-in of the plain two-shots leaves this rank's own shard, which no peer reads, in the caller's
-    // input, and sums it from there.
-    let own_in_place = matches!(kind, Zc::TwoShot | Zc::TwoShotPull) && p.copy_from != 0;
+    // The fused copy-in of the two-shots that sum from the inputs leaves this rank's own shard, which no peer reads,
+    // in the caller's input, and sums it from there.
+    let own_in_place = matches!(kind, Zc::TwoShot | Zc::TwoShotPull | Zc::TwoShotNorm) && p.copy_from != 0;
     let summed = |r: usize| if own_in_place && r == c.rank { p.copy_from } else { p.inputs[r] };
     let srcs = sum_sources((0..c.world).map(summed), p.bias);
     for b in 0..c.grid {
@@ -392,10 +392,10 @@ fn zc(c: Call, kind: Zc) -> Result<(), KernelFault> {
         unsafe { flag_barrier(&p.flags[..c.world], c.rank, b, 0, epoch, p.tag, &c.deadline, name)? };
         let (lo, hi) = part(c.rank);
         let mine = p.outputs[c.rank] as *mut u8;
-        let inputs: Vec<*const u8> = p.inputs[..c.world].iter().map(|&a| a as *const u8).collect();
+        let inputs: Vec<*const u8> = (0..c.world).map(|r| summed(r) as *const u8).collect();
         let rows = |(lo, hi): (usize, usize)| (lo / norm.hidden, hi / norm.hidden);
         if kind == Zc::OneShotNorm {
-            // SAFETY: registered inputs, the output and the residual hold `count` elements, the weight `hidden`.
+            // SAFETY: the inputs summed, the output and the residual hold `count` elements, the weight `hidden`.
             unsafe { add_rms_norm(c.dtype, &inputs, &norm, mine, rows((lo, hi))) };
         } else if kind == Zc::TwoShotNorm {
             let residual = norm.residual.0 as *const u8;

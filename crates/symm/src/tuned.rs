@@ -71,7 +71,7 @@ pub enum CopyIn {
     /// A device-to-device copy on the stream before the kernel (as torch's two-shot and upstream car's two-shot).
     Dma,
     /// Inside the kernel, each block its own part, before the barrier that publishes it (one launch, no memcpy
-    /// node); the plain two-shots copy only the peers' shards and sum their own from the caller's input. The packet
+    /// node); the two-shots copy only the peers' shards and sum their own from the caller's input. The packet
     /// two-shot (`symm_zc_2shot_ll`) keeps the DMA copy.
     Fused,
     /// Each design's cheapest as measured (`docs/symm-vs-car.md`): fused for the pulled two-shot, a memcpy for the
