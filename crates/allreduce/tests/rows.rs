@@ -105,8 +105,77 @@ fn every_algorithm_carries_the_residual_add_and_rms_norm_with_the_same_bits() {
 /// How many launches of the unfused sequence's norm kernel `gpu` has enqueued, where its driver counts them (the host
 /// driver's).
 fn norm_kernels_launched(gpu: &gpu::Gpu) -> Option<u64> {
+    kernels_launched(gpu, "car_add_rms_norm")
+}
+
+/// How many launches of the kernels whose names start with `stem` `gpu` has enqueued, where its driver counts them.
+fn kernels_launched(gpu: &gpu::Gpu, stem: &str) -> Option<u64> {
     let launches = gpu.launches()?;
-    Some(launches.iter().filter(|(name, _)| name.starts_with("car_add_rms_norm")).map(|(_, n)| n).sum())
+    Some(launches.iter().filter(|(name, _)| name.starts_with(stem)).map(|(_, n)| n).sum())
+}
+
+/// The zero-copy one- and two-shot with the norm, each copying a caller's input in inside its kernel (`CopyIn::Fused`,
+/// reached through the symm crate's options; the two-shot copies only the peers' shares and sums its own from the
+/// caller's input): fresh inputs every call, a poisoned output, out of place and in place, odd rows and rows that do
+/// not divide among the ranks; r and y within the float64 bound, the same on every rank, and the host twin's bits.
+#[test]
+fn the_fused_copy_in_carries_the_norm_with_the_twins_bits() {
+    as_job("the_fused_copy_in_carries_the_norm_with_the_twins_bits", ranks(3), |info| {
+        use symm::tuned::{CopyIn, Design, PeerBuffers, SymmTuned, TunedOptions};
+        let capacity = 256 << 10;
+        let comm = comm_on(backend(), info, 4096);
+        let (rank, world) = (comm.rank(), comm.world());
+        let gpu = comm.gpu().clone();
+        let stream = gpu.stream().unwrap();
+        let team = collective_core::Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device);
+        let opts = TunedOptions { copy_in: CopyIn::Fused, ..TunedOptions::new(capacity) };
+        let tuned = SymmTuned::new(team, Design::ZeroCopyTwoShot, opts).unwrap();
+        let [input, output, residual, weight] = [0; 4].map(|_| gpu.alloc(capacity, MemKind::Device).unwrap());
+        let designs =
+            [(Design::ZeroCopyOneShot, "symm_zc_1shot_norm_"), (Design::ZeroCopyTwoShot, "symm_zc_2shot_norm_")];
+        let shapes = [(1, 8), (2, 4096), (5, 300), (7, 257), (13, 1000)];
+        for (design, kernel) in designs {
+            for (dtype, (rows, hidden)) in DType::ALL.into_iter().flat_map(|d| shapes.map(|s| (d, s))) {
+                for in_place in [false, true] {
+                    let count = rows * hidden;
+                    let seed = measure::check::agree_seed(comm.rendezvous()).unwrap();
+                    let case = NormCase::new(seed, world, count, hidden, dtype, 1e-5);
+                    stream.upload(&input, 0, &dtype.encode(&input_values(seed, rank, count, dtype))).unwrap();
+                    stream.upload(&residual, 0, &dtype.encode(&case.residual)).unwrap();
+                    stream.upload(&weight, 0, &dtype.encode(&case.weight)).unwrap();
+                    stream.fill(&output, 0xFF).unwrap();
+                    let out = if in_place { &input } else { &output };
+                    let norm = AddRmsNorm { residual: residual.ptr(), weight: weight.ptr(), hidden, eps: 1e-5 };
+                    let call =
+                        allreduce::Call::new(Op::AllReduce, dtype, input.ptr(), out.ptr(), count, world, capacity)
+                            .and_then(|c| c.with_add_rms_norm(norm))
+                            .unwrap();
+                    assert!(tuned.carries_norm(design, &call), "{design:?} {rows}x{hidden}");
+                    let before = kernels_launched(&gpu, &format!("{kernel}{dtype}"));
+                    // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
+                    unsafe { tuned.run_design(design, &call, &PeerBuffers::default(), &stream).unwrap() };
+                    stream.sync().unwrap();
+                    let what = format!(
+                        "{design:?} fused copy-in, {dtype} {rows}x{hidden}{}",
+                        ["", " in place"][in_place as usize]
+                    );
+                    if let (Some(before), Some(after)) = (before, kernels_launched(&gpu, &format!("{kernel}{dtype}"))) {
+                        assert_eq!(after - before, 1, "{what}: its norm kernel ran once");
+                    }
+                    let (mut y, mut r) = (vec![0u8; count * dtype.size()], vec![0u8; count * dtype.size()]);
+                    stream.download(out, 0, &mut y).unwrap();
+                    stream.download(&residual, 0, &mut r).unwrap();
+                    let tol = add_rms_norm_tolerance(dtype, world);
+                    for (part, got, want) in [("r", &r, &case.want_r), ("y", &y, &case.want_y)] {
+                        let verdict =
+                            agree_verdict(comm.rendezvous(), got, dtype, want, tol, true, &format!("{what}: {part}"));
+                        assert_eq!(verdict.unwrap(), None);
+                    }
+                    assert_eq!(case.twin_difference(dtype, &r, &y), None, "{what}");
+                }
+            }
+        }
+    });
 }
 
 /// Norm calls follow the tables of their own calls, plain calls theirs: files whose plain tables name car's one-shot
