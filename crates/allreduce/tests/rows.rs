@@ -151,16 +151,15 @@ fn the_fused_copy_in_carries_the_norm_with_the_twins_bits() {
                             .and_then(|c| c.with_add_rms_norm(norm))
                             .unwrap();
                     assert!(tuned.carries_norm(design, &call), "{design:?} {rows}x{hidden}");
-                    let before = kernels_launched(&gpu, &format!("{kernel}{dtype}"));
+                    let kernel = format!("{kernel}{dtype}");
+                    let before = kernels_launched(&gpu, &kernel);
                     // SAFETY: our own buffers of `capacity` bytes; every rank runs the same sequence.
                     unsafe { tuned.run_design(design, &call, &PeerBuffers::default(), &stream).unwrap() };
                     stream.sync().unwrap();
-                    let what = format!(
-                        "{design:?} fused copy-in, {dtype} {rows}x{hidden}{}",
-                        ["", " in place"][in_place as usize]
-                    );
-                    if let (Some(before), Some(after)) = (before, kernels_launched(&gpu, &format!("{kernel}{dtype}"))) {
-                        assert_eq!(after - before, 1, "{what}: its norm kernel ran once");
+                    let how = if in_place { " in place" } else { "" };
+                    let what = format!("{design:?} fused copy-in, {dtype} {rows}x{hidden}{how}");
+                    if let (Some(before), Some(after)) = (before, kernels_launched(&gpu, &kernel)) {
+                        assert_eq!(after - before, 1, "{what}: {kernel} ran once");
                     }
                     let (mut y, mut r) = (vec![0u8; count * dtype.size()], vec![0u8; count * dtype.size()]);
                     stream.download(out, 0, &mut y).unwrap();
