@@ -9,7 +9,7 @@ use symm::tuned::TWO_SHOT_EPOCH_MAX_BYTES;
 use symm::tuned::{EPOCH_MAX_BYTES, LL_HANDOVER_EAGER_BYTES, LL_HANDOVER_GRAPH_BYTES, LL_MAX_BYTES};
 
 mod common;
-use common::{all_reduce_with, as_job, backend, comm_on, host_comm, ranks};
+use common::{all_reduce_with, as_job, backend, comm_on, host_comm, ranks, tuned_on};
 
 /// Element counts on both sides of every size at which some choice changes: the tuned designs' hand-overs, the
 /// packet area's end, and every built-in table's range bounds.
@@ -402,7 +402,7 @@ fn packets_stay_exact_across_the_flag_wrap() {
     as_job("packets_stay_exact_across_the_flag_wrap", ranks(3), |info| {
         use allreduce::AddRmsNorm;
         use measure::check::{variant_input, variant_sum};
-        use symm::tuned::{ll_flag, Design, PeerBuffers, SymmTuned, TunedOptions};
+        use symm::tuned::{ll_flag, Design, PeerBuffers, TunedOptions};
         let capacity = 256 << 10;
         let comm = comm_on(backend(), info, 4096);
         let (rank, world) = (comm.rank(), comm.world());
@@ -439,8 +439,7 @@ fn packets_stay_exact_across_the_flag_wrap() {
         for m in 1..=3u64 {
             let first_epoch = (m << 32) - 8;
             let opts = TunedOptions { first_epoch, ..TunedOptions::new(capacity) };
-            let team = collective_core::Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device);
-            let tuned = SymmTuned::new(team, Design::Ll, opts).unwrap();
+            let tuned = tuned_on(&comm, Design::Ll, opts);
             // Before the wrap's cleaning calls, every slot of each area gets a packet of the flag that the area's
             // first packet call after the wrap polls for, with data no sum contains, as if left there a whole flag
             // period ago: only the cleaning keeps those calls from reading it where the last rank has not written.

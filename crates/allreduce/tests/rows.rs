@@ -10,7 +10,7 @@ use measure::check::{
 };
 
 mod common;
-use common::{as_job, as_job_with, backend, comm_on, host_comm, ranks};
+use common::{as_job, as_job_with, backend, comm_on, host_comm, ranks, tuned_on};
 
 /// The residual add and RMSNorm after the sum: fused in car's one-shot and two-shot, the packets (`symm_ll`, car's
 /// fused one-shot where the rows do not fit the packets), the epoch one-shot, the zero-copy one- and two-shot and
@@ -121,15 +121,14 @@ fn kernels_launched(gpu: &gpu::Gpu, stem: &str) -> Option<u64> {
 #[test]
 fn the_fused_copy_in_carries_the_norm_with_the_twins_bits() {
     as_job("the_fused_copy_in_carries_the_norm_with_the_twins_bits", ranks(3), |info| {
-        use symm::tuned::{CopyIn, Design, PeerBuffers, SymmTuned, TunedOptions};
+        use symm::tuned::{CopyIn, Design, PeerBuffers, TunedOptions};
         let capacity = 256 << 10;
         let comm = comm_on(backend(), info, 4096);
         let (rank, world) = (comm.rank(), comm.world());
         let gpu = comm.gpu().clone();
         let stream = gpu.stream().unwrap();
-        let team = collective_core::Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device);
         let opts = TunedOptions { copy_in: CopyIn::Fused, ..TunedOptions::new(capacity) };
-        let tuned = SymmTuned::new(team, Design::ZeroCopyTwoShot, opts).unwrap();
+        let tuned = tuned_on(&comm, Design::ZeroCopyTwoShot, opts);
         let [input, output, residual, weight] = [0; 4].map(|_| gpu.alloc(capacity, MemKind::Device).unwrap());
         let designs =
             [(Design::ZeroCopyOneShot, "symm_zc_1shot_norm_"), (Design::ZeroCopyTwoShot, "symm_zc_2shot_norm_")];

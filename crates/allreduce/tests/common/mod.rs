@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use allreduce::{Algorithm, Communicator, DType, DevicePtr, Error, Options};
+use symm::tuned::{Design, SymmTuned, TunedOptions};
 
 /// The driver of the driver-independent tests.
 pub fn backend() -> gpu::Backend {
@@ -46,6 +47,13 @@ pub fn comm_on(backend: gpu::Backend, info: launch::RankInfo, capacity_bytes: us
 
 pub fn host_comm(info: launch::RankInfo, capacity_bytes: usize) -> Communicator {
     comm_on(gpu::Backend::Host, info, capacity_bytes)
+}
+
+/// A symmetric-memory design of its own on `comm`'s device and ranks, for tests that reach options the communicator
+/// does not expose (a first epoch near the flag wrap, a copy-in variant).
+pub fn tuned_on(comm: &Communicator, design: Design, opts: TunedOptions) -> SymmTuned {
+    let team = collective_core::Team::new(comm.gpu(), comm.rendezvous(), comm.placement().ranks_per_device);
+    SymmTuned::new(team, design, opts).unwrap()
 }
 
 /// An allreduce checked, then issued with `algo` forced (`None`: the table's).
