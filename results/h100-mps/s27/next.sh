@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# For the next session (not yet run): one residency's tables re-tuned under the spare-multiprocessor cap for the world
+# One residency's tables re-tuned under the spare-multiprocessor cap for the world
 # sizes in WORLDS (RES: caller, registered or caller_registered; norm: the norm calls' tables at hidden 4096, all
 # residencies), then the 1M / 16M sweep on them, eager and graph. The H100 has caller tables only (3-8 ranks re-tuned
 # in this session); the H200's of every residency predate the cap. Uses gpu_env.sh's fits (main after 3a54d2a).
+# Run with RES=caller for 2 to 8 ranks on the H100 in session 33 (results/h100-mps/s33).
 #   OUT=dir PACK=1 SECS=570 RES=registered WORLDS="8" [TUNE_S=330] bash results/h100-mps/s27/next.sh
 # TUNE_MAX_S (from main at a79262f): the tune starts no table after that many seconds and keeps those it finished.
 set -u

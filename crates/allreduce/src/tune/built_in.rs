@@ -63,11 +63,12 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let text = built_in_text(driver);
     let what = match driver {
         DriverKind::Cuda => {
-            "cuda: measured on one H200 with 2, 3, 4, 6 and 8 ranks under MPS (a proxy for NVLink): caller buffers \
-             with 3, 4, 6 and 8 ranks and registered with 8 under the spare-multiprocessor cap, the rest and the \
-             calls with the residual add and RMSNorm (8 ranks only) before it; on one H100 under the cap, caller and \
-             registered buffers with 2, 3, 4, 6 and 8 ranks (caller with 2 before it, whose grids it never reaches), \
-             caller-registered with 4, 6 and 8, and the norm calls with 8"
+            "cuda: measured under MPS (a proxy for NVLink). On one H100 under the spare-multiprocessor cap: caller \
+             buffers with 2 to 8 ranks on the kernels of results/h100-mps/s33; registered buffers with 2, 3, 4, 6 \
+             and 8 ranks, caller-registered with 4, 6 and 8 and the calls with the residual add and RMSNorm with 8 \
+             on earlier kernels. On one H200 with 2, 3, 4, 6 and 8 ranks, all on earlier kernels: caller buffers \
+             with 3, 4, 6 and 8 ranks and registered with 8 under the cap, the rest and the norm calls (8 ranks \
+             only) before it"
         }
         DriverKind::Hip => "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table",
         DriverKind::Host => "host: measured with 2 and 3 ranks on 2 shared cores (results/host-tune)",
