@@ -24,6 +24,10 @@ fn empty(_: &HostLaunch<'_>) -> Result<(), gpu::KernelFault> {
 const LAUNCHES: u32 = 1000;
 const COPIES: u32 = 10;
 
+/// No barrier among the ranks of one node takes this long while they all run: a floor this high means the ranks that
+/// share a device take turns on it (CUDA without MPS gives each process's context the whole device, one at a time).
+const TAKING_TURNS_US: f64 = 1000.0;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ceilings {
     /// Bytes of each timed device-to-device copy.
@@ -40,7 +44,9 @@ pub struct Ceilings {
 }
 
 impl Ceilings {
-    pub fn print(&self) {
+    /// Prints the ceilings, and a warning where `sharing` ranks of a GPU driver `kind` share each device and the
+    /// barrier floor shows them taking turns on it.
+    pub fn print(&self, kind: gpu::DriverKind, sharing: usize) {
         println!(
             "# ceilings: copy {:.1} GB/s ({} MB, read + written), empty kernel {:.2} us eager / {:.2} us graph replay \
              (rank 0 alone), {:.2} us on all ranks at once, barrier floor {}",
@@ -51,6 +57,24 @@ impl Ceilings {
             self.empty_all_ranks_us,
             self.barrier_us.map_or("n/a".to_string(), |t| format!("{t:.2} us"))
         );
+        if let Some(warning) = self.taking_turns(kind, sharing) {
+            println!("# warning: {warning}");
+        }
+    }
+
+    fn taking_turns(&self, kind: gpu::DriverKind, sharing: usize) -> Option<String> {
+        let floor =
+            self.barrier_us.filter(|&t| kind != gpu::DriverKind::Host && sharing > 1 && t >= TAKING_TURNS_US)?;
+        let remedy = match kind {
+            gpu::DriverKind::Cuda => {
+                "start MPS (`nvidia-cuda-mps-control -d`) before the ranks, or give each rank a GPU"
+            }
+            _ => "give each rank a GPU",
+        };
+        Some(format!(
+            "the barrier floor is {floor:.0} us with {sharing} ranks on a device: they take turns on it rather than \
+             running at once, so every time below measures the turns, not the methods; {remedy}"
+        ))
     }
 }
 
@@ -132,4 +156,33 @@ pub(crate) fn copy_floor(
     })?;
     t.stream.sync()?;
     Ok(CopyFloor { count, time_ms: cfg.report.figure_ms(&timing) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ceilings;
+    use gpu::DriverKind::{Cuda, Hip, Host};
+
+    fn with_floor(barrier_us: Option<f64>) -> Ceilings {
+        Ceilings {
+            copy_bytes: 512 << 20,
+            copy_gbs: 3000.0,
+            empty_launch_us: 4.0,
+            empty_graph_replay_us: 1.8,
+            empty_all_ranks_us: 2.0,
+            barrier_us,
+        }
+    }
+
+    #[test]
+    fn ranks_taking_turns_on_a_device_are_warned_of() {
+        let turns = with_floor(Some(15763.15)).taking_turns(Cuda, 8).expect("a 15.8 ms floor with 8 ranks on a device");
+        assert!(turns.contains("15763 us with 8 ranks") && turns.contains("MPS"), "{turns}");
+        let hip = with_floor(Some(2500.0)).taking_turns(Hip, 2).expect("the same on HIP");
+        assert!(!hip.contains("MPS"), "{hip}");
+        assert_eq!(with_floor(Some(13.8)).taking_turns(Cuda, 8), None, "ranks running at once under MPS");
+        assert_eq!(with_floor(Some(15763.15)).taking_turns(Cuda, 1), None, "a device per rank shares nothing");
+        assert_eq!(with_floor(Some(5000.0)).taking_turns(Host, 2), None, "the host driver's ranks share no device");
+        assert_eq!(with_floor(None).taking_turns(Cuda, 8), None, "no floor measured");
+    }
 }

@@ -172,7 +172,8 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
     };
     let ceilings = crate::ceilings::measure(cfg, comm, &bufs.timer)?;
     if rank == 0 {
-        ceilings.print();
+        let sharing = comm.placement().ranks_per_device;
+        ceilings.print(gpu.kind(), sharing);
         crate::report::print_header();
     }
     let mut rows = Vec::new();
