@@ -63,10 +63,10 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let text = built_in_text(driver);
     let what = match driver {
         DriverKind::Cuda => {
-            "cuda: measured under MPS (a proxy for NVLink). On one H100 under the spare-multiprocessor cap: caller \
-             buffers with 2 to 8 ranks on the kernels of results/h100-mps/s33; registered buffers with 2, 3, 4, 6 \
-             and 8 ranks, caller-registered with 4, 6 and 8 and the calls with the residual add and RMSNorm with 8 \
-             on earlier kernels. On one H200 with 2, 3, 4, 6 and 8 ranks, all on earlier kernels: caller buffers \
+            "cuda: measured under MPS (a proxy for NVLink). On one H100 under the spare-multiprocessor cap, on the \
+             current kernels: caller buffers with 2 to 8 ranks (results/h100-mps/s33, 8 ranks s34), registered with \
+             3, 4, 6 and 8, caller-registered with 2 to 8 and the calls with the residual add and RMSNorm with 8 \
+             (results/h100-mps/s34); registered with 2 ranks on earlier kernels. On one H200 with 2, 3, 4, 6 and 8 ranks, all on earlier kernels: caller buffers \
              with 3, 4, 6 and 8 ranks and registered with 8 under the cap, the rest and the norm calls (8 ranks \
              only) before it"
         }
