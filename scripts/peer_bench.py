@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The peers of comm-bench, measured the way comm-bench measures its own methods.
 
-Three PyTorch allreduces, bf16 sum, on the sizes, warm-up, iteration count and CSV columns of FBGEMM's
-comm_bench.py (and so of comm-bench):
+Three PyTorch allreduces, and upstream FBGEMM's car where its source is given, bf16 sum, on the sizes, warm-up,
+iteration count and CSV columns of FBGEMM's comm_bench.py (and so of comm-bench):
 
-  torch_nccl        (CSV `nccl`)        torch.distributed.all_reduce on the NCCL backend
-  torch_symm_1shot  (CSV `symm_1shot`)  torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf, src, "sum", group, dst)
-  torch_symm_2shot  (CSV `symm_2shot`)  buf.copy_(src)
-                                        torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", group, dst)
+  fbgemm_car_1shot  (CSV `fbgemm_1shot`)  torch.ops.fbgemm.one_shot_car_allreduce(dst, src)    (--fbgemm_src only)
+  torch_symm_1shot  (CSV `symm_1shot`)    torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf, src, "sum", group, dst)
+  fbgemm_car_2shot  (CSV `fbgemm_2shot`)  torch.ops.fbgemm.two_shot_car_allreduce(dst, src)    (--fbgemm_src only)
+  torch_symm_2shot  (CSV `symm_2shot`)    buf.copy_(src)
+                                          torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", group, dst)
+  torch_nccl        (CSV `nccl`)          torch.distributed.all_reduce on the NCCL backend
 
 The symmetric buffer is comm_bench.py's: symm_mem.empty(max N, bf16) + symm_mem.rendezvous(buf, group), and the
 symm calls are comm_bench.py's, copy-in included. What this adds over comm_bench.py, as comm-bench does:
@@ -33,6 +35,14 @@ that is the NCCL kernel alone, as comm_bench.py's out-of-place fbgemm nccl_allre
 grow W-fold per call and saturate at inf, which does not change NCCL's data-independent kernels). Its checks run
 on a fresh copy of the input. --nccl_mode copy times dst.copy_(src); dist.all_reduce(dst) instead, whose output
 after the timed calls is checkable, as torch's functional all_reduce does it.
+
+Upstream car. With --fbgemm_src DIR (a copy of FBGEMM's tree holding at least fbgemm_gpu/include and
+fbgemm_gpu/experimental/gen_ai/src/comm; a GPU node without network gets one carried in an ignored folder), rank 0
+builds car.cu and car.cpp from there as a torch extension (torch.utils.cpp_extension, nvcc and ninja, NCCL's headers
+from torch's nvidia-nccl package) into --fbgemm_build, the other ranks load that build, and every rank sets car up as
+comm_bench.py's _setup does (car_tensor buffers, IPC handles exchanged over the gloo group, car_init); the peers wait
+for the build within --timeout_s, so a first build (minutes of nvcc) wants it raised. Upstream runs
+2, 4 or 8 ranks and counts that divide as its kernels need; a size or world it refuses is reported as skipped.
 
 Launch: under torchrun (`torchrun --nproc_per_node W scripts/peer_bench.py ...`), or by itself with
 `--num_ranks W` (torch.multiprocessing, like comm_bench.py's elastic_launch; without torchrun and without
@@ -66,10 +76,18 @@ OP = "allreduce"
 
 # (JSON method name, comm_bench.py CSV column), in comm_bench.py's column order.
 METHODS = [
-    ("torch_nccl", "nccl"),
+    ("fbgemm_car_1shot", "fbgemm_1shot"),
     ("torch_symm_1shot", "symm_1shot"),
+    ("fbgemm_car_2shot", "fbgemm_2shot"),
     ("torch_symm_2shot", "symm_2shot"),
+    ("torch_nccl", "nccl"),
 ]
+# Upstream car's methods, which need --fbgemm_src.
+FBGEMM_METHODS = ("fbgemm_car_1shot", "fbgemm_car_2shot")
+# What --fbgemm_src must hold, relative to it.
+FBGEMM_INCLUDE = os.path.join("fbgemm_gpu", "include")
+FBGEMM_CAR_SOURCES = tuple(os.path.join("fbgemm_gpu", "experimental", "gen_ai", "src", "comm", f)
+                           for f in ("car.cu", "car.cpp"))
 CSV_NAME = "peer_ops_benchmark.csv"
 JSON_NAME = "peer_ops_benchmark.json"
 
@@ -141,16 +159,18 @@ def make_row(method: str, count: int, world: int, status: str, reason: Optional[
 
 
 def csv_text(rows: list[dict[str, Any]]) -> str:
-    """comm_bench.py's CSV: N, then <column>_time (ms) and <column>_bwidth (GB/s) per method; a method that did not
-    pass leaves its cells empty (the JSON says why)."""
-    out = ["N" + "".join(f",{c}_time,{c}_bwidth" for _, c in METHODS)]
+    """comm_bench.py's CSV: N, then <column>_time (ms) and <column>_bwidth (GB/s) per method that has rows, in
+    comm_bench.py's order; a method that did not pass leaves its cells empty (the JSON says why)."""
+    present = {r["method"] for r in rows}
+    columns = [(m, c) for m, c in METHODS if m in present]
+    out = ["N" + "".join(f",{c}_time,{c}_bwidth" for _, c in columns)]
     counts: list[int] = []
     for r in rows:
         if r["count"] not in counts:
             counts.append(r["count"])
     for n in counts:
         line = str(n)
-        for method, _ in METHODS:
+        for method, _ in columns:
             row = next((r for r in rows if r["count"] == n and r["method"] == method), None)
             if row and row["status"] == "passed" and row["time_ms"] is not None:
                 line += f",{row['time_ms']!r},{row['algbw_gbs']!r}"
@@ -199,6 +219,16 @@ def table_header() -> str:
             f"{'busbw(GB/s)':>11}  status")
 
 
+def fbgemm_car_paths(src: str) -> tuple[list[str], str]:
+    """The car sources and the include folder in FBGEMM tree `src`; ValueError naming what is missing."""
+    sources = [os.path.join(src, f) for f in FBGEMM_CAR_SOURCES]
+    include = os.path.join(src, FBGEMM_INCLUDE)
+    missing = [p for p in sources if not os.path.isfile(p)] + ([] if os.path.isdir(include) else [include])
+    if missing:
+        raise ValueError(f"--fbgemm_src {src!r} is not an FBGEMM tree: missing {', '.join(missing)}")
+    return sources, include
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", "--output-dir", default="/tmp", help="where rank 0 writes the CSV and JSON")
@@ -214,19 +244,34 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--op", choices=[OP], default=OP, help="allreduce only")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported")
     p.add_argument("--graph", action="store_true", help="capture the timed calls into a CUDA graph, time replays")
-    p.add_argument("--methods", default=",".join(m for m, _ in METHODS),
-                   help="comma-separated subset of " + ", ".join(m for m, _ in METHODS))
+    p.add_argument("--methods", default=None,
+                   help="comma-separated subset of " + ", ".join(m for m, _ in METHODS)
+                   + " [default: all; upstream car's only with --fbgemm_src]")
+    p.add_argument("--fbgemm_src", "--fbgemm-src", default=None,
+                   help="an FBGEMM tree: build its car (fbgemm_gpu/experimental/gen_ai/src/comm) and time it")
+    p.add_argument("--fbgemm_build", "--fbgemm-build", default="/tmp/peer_bench_fbgemm_car",
+                   help="where rank 0 builds upstream car (reused when the sources are unchanged)")
     p.add_argument("--nccl_mode", "--nccl-mode", choices=["inplace", "copy"], default="inplace",
                    help="time all_reduce(dst) alone, or dst.copy_(src) + all_reduce(dst)")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs")
     p.add_argument("--timeout_s", "--timeout-s", type=float, default=300.0,
                    help="how long a rank waits for its peers in the store and in gloo collectives")
     args = p.parse_args(argv)
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
     known = [m for m, _ in METHODS]
+    if args.methods is None:
+        names = [m for m in known if args.fbgemm_src or m not in FBGEMM_METHODS]
+    else:
+        names = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in names if m not in known]
     if bad:
         p.error(f"unknown method(s) {bad}; known: {', '.join(known)}")
+    if args.fbgemm_src is None and any(m in FBGEMM_METHODS for m in names):
+        p.error("fbgemm_car_* need --fbgemm_src (a copy of FBGEMM's tree to build upstream car from)")
+    if args.fbgemm_src is not None:
+        try:
+            fbgemm_car_paths(args.fbgemm_src)
+        except ValueError as e:
+            p.error(str(e))
     if args.num_iters < 1 or args.repeats < 1 or args.num_warmup_iters < 0 or args.size_steps < 1:
         p.error("--num_iters, --repeats and --size_steps must be >= 1, --num_warmup_iters >= 0")
     args.methods = [m for m in known if m in names]  # comm_bench.py's order whatever the flag's
@@ -266,7 +311,7 @@ class _Ctx:
         devices = self.all_gather((socket.gethostname(), self.device.index))
         self.gpus_shared = len(set(devices)) < self.world
         self.symm_buffer = None
-        self.symm_error: Optional[str] = None
+        self.fbgemm_car: Any = None
 
     def all_gather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world
@@ -310,6 +355,65 @@ def _setup_symm(ctx: _Ctx, capacity: int) -> Optional[str]:
     except Exception as e:  # noqa: BLE001 - any refusal becomes a skip reason
         err = f"symm_mem: {_exc_text(e)}"
     return ctx.agree(err)
+
+
+def _nccl_build_flags() -> tuple[list[str], list[str]]:
+    """Include and link flags for NCCL from torch's nvidia-nccl package (car.cpp includes c10d's NCCL utilities);
+    none where the package is absent (a system NCCL then has to be on the default paths)."""
+    try:
+        import nvidia.nccl  # the wheel torch's CUDA builds depend on
+
+        root = list(nvidia.nccl.__path__)[0]
+    except ImportError:
+        return [], ["-lnccl"]
+    lib = os.path.join(root, "lib")
+    names = sorted(f for f in os.listdir(lib) if f.startswith("libnccl.so")) if os.path.isdir(lib) else []
+    link = [f"-L{lib}", f"-l:{names[0]}", f"-Wl,-rpath,{lib}"] if names else ["-lnccl"]
+    return [os.path.join(root, "include")], link
+
+
+def _setup_fbgemm_car(ctx: _Ctx) -> Optional[str]:
+    """Builds (rank 0) and loads (every rank) upstream car from --fbgemm_src, then sets it up as comm_bench.py's
+    _setup does; returns why not, agreed by all ranks."""
+    args, torch = ctx.args, ctx.torch
+    err = None
+    if ctx.rank == 0:
+        try:
+            _load_fbgemm_car(args, verbose=True)
+        except Exception as e:  # noqa: BLE001 - a build that fails becomes a skip reason
+            err = f"building upstream car: {_exc_text(e)}"
+    err = ctx.agree(err)
+    if err is None:
+        try:
+            if ctx.rank != 0:
+                _load_fbgemm_car(args, verbose=False)
+            ops = torch.ops.fbgemm
+            buffer, barrier = ops.car_tensor(), ops.car_tensor()
+            barrier.zero_()
+            torch.cuda.synchronize()
+            # The handles go over the gloo group: NCCL refuses ranks that share a GPU.
+            handles = []
+            for t in (buffer, barrier):
+                mine = ops.car_ipc_handle(t).cpu()
+                handles.append([torch.tensor(h, dtype=torch.int8) for h in ctx.all_gather(mine.tolist())])
+            ops.car_init(ctx.rank, ctx.world, barrier, handles[1], buffer, handles[0])
+            ctx.fbgemm_car = (buffer, barrier)  # kept for the run: peers map them
+        except Exception as e:  # noqa: BLE001
+            err = f"upstream car: {_exc_text(e)}"
+    err = ctx.agree(err)
+    ctx.barrier()
+    return err
+
+
+def _load_fbgemm_car(args: argparse.Namespace, verbose: bool) -> None:
+    from torch.utils.cpp_extension import load
+
+    sources, include = fbgemm_car_paths(args.fbgemm_src)
+    nccl_include, nccl_link = _nccl_build_flags()
+    os.makedirs(args.fbgemm_build, exist_ok=True)
+    load(name="fbgemm_car_upstream", sources=sources, extra_include_paths=[include, *nccl_include],
+         extra_cflags=["-O3", "-DUSE_C10D_NCCL"], extra_cuda_cflags=["-O3", "-DUSE_C10D_NCCL"],
+         extra_ldflags=nccl_link, build_directory=args.fbgemm_build, is_python_module=False, verbose=verbose)
 
 
 class _Method:
@@ -357,13 +461,27 @@ class _Symm2(_Method):
         self.ctx.torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", self.ctx.group.group_name, dst)
 
 
+class _FbgemmCar(_Method):
+    """Upstream car as comm_bench.py calls it: the op copies the input in itself (one-shot in its kernel, two-shot
+    by a memcpy before it)."""
+
+    def call(self, src, dst) -> None:
+        op = "one_shot_car_allreduce" if self.name == "fbgemm_car_1shot" else "two_shot_car_allreduce"
+        getattr(self.ctx.torch.ops.fbgemm, op)(dst, src)
+
+
 def _build_methods(ctx: _Ctx, capacity: int) -> list[tuple[str, Optional[_Method], Optional[str]]]:
     """(name, method or None, skip reason) per requested method."""
     out: list[tuple[str, Optional[_Method], Optional[str]]] = []
-    symm_reason = None
+    symm_reason = fbgemm_reason = None
     if any(m.startswith("torch_symm") for m in ctx.args.methods):
         symm_reason = _setup_symm(ctx, capacity)
+    if any(m in FBGEMM_METHODS for m in ctx.args.methods):
+        fbgemm_reason = _setup_fbgemm_car(ctx)
     for name in ctx.args.methods:
+        if name in FBGEMM_METHODS:
+            out.append((name, None, fbgemm_reason) if fbgemm_reason else (name, _FbgemmCar(ctx, name), None))
+            continue
         if name == "torch_nccl":
             if ctx.gpus_shared:
                 ndev = ctx.torch.cuda.device_count()

@@ -24,6 +24,19 @@ HIP_SIZES = [1024, 2048, 3072, 5120, 8192, 13312, 22016, 36864, 60928, 101888, 1
 W = 8
 
 
+def refusal(argv: list[str]) -> object:
+    """parse_args's exit code for argv (argparse's error exits 2), its message kept off the test output."""
+    with open(os.devnull, "w") as null:
+        old, sys.stderr = sys.stderr, null
+        try:
+            pb.parse_args(argv)
+        except SystemExit as e:
+            return e.code
+        finally:
+            sys.stderr = old
+    return None
+
+
 def bf16(x: float) -> float:
     """x rounded to bf16 (round to nearest even on the float32 bits)."""
     bits = struct.unpack("<I", struct.pack("<f", x))[0]
@@ -84,10 +97,14 @@ class PeerBenchPure(unittest.TestCase):
                 pb.make_row("torch_symm_2shot", 1024, W, "skipped", "symm_mem: refused"),
                 pb.make_row("torch_nccl", 2048, W, "skipped", "no NCCL")]
         lines = pb.csv_text(rows).splitlines()
-        self.assertEqual(lines[0], "N,nccl_time,nccl_bwidth,symm_1shot_time,symm_1shot_bwidth,symm_2shot_time,"
-                                   "symm_2shot_bwidth")
-        self.assertEqual(lines[1], f"1024,0.02,{pb.bwidth_gbs(1024, 0.02)!r},,,,")
+        # comm_bench.py's column order, and only the methods that ran (upstream car's need its source).
+        self.assertEqual(lines[0], "N,symm_1shot_time,symm_1shot_bwidth,symm_2shot_time,symm_2shot_bwidth,"
+                                   "nccl_time,nccl_bwidth")
+        self.assertEqual(lines[1], f"1024,,,,,0.02,{pb.bwidth_gbs(1024, 0.02)!r}")
         self.assertEqual(lines[2], "2048,,,,,,")
+        car = [pb.make_row("fbgemm_car_2shot", 1024, W, "passed", repeats_ms=[0.03])] + rows[:1]
+        self.assertEqual(pb.csv_text(car).splitlines()[0], "N,fbgemm_2shot_time,fbgemm_2shot_bwidth,nccl_time,"
+                                                           "nccl_bwidth")
 
     def test_json_has_comm_bench_structure(self):
         rows = [pb.make_row("torch_nccl", 1024, W, "passed", repeats_ms=[0.02], rank0_ms=0.02)]
@@ -138,15 +155,30 @@ class PeerBenchPure(unittest.TestCase):
         a = pb.parse_args([])
         self.assertEqual((a.num_iters, a.num_warmup_iters, a.min_size, a.max_size, a.size_steps, a.repeats),
                          (20, 10, 10, 24, 20, 3))
-        self.assertEqual(a.methods, ["torch_nccl", "torch_symm_1shot", "torch_symm_2shot"])
-        self.assertEqual(pb.parse_args(["--methods", "torch_symm_2shot,torch_nccl"]).methods,
-                         ["torch_nccl", "torch_symm_2shot"])
-        with self.assertRaises(SystemExit), open(os.devnull, "w") as null:
-            old, sys.stderr = sys.stderr, null
-            try:
-                pb.parse_args(["--methods", "torch_9shot"])
-            finally:
-                sys.stderr = old
+        self.assertEqual(a.methods, ["torch_symm_1shot", "torch_symm_2shot", "torch_nccl"])
+        self.assertEqual(pb.parse_args(["--methods", "torch_nccl,torch_symm_2shot"]).methods,
+                         ["torch_symm_2shot", "torch_nccl"])
+        self.assertEqual(refusal(["--methods", "torch_9shot"]), 2)
+
+    def test_upstream_car_needs_an_fbgemm_tree(self):
+        self.assertEqual(refusal(["--methods", "fbgemm_car_1shot"]), 2)
+        with tempfile.TemporaryDirectory() as d:
+            self.assertEqual(refusal(["--fbgemm_src", d]), 2)
+            with self.assertRaisesRegex(ValueError, "car.cu.*car.cpp.*include"):
+                pb.fbgemm_car_paths(d)
+            comm = os.path.join(d, "fbgemm_gpu", "experimental", "gen_ai", "src", "comm")
+            os.makedirs(comm)
+            os.makedirs(os.path.join(d, "fbgemm_gpu", "include"))
+            for f in ("car.cu", "car.cpp"):
+                open(os.path.join(comm, f), "w").close()
+            sources, include = pb.fbgemm_car_paths(d)
+            self.assertEqual(sources, [os.path.join(comm, "car.cu"), os.path.join(comm, "car.cpp")])
+            self.assertEqual(include, os.path.join(d, "fbgemm_gpu", "include"))
+            self.assertEqual(pb.parse_args(["--fbgemm_src", d]).methods,
+                             ["fbgemm_car_1shot", "torch_symm_1shot", "fbgemm_car_2shot", "torch_symm_2shot",
+                              "torch_nccl"])
+            self.assertEqual(pb.parse_args(["--fbgemm_src", d, "--methods", "fbgemm_car_2shot"]).methods,
+                             ["fbgemm_car_2shot"])
 
 
 def ours_row(method, count, status="passed", time_us=None, reason=None):
@@ -272,7 +304,7 @@ class Combine(unittest.TestCase):
             cr.combine([ours[0], ours[0]], [])
 
     def test_reads_comm_bench_py_csv_as_peer(self):
-        ref = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "bench", "tests", "data",
+        ref = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "comm-bench", "tests", "data",
                            "mi300x-8rank-comm-bench.csv")
         [doc] = cr.load([ref])
         self.assertTrue(cr.is_peer_doc(doc))

@@ -2,7 +2,8 @@
 //! kept between runs) gets maturin, pytest, numpy, ml_dtypes and torch (PyPI's, with its CUDA wheels: the only
 //! torch PyPI serves; CPU tensors are what the tests use) from PyPI; `pip install ./python` builds and
 //! installs the wheel there (its own cargo target directory, so the workspace's builds and the extension module's
-//! never rebuild each other); then pytest runs `python/tests` and must pass. Without python3 the test says it was
+//! never rebuild each other); then pytest runs `python/tests` and the scripts' tests (`scripts/test_*.py`: the peer
+//! benchmark and the results combiner) and must pass. Without python3 the test says it was
 //! skipped, loudly; under CI (CI=true) that is a failure.
 
 use std::io::Write;
@@ -78,6 +79,7 @@ fn python_package_builds_installs_and_passes_pytest() {
     let out = run(Command::new(bin.join("python"))
         .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"])
         .arg(here.join("tests"))
+        .arg(here.join("../scripts/test_peer_bench.py"))
         .env("PATH", &path)
         .current_dir(&dir));
     let summary = String::from_utf8_lossy(&out.stdout);
