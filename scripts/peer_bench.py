@@ -400,9 +400,7 @@ def _setup_fbgemm_car(ctx: _Ctx) -> Optional[str]:
             ctx.fbgemm_car = (buffer, barrier)  # kept for the run: peers map them
         except Exception as e:  # noqa: BLE001
             err = f"upstream car: {_exc_text(e)}"
-    err = ctx.agree(err)
-    ctx.barrier()
-    return err
+    return ctx.agree(err)
 
 
 def _load_fbgemm_car(args: argparse.Namespace, verbose: bool) -> None:
@@ -465,9 +463,14 @@ class _FbgemmCar(_Method):
     """Upstream car as comm_bench.py calls it: the op copies the input in itself (one-shot in its kernel, two-shot
     by a memcpy before it)."""
 
+    def __init__(self, ctx: _Ctx, name: str):
+        super().__init__(ctx, name)
+        # Resolved once, outside the timed calls.
+        ops = ctx.torch.ops.fbgemm
+        self.op = ops.one_shot_car_allreduce if name == "fbgemm_car_1shot" else ops.two_shot_car_allreduce
+
     def call(self, src, dst) -> None:
-        op = "one_shot_car_allreduce" if self.name == "fbgemm_car_1shot" else "two_shot_car_allreduce"
-        getattr(self.ctx.torch.ops.fbgemm, op)(dst, src)
+        self.op(dst, src)
 
 
 def _build_methods(ctx: _Ctx, capacity: int) -> list[tuple[str, Optional[_Method], Optional[str]]]:

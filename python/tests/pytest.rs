@@ -2,9 +2,9 @@
 //! kept between runs) gets maturin, pytest, numpy, ml_dtypes and torch (PyPI's, with its CUDA wheels: the only
 //! torch PyPI serves; CPU tensors are what the tests use) from PyPI; `pip install ./python` builds and
 //! installs the wheel there (its own cargo target directory, so the workspace's builds and the extension module's
-//! never rebuild each other); then pytest runs `python/tests` and the scripts' tests (`scripts/test_*.py`: the peer
-//! benchmark and the results combiner) and must pass. Without python3 the test says it was
-//! skipped, loudly; under CI (CI=true) that is a failure.
+//! never rebuild each other); then pytest runs `python/tests` and the scripts' tests (`scripts/test_peer_bench.py`:
+//! the peer benchmark and the results combiner) and must pass. Without python3 the test says it was skipped,
+//! loudly; under CI (CI=true) that is a failure.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
