@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Session 35: upstream FBGEMM car (built on the node from .fbgemm, timed by scripts/peer_bench.py as comm_bench.py
+# times it) against our car_1shot / car_2shot and auto, 4 ranks, caller buffers, eager then graph, one call.
+#   OUT=dir PACK=1 SECS=560 bash results/h100-mps/s35/car.sh     (carry [".fbgemm", "dist"])
+set -u
+root=$PWD
+export RANKS=4 ALLREDUCE_SETUP_TIMEOUT_S=200
+cd dist
+source ./gpu_env.sh $OUT
+machine | tee $out/machine.txt
+cd "$root"
+for mode in eager graph; do
+  flag=(); [ $mode = graph ] && flag=(--graph)
+  fits 200 && step peer_$mode timeout 200 python3 scripts/peer_bench.py --num_ranks 4 --fbgemm_src .fbgemm \
+    --methods fbgemm_car_1shot,fbgemm_car_2shot --timeout_s 180 --output_dir $out/peer_$mode "${flag[@]}"
+  fits 90 && step ours_$mode timeout 90 dist/comm-bench --backend cuda --num_ranks 4 \
+    --methods car_1shot,car_2shot,auto --repeats 3 --export_csv --output_dir $out/ours_$mode "${flag[@]}"
+done
+exit $status
