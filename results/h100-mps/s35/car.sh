@@ -9,11 +9,12 @@ cd dist
 source ./gpu_env.sh $OUT
 machine | tee $out/machine.txt
 cd "$root"
+# Upstream car's graph last: its waits have no deadline, so a replay that hung would hold the node to the step's end.
 for mode in eager graph; do
   flag=(); [ $mode = graph ] && flag=(--graph)
-  fits 200 && step peer_$mode timeout 200 python3 scripts/peer_bench.py --num_ranks 4 --fbgemm_src .fbgemm \
-    --methods fbgemm_car_1shot,fbgemm_car_2shot --timeout_s 180 --output_dir $out/peer_$mode "${flag[@]}"
   fits 90 && step ours_$mode timeout 90 dist/comm-bench --backend cuda --num_ranks 4 \
     --methods car_1shot,car_2shot,auto --repeats 3 --export_csv --output_dir $out/ours_$mode "${flag[@]}"
+  fits 200 && step peer_$mode timeout 200 python3 scripts/peer_bench.py --num_ranks 4 --fbgemm_src .fbgemm \
+    --methods fbgemm_car_1shot,fbgemm_car_2shot --timeout_s 180 --output_dir $out/peer_$mode "${flag[@]}"
 done
 exit $status
