@@ -15,7 +15,8 @@ S = N x 2 bytes, and ours / bound. "Ours" are comm-bench's own implementations: 
 wrappers (nccl*), which are shown but compete as neither side (override with --our_methods).
 
 Goals, per mode: (1) at every size our best <= the best peer; (2) our best <= 6 us at every size up to 16384
-elements; (3) our two-shot at 16777216 elements has busbw >= 350 GB/s.
+elements; (3) our two-shot at 16777216 elements has busbw >= 350 GB/s; (4) our car_1shot and car_2shot each <= upstream
+FBGEMM car's one-shot and two-shot (peer_bench's fbgemm_car_*, or comm_bench.py's fbgemm_* columns) at every size.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ SMALL_MAX_US = 6.0
 TWO_SHOT_COUNT = 16777216
 TWO_SHOT_MIN_BUSBW = 350.0
 MODES = ("eager", "graph")
+# Our car and the names upstream car's same algorithm has in peer_bench.py's files and in comm_bench.py's CSV.
+CAR_PAIRS = (("car_1shot", ("fbgemm_car_1shot", "comm_bench.py/fbgemm_1shot")),
+             ("car_2shot", ("fbgemm_car_2shot", "comm_bench.py/fbgemm_2shot")))
 
 
 def is_peer_doc(doc: dict[str, Any]) -> bool:
@@ -146,7 +150,8 @@ def goals(combined: dict[str, Any]) -> list[dict[str, Any]]:
     "per_size": [(count, True | False | None for n/a)]}."""
     wording = {"le_peer": "our best <= best peer at every size",
                "le_6us": f"our best <= {SMALL_MAX_US:g} us up to {SMALL_MAX_COUNT} elements",
-               "two_shot": f"two-shot busbw >= {TWO_SHOT_MIN_BUSBW:g} GB/s at {TWO_SHOT_COUNT} elements"}
+               "two_shot": f"two-shot busbw >= {TWO_SHOT_MIN_BUSBW:g} GB/s at {TWO_SHOT_COUNT} elements",
+               "car_le_upstream": "car_1shot and car_2shot each <= upstream car's same method at every size"}
     out = []
     for mode, m in combined.items():
         sizes = m["sizes"]
@@ -202,7 +207,41 @@ def goals(combined: dict[str, Any]) -> list[dict[str, Any]]:
             detail = f"{n} {bw:.1f} GB/s busbw ({big['cells'][n]['time_us']:.1f} us)"
         out.append({"mode": mode, "key": "two_shot", "goal": wording["two_shot"], "verdict": verdict, "detail": detail,
                     "per_size": []})
+        out.append(_car_goal(mode, sizes, wording["car_le_upstream"]))
     return out
+
+
+def _car_goal(mode: str, sizes: list[dict[str, Any]], goal: str) -> dict[str, Any]:
+    """(4): at each size where upstream car's counterpart passed, our car method passed and was no slower."""
+    per_size, misses, worst = [], [], {}
+    for s in sizes:
+        cells, verdicts = s["cells"], []
+        for ours, names in CAR_PAIRS:
+            theirs = next((n for n in names if n in cells and cells[n]["time_us"] is not None), None)
+            if theirs is None or ours not in cells:
+                continue
+            mine, up = cells[ours]["time_us"], cells[theirs]["time_us"]
+            if mine is None:
+                verdicts.append(False)
+                misses.append(f"{s['count']}: {ours} {cells[ours]['status']}")
+                continue
+            ratio = mine / up
+            worst[ours] = max(worst.get(ours, 0.0), ratio)
+            verdicts.append(ratio <= 1.0)
+            if ratio > 1.0:
+                misses.append(f"{s['count']}: {ours} {mine:.2f} us vs {up:.2f} us ({theirs}), {ratio:.3f}x")
+        per_size.append((s["count"], all(verdicts) if verdicts else None))
+    judged = [ok for _, ok in per_size if ok is not None]
+    worst_text = ", ".join(f"{n}/upstream {r:.3f}" for n, r in worst.items())
+    if not judged:
+        verdict, detail = "not measured", "no size with both our car and upstream car's same method"
+    elif all(judged):
+        verdict, detail = "met", f"{len(judged)}/{len(judged)} sizes; worst {worst_text}"
+    else:
+        verdict = "not met"
+        detail = f"{sum(judged)}/{len(judged)} sizes; not at " + "; ".join(misses)
+    return {"mode": mode, "key": "car_le_upstream", "goal": goal, "verdict": verdict, "detail": detail,
+            "per_size": per_size}
 
 
 def _fmt(v: Optional[float], digits: int = 2) -> str:
@@ -265,14 +304,14 @@ def render_csv(combined: dict[str, Any], goal_list: list[dict[str, Any]]) -> str
     for n in names:
         head += [f"{n}_time_us", f"{n}_algbw_gbs", f"{n}_busbw_gbs", f"{n}_status"]
     head += ["our_best", "our_best_time_us", "best_peer", "best_peer_time_us", "ours_over_best_peer", "bound_us",
-             "ours_over_bound", "ours_le_peer", "le_6us"]
+             "ours_over_bound", "ours_le_peer", "le_6us", "car_le_upstream"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(head)
     yn = {True: "yes", False: "no", None: "n/a"}
     for mode, m in combined.items():
         per = {g["key"]: dict(g["per_size"]) for g in goal_list if g["mode"] == mode}
-        le_peer, le_6 = per.get("le_peer", {}), per.get("le_6us", {})
+        le_peer, le_6, car = per.get("le_peer", {}), per.get("le_6us", {}), per.get("car_le_upstream", {})
         for s in m["sizes"]:
             row: list[Any] = [mode, s["count"], s["bytes"], m["world"]]
             for n in names:
@@ -282,7 +321,8 @@ def render_csv(combined: dict[str, Any], goal_list: list[dict[str, Any]]) -> str
             row += [ob[0] if ob else "", ob[1] if ob else "", bp[0] if bp else "", bp[1] if bp else "",
                     s["ours_over_peer"], s["bound_us"], s["ours_over_bound"],
                     yn[le_peer[s["count"]]] if s["count"] in le_peer else "",
-                    yn[le_6[s["count"]]] if s["count"] in le_6 else ""]
+                    yn[le_6[s["count"]]] if s["count"] in le_6 else "",
+                    yn[car[s["count"]]] if s["count"] in car else ""]
             w.writerow(["" if v is None else v for v in row])
     return buf.getvalue()
 

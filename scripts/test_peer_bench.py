@@ -285,6 +285,28 @@ class Combine(unittest.TestCase):
         self.assertEqual(g["graph", "two_shot"]["verdict"], "not met")  # 293.6 GB/s
         self.assertIn("293.6 GB/s", g["graph", "two_shot"]["detail"])
 
+    def test_car_is_held_to_upstream_cars_same_method(self):
+        self.assertEqual(self.goals["eager", "car_le_upstream"]["verdict"], "not measured")  # no upstream peer
+        ours = [ours_doc(False, [
+            ours_row("car_1shot", 1024, time_us=5.0), ours_row("car_2shot", 1024, time_us=12.0),
+            ours_row("car_1shot", BIG, time_us=600.0), ours_row("car_2shot", BIG, "failed", reason="x")])]
+        slower = [peer_doc(False, [
+            peer_row("fbgemm_car_1shot", 1024, time_us=6.0), peer_row("fbgemm_car_2shot", 1024, time_us=11.0),
+            peer_row("fbgemm_car_1shot", BIG, time_us=700.0), peer_row("fbgemm_car_2shot", BIG, time_us=300.0)])]
+        g = {x["key"]: x for x in cr.goals(cr.combine(ours, slower))}["car_le_upstream"]
+        self.assertEqual((g["verdict"], g["per_size"]), ("not met", [(1024, False), (BIG, False)]))
+        self.assertIn("1024: car_2shot 12.00 us vs 11.00 us (fbgemm_car_2shot), 1.091x", g["detail"])
+        self.assertIn(f"{BIG}: car_2shot failed", g["detail"])
+        # comm_bench.py's own columns count as upstream too; our best elsewhere does not stand in for car.
+        csv_rows = [{"method": f"comm_bench.py/fbgemm_{k}shot", "count": 1024, "status": "passed", "time_ms": ms,
+                     "algbw_gbs": 1.0, "busbw_gbs": 1.0} for k, ms in ((1, 0.006), (2, 0.013))]
+        ours = [ours_doc(False, [ours_row("car_1shot", 1024, time_us=5.0), ours_row("car_2shot", 1024, time_us=12.0),
+                                 ours_row("symm_2shot", BIG, time_us=1.0)])]
+        peers = [{"source": cr.CSV_SOURCE, "world": W, "graph": False, "rows": csv_rows}]
+        g = {x["key"]: x for x in cr.goals(cr.combine(ours, peers))}["car_le_upstream"]
+        self.assertEqual((g["verdict"], g["per_size"]), ("met", [(1024, True), (BIG, None)]))
+        self.assertIn("worst car_1shot/upstream 0.833, car_2shot/upstream 0.923", g["detail"])
+
     def test_no_passed_two_shot_is_not_met_and_absent_size_not_measured(self):
         ours = [ours_doc(False, [ours_row("car_2shot", BIG, "failed", reason="x")])]
         g = {x["key"]: x for x in cr.goals(cr.combine(ours, []))}
