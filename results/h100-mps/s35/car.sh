@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 35: upstream FBGEMM car (built on the node from .fbgemm, timed by scripts/peer_bench.py as comm_bench.py
 # times it) against our car_1shot / car_2shot and auto, W ranks (default 4), caller buffers, eager then graph, one call.
-#   OUT=dir PACK=1 SECS=560 [W=8] [REPEATS=3] bash results/h100-mps/s35/car.sh     (carry [".fbgemm", "dist"])
+#   OUT=dir PACK=1 SECS=560 [W=8] [REPEATS=3] [MODES=graph] bash results/h100-mps/s35/car.sh     (carry [".fbgemm", "dist"])
 set -u
 root=$PWD
 w=${W:-4} r=${REPEATS:-3}
@@ -11,7 +11,7 @@ source ./gpu_env.sh $OUT
 machine | tee $out/machine.txt
 cd "$root"
 # Upstream car's graph last: its waits have no deadline, so a replay that hung would hold the node to the step's end.
-for mode in eager graph; do
+for mode in ${MODES:-eager graph}; do
   flag=(); [ $mode = graph ] && flag=(--graph)
   fits 90 && step ours_$mode timeout 90 dist/comm-bench --backend cuda --num_ranks $w \
     --methods car_1shot,car_2shot,auto --repeats $r --export_csv --output_dir $out/ours_$mode "${flag[@]}"
