@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 35: upstream FBGEMM car (built on the node from .fbgemm, timed by scripts/peer_bench.py as comm_bench.py
 # times it) against our car_1shot / car_2shot and auto, W ranks (default 4), caller buffers, eager then graph, one call.
-#   OUT=dir PACK=1 SECS=560 [W=8] [REPEATS=3] [MODES=graph] bash results/h100-mps/s35/car.sh     (carry [".fbgemm", "dist"])
+#   OUT=dir PACK=1 SECS=560 [W=8] [REPEATS=3] [MODES=graph] bash results/h100-mps/s35/car.sh (carry [".fbgemm", "dist"])
 set -u
 root=$PWD
 w=${W:-4} r=${REPEATS:-3}
