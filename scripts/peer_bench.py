@@ -43,6 +43,8 @@ from torch's nvidia-nccl package) into --fbgemm_build, the other ranks load that
 comm_bench.py's _setup does (car_tensor buffers, IPC handles exchanged over the gloo group, car_init); the peers wait
 for the build within --timeout_s, so a first build (minutes of nvcc) wants it raised. Upstream runs
 2, 4 or 8 ranks and counts that divide as its kernels need; a size or world it refuses is reported as skipped.
+Its kernels spin without a deadline, so a rank that never arrives hangs the others: bound the run from outside
+(timeout(1)), and on a GPU shared under MPS expect the MPS server to need a restart after such a kill.
 
 Launch: under torchrun (`torchrun --nproc_per_node W scripts/peer_bench.py ...`), or by itself with
 `--num_ranks W` (torch.multiprocessing, like comm_bench.py's elastic_launch; without torchrun and without
