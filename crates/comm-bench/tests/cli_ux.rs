@@ -275,10 +275,9 @@ fn cached_tables(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
-/// A tune keeps every table it finished: with `--max_seconds` of a nanosecond (any table outlasts it; a fast machine
-/// measured one in under a millisecond), the first (eager, caller buffers) is measured, written and cached and no
-/// other, and the last line names the rest; a tune ended by a signal part-way leaves the tables it had finished in the
-/// cache, each whole.
+/// A tune keeps every table it finished: with `--max_seconds` of a nanosecond (which any table outlasts), the first
+/// (eager, caller buffers) is measured, written and cached and no other, and the last line names the rest; a tune
+/// ended by a signal part-way leaves the tables it had finished in the cache, each whole.
 #[test]
 fn a_tune_keeps_the_tables_it_finished() {
     let dir = tempfile::tempdir().unwrap();
