@@ -65,8 +65,8 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
         DriverKind::Cuda => {
             "cuda: measured under MPS (a proxy for NVLink). On one H100 under the spare-multiprocessor cap, on the \
              current kernels: caller buffers with 2 to 8 ranks (results/h100-mps/s33, 8 ranks s34), registered with \
-             3, 4, 6 and 8, caller-registered with 2 to 8 and the calls with the residual add and RMSNorm with 8 \
-             (results/h100-mps/s34); registered with 2 ranks on earlier kernels. On one H200 with 2, 3, 4, 6 and 8 \
+             2, 3, 4, 6 and 8, caller-registered with 2 to 8 and the calls with the residual add and RMSNorm with 8 \
+             (results/h100-mps/s34, registered 2 ranks s37). On one H200 with 2, 3, 4, 6 and 8 \
              ranks, all on earlier kernels: caller buffers with 3, 4, 6 and 8 ranks and registered with 8 under the \
              cap, the rest and the norm calls (8 ranks only) before it"
         }
