@@ -7,17 +7,16 @@
 
 // Block b's epoch: one more than last call's. Block b also advances the counters of blocks b + k*grid that this
 // launch does not have, so every counter (and every block's epoch) stays equal whatever the grid was. The counters
-// live in device memory, so graph replays advance them too.
+// live in device memory, so graph replays advance them too. The stores are spread over the block's threads (one
+// thread storing all ARX_MAX_BLOCKS held a one-block launch up), after the barrier that orders them after the read.
 ARX_DEV u64 next_epoch(u64 counters) {
     __shared__ u64 s_epoch;
-    if (threadIdx.x == 0) {
-        u64* c = (u64*)counters;
-        u64 e = c[blockIdx.x] + 1;
-        for (u32 j = blockIdx.x; j < ARX_MAX_BLOCKS; j += gridDim.x) c[j] = e;
-        s_epoch = e;
-    }
+    u64* c = (u64*)counters;
+    if (threadIdx.x == 0) s_epoch = c[blockIdx.x] + 1;
     __syncthreads();
-    return s_epoch;
+    u64 e = s_epoch;
+    for (u32 j = blockIdx.x + threadIdx.x * gridDim.x; j < ARX_MAX_BLOCKS; j += gridDim.x * blockDim.x) c[j] = e;
+    return e;
 }
 
 // The communicator's status words (device memory, u64 [8]) that every wait watches, so no wait traps and a failure

@@ -4,6 +4,7 @@
 //! with no GPU. What it cannot show is a GPU's memory model or its compilers' code.
 
 mod designs;
+mod epoch;
 mod norm;
 mod sync;
 
@@ -15,6 +16,7 @@ use std::process::Command;
 pub fn check(clangxx: &Path, kernels: &Path, out: &Path) -> Result<(), String> {
     norm::check(&compile(clangxx, kernels, out, "norm_sim")?, out)?;
     sync::check(&compile(clangxx, kernels, out, "sync_sim")?, out)?;
+    epoch::check(&compile(clangxx, kernels, out, "epoch_sim")?)?;
     designs::check(&compile(clangxx, kernels, out, "kernel_sim")?, out)
 }
 
