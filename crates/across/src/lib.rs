@@ -492,6 +492,7 @@ mod tests {
         let started = std::time::Instant::now();
         let e = Across::new(info, opts).err().expect("refused");
         assert!(e.to_string().contains("NCCL/RCCL") && e.to_string().contains("host driver"), "{e}");
-        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // Well short of the set-up deadline (60 s at least) a refusal that waited for peers would reach.
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", started.elapsed());
     }
 }

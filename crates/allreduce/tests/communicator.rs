@@ -386,7 +386,9 @@ fn a_job_that_spans_nodes_is_refused_at_once() {
         let start = std::time::Instant::now();
         let e = Communicator::new(info, Options { backend: gpu::Backend::Host, ..Options::default() }).err();
         assert!(matches!(&e, Some(Error::Unsupported(m)) if m.contains("spans nodes") && m.contains(world)), "{e:?}");
-        assert!(start.elapsed() < std::time::Duration::from_secs(1), "refused after {:?}", start.elapsed());
+        // Well short of the set-up deadline (60 s at least) a refusal that waited for peers would reach, with room for
+        // a loaded machine.
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", start.elapsed());
     }
 }
 
