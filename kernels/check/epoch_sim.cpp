@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sys/mman.h>
-#include <vector>
 
 #include "arx/sync.h"
 

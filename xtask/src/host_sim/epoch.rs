@@ -3,16 +3,17 @@
 //! `ARX_MAX_BLOCKS` counters holds n after it, so that the blocks of any later grid agree on their epochs.
 
 use crate::output;
+use collective_core::MAX_BLOCKS;
 use std::path::Path;
 use std::process::Command;
 
-/// The counters a rank keeps (`ARX_MAX_BLOCKS`, kernels/include/arx/portability.h).
-const MAX_BLOCKS: usize = 64;
+/// Threads a block: one (the host driver's blocks), fewer than the counters and more, neither a power of two.
+const BLOCKS: [usize; 3] = [1, 33, 96];
 
 pub fn check(sim: &Path) -> Result<(), String> {
-    // One thread (the host driver's blocks), fewer threads than counters, and more, neither a power of two.
-    let grids = [1, 3, 64, 2, 17, 1, 40, 5, 64, 1];
-    for block in [1, 33, 96] {
+    let max = MAX_BLOCKS as u64;
+    let grids = [1, 3, max, 2, 17, 1, 40, 5, max, 1];
+    for block in BLOCKS {
         let mut cmd = Command::new(sim);
         cmd.arg(block.to_string()).args(grids.map(|g| g.to_string()));
         let printed = output(&mut cmd)?;
@@ -43,7 +44,7 @@ pub fn check(sim: &Path) -> Result<(), String> {
     }
     println!(
         "epoch: every thread of launch n gets epoch n and all {MAX_BLOCKS} counters hold n after it, over {} launches of \
-         1 to 64 blocks of 1, 33 and 96 threads",
+         1 to {MAX_BLOCKS} blocks of {BLOCKS:?} threads",
         grids.len()
     );
     Ok(())
