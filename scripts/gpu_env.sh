@@ -51,10 +51,11 @@ restart_mps() {
     nvidia-cuda-mps-control -d
 }
 # step NAME CMD...: runs CMD with its output in OUT_DIR/NAME.txt and shows its end; a failure is marked there, sets
-# status=1 and restarts MPS, and the script goes on with the next step.
+# status=1 and restarts MPS, and the script goes on with the next step. Each step's wall seconds end its file, so the
+# next plan can size its calls to the device time a session has.
 status=0
 step() {
-    local name=$1
+    local name=$1 began=$SECONDS
     shift
     echo "## $name: $*" | tee "$out/$name.txt"
     if ! "$@" >>"$out/$name.txt" 2>&1; then
@@ -62,5 +63,6 @@ step() {
         status=1
         restart_mps
     fi
+    echo "## $name took $((SECONDS - began)) s" >>"$out/$name.txt"
     tail -n 12 "$out/$name.txt"
 }
