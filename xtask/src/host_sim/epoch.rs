@@ -8,12 +8,12 @@ use std::path::Path;
 use std::process::Command;
 
 /// Threads a block: one (the host driver's blocks), fewer than the counters and more, neither a power of two.
-const BLOCKS: [usize; 3] = [1, 33, 96];
+const BLOCK_THREADS: [usize; 3] = [1, 33, 96];
 
 pub fn check(sim: &Path) -> Result<(), String> {
     let max = MAX_BLOCKS as u64;
     let grids = [1, 3, max, 2, 17, 1, 40, 5, max, 1];
-    for block in BLOCKS {
+    for block in BLOCK_THREADS {
         let mut cmd = Command::new(sim);
         cmd.arg(block.to_string()).args(grids.map(|g| g.to_string()));
         let printed = output(&mut cmd)?;
@@ -44,7 +44,7 @@ pub fn check(sim: &Path) -> Result<(), String> {
     }
     println!(
         "epoch: every thread of launch n gets epoch n and all {MAX_BLOCKS} counters hold n after it, over {} launches of \
-         1 to {MAX_BLOCKS} blocks of {BLOCKS:?} threads",
+         1 to {MAX_BLOCKS} blocks of {BLOCK_THREADS:?} threads",
         grids.len()
     );
     Ok(())
