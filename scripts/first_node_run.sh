@@ -32,14 +32,12 @@ step() {
     fi
 }
 {
-    echo "date: $(date -u +%FT%TZ)"
-    echo "backend: $BACKEND, ranks: $ranks, gpus: $gpus, mps: $mps_started"
+    echo "backend: $BACKEND"
     nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
     nvidia-smi topo -m 2>/dev/null || true
     rocm-smi --showproductname --showbus --showdriverversion 2>/dev/null || true
     rocm-smi --showtopo 2>/dev/null || true
-} >"$out/machine.txt" 2>&1
-cat "$out/machine.txt"
+} >>"$out/machine.txt" 2>&1
 # The device checks and one rank compiling every kernel library into the cache, so 8 cold compiles do not race
 # the set-up deadline.
 [ "$BACKEND" = cuda ] && step smoke "$here/gpu_smoke" --backend cuda

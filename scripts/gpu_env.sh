@@ -1,7 +1,7 @@
 # Sourced by the GPU-node scripts: the environment every run shares, and MPS when ranks share GPUs.
-#   source gpu_env.sh OUT_DIR   (sets ranks, gpus, mps_started and out=OUT_DIR; stops MPS on exit; defines
-#   machine, step and fits). PACK=1: on exit, everything in OUT_DIR becomes one OUT_DIR/results.tgz, for nodes that
-#   send back only a few files.
+#   source gpu_env.sh OUT_DIR   (sets ranks, gpus, mps_started and out=OUT_DIR; adds what runs where to
+#   OUT_DIR/machine.txt; stops MPS on exit; defines step and fits). PACK=1: on exit, everything in OUT_DIR becomes one
+#   OUT_DIR/results.tgz, for nodes that send back only a few files.
 # Never NVLink multicast: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Compiled kernels outside OUT_DIR (keyed by their source's hash, so builds share it safely), so the results that
@@ -36,12 +36,13 @@ if command -v nvidia-cuda-mps-control >/dev/null && [ "$gpus" -lt "$ranks" ] && 
     echo "# $ranks ranks on $gpus GPU(s): MPS started"
 fi
 out=$1
-# What runs where: date, device, driver, ranks and MPS (the scripts tee it into OUT_DIR).
-machine() {
+# What runs where (date, device, driver, ranks, MPS), added by every sourcing, so no script can leave it out.
+mkdir -p "$out"
+{
     echo "date: $(date -u +%FT%TZ)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     echo "ranks: $ranks, gpus: $gpus, mps: $mps_started"
-}
+} | tee -a "$out/machine.txt"
 # restart_mps: a fresh MPS server, where this script started one: a run that ended in a stuck wait (or was killed
 # with kernels in flight) left the server unable to make contexts for the next ("cuDevicePrimaryCtxRetain failed").
 restart_mps() {

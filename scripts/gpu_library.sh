@@ -13,7 +13,6 @@ out=${1:?usage: gpu_library.sh OUT_DIR}
 mkdir -p "$out"
 export ALLREDUCE_TUNE_DIR=$out/tune-cache
 source "$here/gpu_env.sh" "$out"
-machine | tee "$out/machine.txt"
 # Warm the kernel cache with one rank, so 8 cold compiles do not race the set-up deadline.
 step smoke "$here/gpu_smoke" --backend cuda
 step foreign "$here/cuda_foreign"

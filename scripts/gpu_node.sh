@@ -9,7 +9,6 @@ out=${1:?usage: gpu_node.sh OUT_DIR [comm-bench args...]}
 shift
 mkdir -p "$out"
 source "$here/gpu_env.sh" "$out"
-machine | tee "$out/machine.txt"
 "$here/gpu_smoke" --backend cuda 2>&1 | tee "$out/gpu_smoke.txt"
 # auto's table, measured here in graph mode (kernel and protocol cost, launches out of the way); TUNE=0 skips it
 # (e.g. for `--methods ablation`, which has no auto).

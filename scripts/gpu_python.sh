@@ -23,10 +23,8 @@ wheels=("$here"/allreduce_rs-*.whl)
 site=$(mktemp -d /tmp/allreduce-rs-site.XXXXXX)
 "$python" -m pip install --quiet --no-index --no-deps --target "$site" "${wheels[@]}"
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-{
-    machine
-    "$python" -c "import sys, torch, allreduce_rs; print('python', sys.version.split()[0], 'torch', torch.__version__, 'allreduce_rs', allreduce_rs.__version__)"
-} | tee "$out/machine.txt"
+"$python" -c "import sys, torch, allreduce_rs; print('python', sys.version.split()[0], 'torch', torch.__version__, 'allreduce_rs', allreduce_rs.__version__)" |
+    tee -a "$out/machine.txt"
 launch=("$python" -m allreduce_rs.launch -n "$ranks" --)
 bench=("$python" -m allreduce_rs.bench --backend cuda)
 # Warm the kernel cache with one rank, so 8 cold compiles do not race the set-up deadline.

@@ -21,7 +21,6 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export ALLREDUCE_TUNE_DIR=$out/tune-cache PYTHONUNBUFFERED=1
 source "$here/gpu_env.sh" "$out"
-machine | tee "$out/machine-$what.txt"
 bench=("$here/comm-bench" --backend cuda --num_ranks "$ranks")
 methods=car_1shot,car_2shot,symm_2shot,auto,symm_ll,symm_epoch_1shot,symm_zc_1shot,symm_zc_2shot_ll,symm_zc_2shot,symm_zc_2shot_push
 # Warm the kernel cache with one rank, so 8 cold compiles do not race the set-up deadline.

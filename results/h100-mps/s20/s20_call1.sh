@@ -15,7 +15,6 @@ for dt in bf16 fp32; do
 done
 grep -h "ERROR SUMMARY" $out/memcheck.txt
 source ./gpu_env.sh $out
-machine > $out/machine.txt
 step communicator_tests timeout 150 env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS=3 ./communicator_tests --test-threads 1 \
   every_algorithm_gives_the_same_bits_on_both_sides_of_every_handover graph_capture_registers_the_callers_buffers \
   registered_caller_buffers_are_read_in_place

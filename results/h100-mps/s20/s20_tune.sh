@@ -7,7 +7,6 @@ out=$OUT
 cd dist
 source ./gpu_env.sh $out
 export ALLREDUCE_TUNE_DIR=$out/cache
-machine > $out/machine.txt
 for w in $WORLDS; do
   step tune_w$w timeout 280 env RANKS=$w ./comm-bench --backend cuda --num_ranks $w --tune $out/tune_w$w.json \
     --tune_hidden 0 --tune_residency caller --num_iters 10 --num_warmup_iters 3 --repeats 3

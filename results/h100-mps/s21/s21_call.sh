@@ -7,7 +7,6 @@ set -u
 out=$OUT
 cd dist
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 m=car_1shot,car_2shot,auto,symm_epoch_1shot,symm_zc_1shot,symm_zc_2shot,symm_zc_2shot_pull
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   export ALLREDUCE_TUNE_DIR=$out/cache

@@ -8,7 +8,7 @@ if echo "$gpu" | grep -q H200 && [ "${MODE:-tune}" = tune ]; then
   OUT=$OUT PACK=1 H200_WORLDS="${WORLDS:-8}" bash results/h100-mps/s21/s21_call.sh 2>&1 | tail -60
 else
   (
-    cd target/ab && source ./gpu_env.sh $OUT && machine | tee $OUT/machine.txt
+    cd target/ab && source ./gpu_env.sh $OUT
     step rows_tests_C_cuda8 timeout ${ROWS_T:-150} env ARX_TEST_BACKEND=cuda ARX_TEST_RANKS=8 ./C/rows_tests --test-threads 1
   )
   mkdir -p $OUT/ab; OUT=$OUT/ab PAIRS="${PAIRS:-C:4096 C:8192}" BUDGET=200 T=150 bash target/ab/s22_ab.sh 2>&1 | tail -40

@@ -4,7 +4,7 @@
 # car_1shot and symm_epoch_1shot, the tables' choice, and fused_ll; the first run's output and every failed run's are
 # kept. Run from a folder that holds gpu_env.sh and a comm-bench (COMM_BENCH; in session 23 target/ab with N/, a
 # build of a843f90): e.g. `cd dist && OUT=out COMM_BENCH=./comm-bench bash ../results/h100-mps/s23/s23_soak.sh`.
-source ./gpu_env.sh $OUT >/dev/null && machine > $OUT/machine.txt
+source ./gpu_env.sh $OUT >/dev/null
 end=$((SECONDS + ${SECS:-270})); i=0; f=0
 while [ $SECONDS -lt $end ]; do
   i=$((i + 1))

@@ -6,7 +6,7 @@
 # 8 x 4096 bf16 at NRANKS (8) ranks, REPS times; then a plain comm-bench loop on symm_ll alone (no norm) for PLAIN_SECS.
 # Run from dist/: `cd dist && OUT=out BUILDS="./comm-bench ./R/comm-bench" bash ../results/h100-mps/s24/s24_soak.sh`
 # (R/ a build with results/h100-mps/s24/first-call/R.patch applied); a failed run restarts MPS (gpu_env.sh).
-source ./gpu_env.sh $OUT >/dev/null && machine > $OUT/machine.txt
+source ./gpu_env.sh $OUT >/dev/null
 methods=${METHODS:-unfused:symm_ll fused_ll unfused:car_1shot unfused:symm_epoch_1shot}
 for b in ${BUILDS:-./comm-bench}; do
   tag=$(basename $(dirname $b)); [ "$tag" = . ] && tag=main

@@ -7,7 +7,6 @@ set -u
 out=$OUT
 cd dist
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200 ALLREDUCE_TIMEOUT_S=5
 norm=(norm --backend cuda --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1 --skew_us 3000)
 step warm timeout 150 ./comm-bench "${norm[@]}" --num_ranks 8 --methods unfused:symm_ll,fused_ll

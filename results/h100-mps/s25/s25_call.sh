@@ -7,7 +7,6 @@ set -u
 out=$OUT
 cd dist
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 norm=(norm --backend cuda --num_ranks 8 --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1)
 # The first run of each build compiles its kernels (about 40 s at 8 ranks): give its set-up room.
 for b in ${BUILDS:-main:./comm-bench reverted:./reverted/comm-bench}; do

@@ -6,7 +6,6 @@ set -u
 out=$OUT
 cd dist
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 norm=(norm --backend cuda --num_ranks 8 --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1)
 step caps timeout 200 env ALLREDUCE_TIMEOUT_S=300 ARX_DIAG_CAP_DIV=1 ./diag/comm-bench "${norm[@]}" --methods unfused:symm_ll,fused_ll
 for rep in $(seq ${REPS:-2}); do

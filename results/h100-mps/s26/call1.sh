@@ -8,7 +8,6 @@ out=$OUT
 cd dist
 export ARX_KERNEL_CACHE=$out/kcache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200 ALLREDUCE_TIMEOUT_S=5
 norm=(norm --backend cuda --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1 --skew_us 3000)
 step warm timeout 120 ./comm-bench "${norm[@]}" --num_ranks 8 --methods unfused:symm_ll,fused_ll

@@ -13,7 +13,6 @@ out=$OUT
 cd dist
 export ARX_KERNEL_CACHE=$PWD/kcache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 stress=(norm --backend cuda --num_ranks 8 --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1 --skew_us 3000)
 step warm timeout 60 ./comm-bench "${stress[@]}" --methods unfused:symm_ll,fused_ll

@@ -12,7 +12,6 @@ out=$OUT
 cd dist
 export ARX_KERNEL_CACHE=$PWD/kcache ALLREDUCE_TUNE_DIR=$out/cache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 stress=(norm --backend cuda --num_ranks 8 --hidden 4096 --tokens 8 --repeats 1 --num_iters 3 --num_warmup_iters 1 --skew_us 3000 --methods unfused:symm_ll)
 old() { step $1 timeout 55 env ALLREDUCE_TIMEOUT_S=5 ARX_DIAG_NO_SPARE=1 ./diag/comm-bench "${stress[@]}" --bursts 1000; }

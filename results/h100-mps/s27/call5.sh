@@ -9,7 +9,6 @@ out=$OUT
 cd dist
 export ARX_KERNEL_CACHE=$PWD/kcache ALLREDUCE_TUNE_DIR=$PWD/tune-s27
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 m=car_1shot,car_2shot,auto,symm_epoch_1shot,symm_zc_1shot,symm_zc_2shot,symm_zc_2shot_pull
 for w in $SWEEP; do

@@ -11,7 +11,6 @@ out=$OUT
 cd dist
 export ALLREDUCE_TUNE_DIR=$out/cache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 tune=(--tune_hidden 0 --tune_residency $RES)
 [ "$RES" = norm ] && tune=(--tune_hidden 4096 --tune_norm_only)

@@ -8,7 +8,6 @@ out=$OUT
 cd dist
 export ALLREDUCE_TUNE_DIR=$out/cache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 fits ${TUNE_S:-300} && step tune_norm_w8 timeout ${TUNE_S:-300} env RANKS=8 ./comm-bench --backend cuda --num_ranks 8 \
   --tune $out/tune_norm_w8.json --tune_hidden 4096 --tune_norm_only --num_iters 10 --num_warmup_iters 3 --repeats 3 \

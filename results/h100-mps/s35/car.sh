@@ -8,7 +8,6 @@ w=${W:-4} r=${REPEATS:-3}
 export RANKS=$w ALLREDUCE_SETUP_TIMEOUT_S=200
 cd dist
 source ./gpu_env.sh $OUT
-machine | tee $out/machine.txt
 cd "$root"
 # Upstream car's graph last: its waits have no deadline, so a replay that hung would hold the node to the step's end.
 for mode in ${MODES:-eager graph}; do

@@ -10,7 +10,6 @@ out=$OUT
 cd dist
 export ALLREDUCE_TUNE_DIR=$out/cache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 cb=./diag/comm-bench
 stress() { # NAME RANKS TOKENS METHODS BURSTS [env...]

@@ -12,7 +12,6 @@ out=$OUT
 cd dist
 export ALLREDUCE_TUNE_DIR=$out/cache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 for w in 2 3; do
   fits 150 && step tune_caller_registered_w$w timeout 150 env RANKS=$w ./comm-bench --backend cuda --num_ranks $w \

@@ -11,7 +11,6 @@ out=$OUT
 cd dist
 export ALLREDUCE_TUNE_DIR=$out/cache
 source ./gpu_env.sh $out
-machine | tee $out/machine.txt
 export ALLREDUCE_SETUP_TIMEOUT_S=200
 # First a short tune (own cache, so the sweeps below follow the built-in tables): the first GPU run of the tune's
 # check that every candidate passing at a size gives the same bits (c2637a9).
