@@ -75,6 +75,19 @@ const NEAR_TIE: f64 = 0.05;
 /// How many more timings each of a near tie's two candidates gets, alternated; each keeps the median of its own.
 const RETIMES: usize = 2;
 
+/// Each of `n` candidates timed `rounds` times by `time(candidate)`, round by round (every candidate once, in turn,
+/// then the next round): a slow spell of the device (its clocks, another process's kernels under MPS) then falls on
+/// every candidate alike, not on whichever was being timed through it. Each candidate's timings, in order.
+fn in_rounds<E>(n: usize, rounds: usize, mut time: impl FnMut(usize) -> Result<f64, E>) -> Result<Vec<Vec<f64>>, E> {
+    let mut all = vec![Vec::with_capacity(rounds); n];
+    for _ in 0..rounds {
+        for (i, timings) in all.iter_mut().enumerate() {
+            timings.push(time(i)?);
+        }
+    }
+    Ok(all)
+}
+
 /// The positions in `ms` of the two fastest timed candidates, where the slower lies within [`NEAR_TIE`] of the faster.
 fn near_tie(ms: &[Option<f64>]) -> Option<[usize; 2]> {
     let mut timed: Vec<(usize, f64)> = ms.iter().enumerate().filter_map(|(i, t)| Some((i, (*t)?))).collect();
@@ -128,8 +141,9 @@ impl TuneRequest {
     }
 }
 
-/// One measurement of a tune: the slowest rank's median milliseconds per call, or None where the candidate failed
-/// its check (any rank, or bits that differ across ranks) and was not timed.
+/// One measurement of a tune: the slowest rank's milliseconds per call, the median of the rounds its size's candidates
+/// were timed in, or None where the candidate failed its check (any rank, or bits that differ across ranks) and was
+/// not timed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Measured {
     pub op: TableOp,
@@ -351,6 +365,7 @@ impl Communicator {
                     };
                     let mut bits = SameBits::default();
                     let first = out.len();
+                    let mut passed = Vec::new();
                     for choice in choices {
                         // A candidate that would run another's kernel on this call is that one, measured already.
                         if self.engine.runs_as(choice, &call) != choice {
@@ -384,28 +399,37 @@ impl Communicator {
                                 check::agree_verdict(&self.rdv, &got, dtype, &sum, tol, true, "tune")?.is_some()
                             }
                         };
-                        if !failed {
+                        let m = Measured { op, mode, residency, count, choice, ms: None, retimed: false };
+                        if failed {
+                            progress(&m);
+                        } else {
                             bits.check(choice, [check::fingerprint(&got), check::fingerprint(&r)], count)?;
+                            passed.push(out.len());
                         }
-                        // SAFETY: as above (the norm's residual takes each call's sum, as a model's does).
-                        let ms =
-                            if failed { None } else { Some(unsafe { self.time_choice(call, choice, &opts, timer)? }) };
-                        let m = Measured { op, mode, residency, count, choice, ms, retimed: false };
-                        progress(&m);
                         out.push(m);
+                    }
+                    // The checked candidates timed in rounds, one repeat each a round; every rank passed the same
+                    // ones (the verdicts are agreed), so every rank times alike.
+                    let one = TimingOptions { repeats: 1, ..opts };
+                    // SAFETY: as above (the norm's residual takes each call's sum, as a model's does).
+                    let rounds = in_rounds(passed.len(), opts.repeats as usize, |k| unsafe {
+                        self.time_choice(call, out[passed[k]].choice, &one, timer)
+                    })?;
+                    for (&i, timings) in passed.iter().zip(&rounds) {
+                        out[i].ms = Some(median(timings));
+                        progress(&out[i]);
                     }
                     // Every rank holds the same times (each the slowest rank's), so every rank re-times alike.
                     if let Some(pair) = near_tie(&out[first..].iter().map(|m| m.ms).collect::<Vec<_>>()) {
-                        let mut all = pair.map(|i| vec![out[first + i].ms.expect("near_tie picks timed ones")]);
-                        for _ in 0..RETIMES {
-                            for (k, &i) in pair.iter().enumerate() {
-                                // SAFETY: as above.
-                                all[k].push(unsafe { self.time_choice(call, out[first + i].choice, &opts, timer)? });
-                            }
-                        }
-                        for (k, &i) in pair.iter().enumerate() {
-                            let m = &mut out[first + i];
-                            (m.ms, m.retimed) = (Some(median(&all[k])), true);
+                        let pair = pair.map(|i| first + i);
+                        // SAFETY: as above.
+                        let more = in_rounds(2, RETIMES, |k| unsafe {
+                            self.time_choice(call, out[pair[k]].choice, &opts, timer)
+                        })?;
+                        for (&i, more) in pair.iter().zip(more) {
+                            let m = &mut out[i];
+                            let initial = m.ms.expect("near_tie picks timed ones");
+                            (m.ms, m.retimed) = (Some(median(&[&[initial][..], &more].concat())), true);
                             progress(m);
                         }
                     }
@@ -496,6 +520,32 @@ mod tests {
         assert_eq!(near_tie(&[Some(10.0), Some(10.51), Some(11.0)]), None);
         assert_eq!(near_tie(&[Some(10.0), None, None]), None);
         assert_eq!(near_tie(&[]), None);
+    }
+
+    #[test]
+    fn candidates_are_timed_in_rounds_so_a_slow_spell_falls_on_each_alike() {
+        // Three candidates that take 10, 11 and 12, on a device 5 slower through the first three timings: timed one
+        // after another, the first would take the whole spell (15) and lose to both.
+        let truth = [10.0, 11.0, 12.0];
+        let mut order = Vec::new();
+        let all = in_rounds(3, 3, |i| {
+            order.push(i);
+            Ok::<_, ()>(truth[i] + if order.len() <= 3 { 5.0 } else { 0.0 })
+        })
+        .unwrap();
+        assert_eq!(order, [0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        assert_eq!(all.iter().map(|t| median(t)).collect::<Vec<_>>(), truth);
+        // A failed timing ends the rounds there.
+        let mut calls = 0;
+        let e = in_rounds(2, 3, |i| {
+            calls += 1;
+            if i == 1 {
+                Err("lost")
+            } else {
+                Ok(1.0)
+            }
+        });
+        assert_eq!((e, calls), (Err("lost"), 2));
     }
 
     #[test]
