@@ -3,12 +3,16 @@
 use crate::{Across, Error, Path, PathTable};
 use allreduce::DType;
 use gpu::{DeviceBuffer, MemKind, Stream};
-use measure::timing::{median, Timer};
+use measure::timing::{in_rounds, median, Timer};
+
+/// The paths a tune times, in this order each round.
+const PATHS: [Path; 2] = [Path::Nccl, Path::Hierarchical];
 
 impl Across {
-    /// Times both allreduce paths at each of `counts` (rounded up to a multiple of a node's ranks) on `dtype`: per
-    /// repeat every rank starts together (a job-wide all-gather, waited for), times `iters` calls, and the slowest
-    /// rank's time per call counts (every rank all-gathers every rank's); the median of `repeats` per size and path.
+    /// Times both allreduce paths at each of `counts` (rounded up to a multiple of a node's ranks) on `dtype`, in
+    /// `repeats` rounds of one timing of each path ([`in_rounds`]): per timing every rank starts together (a job-wide
+    /// all-gather, waited for), times `iters` calls, and the slowest rank's time per call counts (every rank
+    /// all-gathers every rank's); the median of the rounds per size and path.
     /// The fastest path per size becomes the table every later call without a path follows, stored by rank 0 in
     /// the tune cache for later jobs of this shape. Collective: every rank calls it with the same arguments.
     pub fn tune(&mut self, dtype: DType, counts: &[usize], iters: u64, repeats: u64) -> Result<PathTable, Error> {
@@ -29,24 +33,25 @@ impl Across {
         let (mine, everyone) = (gpu.alloc(4, MemKind::Device)?, gpu.alloc(4 * world, MemKind::Device)?);
         let mut times = Vec::new();
         for &count in &counts {
-            for path in [Path::Nccl, Path::Hierarchical] {
-                let run = |s: &Stream, n: u64| -> Result<(), Error> {
-                    for _ in 0..n {
-                        // SAFETY: our own buffer of `largest` bytes on this device, in place; every rank makes the
-                        // same calls on the timer's stream.
-                        unsafe { self.all_reduce(data.ptr(), data.ptr(), count, dtype, s.handle(), Some(path))? };
-                    }
-                    Ok(())
-                };
-                run(&timer.stream, 2)?;
-                let mut slowest = Vec::new();
-                for _ in 0..repeats {
-                    self.gather_f32(0.0, &mine, &everyone, &timer.stream)?;
-                    let ms = timer.elapsed_ms(|s| run(s, iters))? / iters as f64;
-                    let all = self.gather_f32(ms as f32, &mine, &everyone, &timer.stream)?;
-                    slowest.push(all.into_iter().fold(0.0, f64::max));
+            let run = |s: &Stream, path: Path, n: u64| -> Result<(), Error> {
+                for _ in 0..n {
+                    // SAFETY: our own buffer of `largest` bytes on this device, in place; every rank makes the
+                    // same calls on the timer's stream.
+                    unsafe { self.all_reduce(data.ptr(), data.ptr(), count, dtype, s.handle(), Some(path))? };
                 }
-                times.push((count * dtype.size(), path, median(&slowest)));
+                Ok(())
+            };
+            for path in PATHS {
+                run(&timer.stream, path, 2)?;
+            }
+            let rounds = in_rounds(PATHS.len(), repeats as usize, |k| {
+                self.gather_f32(0.0, &mine, &everyone, &timer.stream)?;
+                let ms = timer.elapsed_ms(|s| run(s, PATHS[k], iters))? / iters as f64;
+                let all = self.gather_f32(ms as f32, &mine, &everyone, &timer.stream)?;
+                Ok::<_, Error>(all.into_iter().fold(0.0, f64::max))
+            })?;
+            for (path, slowest) in PATHS.into_iter().zip(&rounds) {
+                times.push((count * dtype.size(), path, median(slowest)));
             }
         }
         let key = self.path_key.clone();

@@ -117,6 +117,23 @@ pub fn out_of_time(rdv: &Rendezvous, budget: Option<Duration>, started: Instant)
     Ok(rdv.broadcast("time budget", 0, &[u8::from(started.elapsed() > budget)])? == [1])
 }
 
+/// Each of `n` candidates timed `rounds` times by `time(candidate)`, round by round (every candidate once, in turn,
+/// then the next round): a slow spell of the device (its clocks, another process's kernels under MPS) then falls on
+/// every candidate alike, not on whichever was being timed through it. Each candidate's timings, in order.
+pub fn in_rounds<E>(
+    n: usize,
+    rounds: usize,
+    mut time: impl FnMut(usize) -> Result<f64, E>,
+) -> Result<Vec<Vec<f64>>, E> {
+    let mut all = vec![Vec::with_capacity(rounds); n];
+    for _ in 0..rounds {
+        for (i, timings) in all.iter_mut().enumerate() {
+            timings.push(time(i)?);
+        }
+    }
+    Ok(all)
+}
+
 /// Median of `v` (the mean of the two middle values for an even count; NaN when empty).
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
@@ -130,12 +147,38 @@ pub fn median(v: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{in_rounds, median};
 
     #[test]
     fn medians() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn candidates_are_timed_in_rounds_so_a_slow_spell_falls_on_each_alike() {
+        // Three candidates that take 10, 11 and 12, on a device 5 slower through the first three timings: timed one
+        // after another, the first would take the whole spell (15) and lose to both.
+        let truth = [10.0, 11.0, 12.0];
+        let mut order = Vec::new();
+        let all = in_rounds(3, 3, |i| {
+            order.push(i);
+            Ok::<_, ()>(truth[i] + if order.len() <= 3 { 5.0 } else { 0.0 })
+        })
+        .unwrap();
+        assert_eq!(order, [0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        assert_eq!(all.iter().map(|t| median(t)).collect::<Vec<_>>(), truth);
+        // A failed timing ends the rounds there.
+        let mut calls = 0;
+        let e = in_rounds(2, 3, |i| {
+            calls += 1;
+            if i == 1 {
+                Err("lost")
+            } else {
+                Ok(1.0)
+            }
+        });
+        assert_eq!((e, calls), (Err("lost"), 2));
     }
 }

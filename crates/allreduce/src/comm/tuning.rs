@@ -8,7 +8,7 @@ use crate::Error;
 use collective_core::{AddRmsNorm, Call, DType, Op};
 use gpu::{DeviceBuffer, MemKind};
 use measure::check::{self, NormCase};
-use measure::timing::{median, out_of_time, Timer, TimingOptions};
+use measure::timing::{in_rounds, median, out_of_time, Timer, TimingOptions};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -74,19 +74,6 @@ const NEAR_TIE: f64 = 0.05;
 
 /// How many more timings each of a near tie's two candidates gets, alternated; each keeps the median of its own.
 const RETIMES: usize = 2;
-
-/// Each of `n` candidates timed `rounds` times by `time(candidate)`, round by round (every candidate once, in turn,
-/// then the next round): a slow spell of the device (its clocks, another process's kernels under MPS) then falls on
-/// every candidate alike, not on whichever was being timed through it. Each candidate's timings, in order.
-fn in_rounds<E>(n: usize, rounds: usize, mut time: impl FnMut(usize) -> Result<f64, E>) -> Result<Vec<Vec<f64>>, E> {
-    let mut all = vec![Vec::with_capacity(rounds); n];
-    for _ in 0..rounds {
-        for (i, timings) in all.iter_mut().enumerate() {
-            timings.push(time(i)?);
-        }
-    }
-    Ok(all)
-}
 
 /// The positions in `ms` of the two fastest timed candidates, where the slower lies within [`NEAR_TIE`] of the faster.
 fn near_tie(ms: &[Option<f64>]) -> Option<[usize; 2]> {
@@ -520,32 +507,6 @@ mod tests {
         assert_eq!(near_tie(&[Some(10.0), Some(10.51), Some(11.0)]), None);
         assert_eq!(near_tie(&[Some(10.0), None, None]), None);
         assert_eq!(near_tie(&[]), None);
-    }
-
-    #[test]
-    fn candidates_are_timed_in_rounds_so_a_slow_spell_falls_on_each_alike() {
-        // Three candidates that take 10, 11 and 12, on a device 5 slower through the first three timings: timed one
-        // after another, the first would take the whole spell (15) and lose to both.
-        let truth = [10.0, 11.0, 12.0];
-        let mut order = Vec::new();
-        let all = in_rounds(3, 3, |i| {
-            order.push(i);
-            Ok::<_, ()>(truth[i] + if order.len() <= 3 { 5.0 } else { 0.0 })
-        })
-        .unwrap();
-        assert_eq!(order, [0, 1, 2, 0, 1, 2, 0, 1, 2]);
-        assert_eq!(all.iter().map(|t| median(t)).collect::<Vec<_>>(), truth);
-        // A failed timing ends the rounds there.
-        let mut calls = 0;
-        let e = in_rounds(2, 3, |i| {
-            calls += 1;
-            if i == 1 {
-                Err("lost")
-            } else {
-                Ok(1.0)
-            }
-        });
-        assert_eq!((e, calls), (Err("lost"), 2));
     }
 
     #[test]
