@@ -413,10 +413,10 @@ impl Communicator {
                         let more = in_rounds(2, RETIMES, |k| unsafe {
                             self.time_choice(call, out[pair[k]].choice, &opts, timer)
                         })?;
-                        for (&i, more) in pair.iter().zip(more) {
+                        for (&i, mut timings) in pair.iter().zip(more) {
                             let m = &mut out[i];
-                            let initial = m.ms.expect("near_tie picks timed ones");
-                            (m.ms, m.retimed) = (Some(median(&[&[initial][..], &more].concat())), true);
+                            timings.push(m.ms.expect("near_tie picks timed ones"));
+                            (m.ms, m.retimed) = (Some(median(&timings)), true);
                             progress(m);
                         }
                     }
