@@ -3,7 +3,7 @@
 //! one hidden size. Every method is checked first, like every op of the sweep: fresh inputs, a poisoned output, r
 //! and y against the float64 reference, the same bits on every rank and from every method; then consecutive calls
 //! on changing inputs and residuals, each call's r folded into the device-side checksum (eagerly or replayed, as
-//! timed); then timed on the one timing path (`measure::timing`).
+//! timed); then timed on the one timing path (`measure::timing`), in rounds.
 
 use crate::checksum::Checksum;
 use crate::run::{run_checked, VARIANTS};
@@ -17,7 +17,7 @@ use measure::check::{
     add_rms_norm_tolerance, agree_verdict, checksum, fingerprint, input_values, variant_input, variant_sum,
     variant_value, NormCase,
 };
-use measure::timing::{median, out_of_time, Timer, TimingOptions};
+use measure::timing::{in_rounds, median, out_of_time, Timer, TimingOptions};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug, Clone)]
@@ -341,11 +341,12 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize, started: Instant
                 )));
             }
         }
-        let mut times = Vec::new();
-        for &wy in &ways {
-            let t = timer.time_calls(&timing, rdv, |s| issue(wy, s).map(|_| ()))?;
-            times.push(median(&t.repeats_ms) * 1e3);
-        }
+        // In rounds, each way one repeat a round, so that a slow spell of the device falls on fused and unfused alike.
+        let once = TimingOptions { repeats: 1, ..timing };
+        let rounds = in_rounds(ways.len(), timing.repeats.max(1) as usize, |k| {
+            Ok::<_, BenchError>(timer.time_calls(&once, rdv, |s| issue(ways[k], s).map(|_| ()))?.median_ms())
+        })?;
+        let times: Vec<f64> = rounds.iter().map(|r| median(r) * 1e3).collect();
         let unfused = ways.iter().position(|&w| w == Way::Unfused(None)).map(|k| times[k]);
         if rank == 0 {
             for ((name, us), algo) in args.methods.iter().zip(&times).zip(&ran) {

@@ -1,7 +1,7 @@
 //! One rank's part of the sweep: a communicator (driver, rendezvous, placement, tune tables), agreement on the
-//! configuration, the methods built from the registry (`auto`: the communicator's own public calls), then per size
-//! and method: check, time (ranks aligned by a barrier before the start event, max over
-//! ranks, median of repeats), check again after the timed calls, and report.
+//! configuration, the methods built from the registry (`auto`: the communicator's own public calls), then per size:
+//! every method checked, then timed in rounds (ranks aligned by a barrier before the start event, max over ranks,
+//! median of repeats, one repeat of each method a round), each checked again after its last round, and reported.
 
 use crate::checksum::Checksum;
 use crate::config::SweepConfig;
@@ -9,11 +9,11 @@ use crate::report::{Outcome, Row, RunNotes, Status, Unavailable};
 use crate::BenchError;
 use allreduce::{Communicator, DType, Op, Options, Residency};
 use collective_core::{Call, Collective};
-use gpu::{DeviceBuffer, DriverKind, MemKind, Stream};
+use gpu::{DeviceBuffer, DevicePtr, DriverKind, MemKind, Stream};
 use ipc::Rendezvous;
 use launch::RankInfo;
 use measure::check::{agree_seed, agree_verdict, checksum, input_values, variant_input, Expected, POISON};
-use measure::timing::{out_of_time, Timer};
+use measure::timing::{in_rounds, out_of_time, Timer, Timing, TimingOptions};
 use std::time::{Duration, Instant};
 
 /// Runs this rank's part; rank 0 returns the results.
@@ -188,15 +188,11 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
             not_run = sizes[i..].to_vec();
             break;
         }
-        let mut checks = SizeChecks::new(cfg, comm.rendezvous(), count)?;
-        for (name, method) in built.iter_mut() {
-            let here = measure_ways(cfg, comm.rendezvous(), &bufs, &mut checks, name, method.as_mut())?;
-            if rank == 0 {
-                progress.suspend(|| here.iter().for_each(Row::print));
-            }
-            rows.extend(here);
-            progress.inc(format!("{name} {count}"));
+        let here = measure_size(cfg, comm.rendezvous(), &bufs, count, &mut built, &progress)?;
+        if rank == 0 {
+            progress.suspend(|| here.iter().for_each(Row::print));
         }
+        rows.extend(here);
         if bound {
             let buffers = (&bufs.input, &bufs.variants[0]);
             copy_floor.push(crate::ceilings::copy_floor(cfg, comm, &bufs.timer, buffers, count)?);
@@ -214,37 +210,92 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
     Ok((rank == 0).then(|| Outcome::new(gpu.info(), world, cfg, notes, rows)))
 }
 
-/// A method with registered buffers is timed on them (a caller that allocated its tensors there: the `+reg` row)
-/// and on the benchmark's own buffers (what a caller with ordinary tensors gets: the plain row).
-fn measure_ways(
+/// Every method at one size, each with registered buffers on them (a caller that allocated its tensors there: the
+/// `+reg` row) and on the benchmark's own buffers (what a caller with ordinary tensors gets: the plain row): all
+/// checked first, then those that passed timed in rounds (each one repeat a round, in turn), so that a slow spell of
+/// the device falls on every method alike and `auto`'s ratio to the fastest compares like with like; each checked
+/// again after its last round. The rows in method order.
+fn measure_size(
     cfg: &SweepConfig,
     rdv: &Rendezvous,
     b: &Buffers,
-    checks: &mut SizeChecks,
-    name: &str,
-    m: &mut dyn Collective,
+    count: usize,
+    built: &mut [(String, Box<dyn Collective + '_>)],
+    progress: &crate::progress::Progress,
 ) -> Result<Vec<Row>, BenchError> {
-    let ways: &[bool] = if m.registered_input().is_some() { &[true, false] } else { &[false] };
-    let mut rows = Vec::new();
-    for &registered in ways {
-        let label = if registered { format!("{name}+reg") } else { name.to_string() };
-        rows.push(measure(cfg, rdv, b, checks, &label, m, registered)?);
+    let mut checks = SizeChecks::new(cfg, rdv, count)?;
+    let mut ways = Vec::new();
+    for (i, (name, m)) in built.iter_mut().enumerate() {
+        let registered: &[bool] = if m.registered_input().is_some() { &[true, false] } else { &[false] };
+        for &registered in registered {
+            let label = if registered { format!("{name}+reg") } else { name.to_string() };
+            ways.push(check(cfg, rdv, b, &mut checks, i, label, m.as_mut(), registered)?);
+        }
     }
-    Ok(rows)
+    let ready: Vec<usize> = (0..ways.len()).filter(|&k| matches!(ways[k], Way::Timing(_))).collect();
+    let rounds = cfg.timing.repeats.max(1) as usize;
+    in_rounds(ready.len(), rounds, |k| {
+        let Way::Timing(checked) = &mut ways[ready[k]] else { unreachable!("timed until its last round") };
+        let m = built[checked.method].1.as_mut();
+        if let Some(row) = time_round(cfg, rdv, b, &mut checks, checked, m, rounds)? {
+            progress.inc(format!("{} {count}", row.method));
+            ways[ready[k]] = Way::Done(row);
+        }
+        Ok::<_, BenchError>(())
+    })?;
+    let row = |w| match w {
+        Way::Done(row) => row,
+        Way::Timing(_) => unreachable!("every round ran"),
+    };
+    Ok(ways.into_iter().map(row).collect())
 }
 
-fn measure(
+/// A method on one kind of buffer at one size: checked and between its rounds of timing, or done (skipped, failed, or
+/// timed and checked again).
+enum Way {
+    Timing(Checked),
+    Done(Row),
+}
+
+/// A method on one kind of buffer whose checks before timing passed.
+struct Checked {
+    /// Its index among the built methods.
+    method: usize,
+    /// Its row's name: the method's, with `+reg` on its registered buffers.
+    label: String,
+    registered: bool,
+    input: DevicePtr,
+    output: DevicePtr,
+    /// One checked call per input variant, as a program that prepares its calls.
+    calls: Vec<Call>,
+    /// The variant a registered input holds through the timed calls: the last checked call's.
+    kept: usize,
+    /// Calls issued so far, which picks the next one's variant.
+    issued: u64,
+    timings: Vec<Timing>,
+}
+
+/// The variant of call number `c`.
+fn variant(c: u64) -> usize {
+    (c % VARIANTS as u64) as usize
+}
+
+/// Checks `m` on `registered` buffers or the benchmark's own: one call on fresh inputs against the float64 reference,
+/// then a burst of consecutive checked calls. What is left to time, or the row of a method skipped or failed.
+#[allow(clippy::too_many_arguments)]
+fn check(
     cfg: &SweepConfig,
     rdv: &Rendezvous,
     b: &Buffers,
     checks: &mut SizeChecks,
-    name: &str,
+    method: usize,
+    label: String,
     m: &mut dyn Collective,
     registered: bool,
-) -> Result<Row, BenchError> {
+) -> Result<Way, BenchError> {
     let (op, dtype, world, count) = (cfg.op, cfg.dtype, rdv.world(), checks.count);
     // The name asked for (a launch shape included), not only the method's own.
-    let row = |status| Row::new(name, cfg, count, world, status);
+    let row = |status| Way::Done(Row::new(&label, cfg, count, world, status));
     if op == Op::ReduceScatter && !count.is_multiple_of(world) {
         return Ok(row(Status::Skipped(format!("{count} elements do not split into {world} equal shards"))));
     }
@@ -263,10 +314,10 @@ fn measure(
     // SAFETY: the benchmark's own buffers (or the method's registered ones), sized for the sweep's largest call.
     unsafe { m.run(&call(input)?, stream)? };
     let rank = rdv.rank();
-    let verify = |m: &dyn Collective, want: &Expected, when| {
-        verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), dtype, want, when)
-    };
-    if let Some(failure) = verify(m, checks.seeded(m.rounds_every_add()), "before timing")? {
+    let want = checks.seeded(m.rounds_every_add());
+    let verdict =
+        verify_output(rdv, stream, pick(m.registered_output(), &b.output, registered), dtype, want, "before timing");
+    if let Some(failure) = verdict? {
         return Ok(row(Status::Failed(failure)));
     }
 
@@ -276,31 +327,24 @@ fn measure(
     for (k, v) in b.variants.iter().enumerate() {
         stream.upload(v, 0, &variant_input(rank, count, k as u64, dtype))?;
     }
-    let (bytes, out_count) = (count * dtype.size(), op.output_count(count, world));
-    let variant = |c: u64| (c % VARIANTS as u64) as usize;
-    // A registered input is one buffer: each checked call copies its variant in first (after the previous call's
-    // kernel ended, which every design's protocol makes safe).
-    // Checked once per variant, as a program that prepares its calls.
-    let checked: Vec<Call> =
-        b.variants.iter().map(|v| call(if registered { input } else { v.ptr() })).collect::<Result<_, _>>()?;
-    let issue = |m: &mut dyn Collective, s: &Stream, c: u64, copy_in: bool, fold: bool| -> Result<(), BenchError> {
-        let src = b.variants[variant(c)].ptr();
-        // SAFETY: the benchmark's own buffers or the method's registered ones, sized for the sweep's largest call.
-        unsafe {
-            if registered && copy_in {
-                s.copy(input, src, bytes)?;
-            }
-            m.run(&checked[variant(c)], s)?;
-            if fold {
-                b.checksum.fold_at(s, output, out_count, dtype)?;
-            }
-        }
-        Ok(())
-    };
     let calls = cfg.timing.warmup.max(2 * VARIANTS as u64);
+    let way = Checked {
+        method,
+        label,
+        registered,
+        input,
+        output,
+        // A registered input is one buffer: each checked call copies its variant in first (after the previous call's
+        // kernel ended, which every design's protocol makes safe).
+        calls: b.variants.iter().map(|v| call(if registered { input } else { v.ptr() })).collect::<Result<_, _>>()?,
+        kept: variant(calls - 1),
+        issued: calls,
+        timings: Vec::new(),
+    };
     b.checksum.reset(stream)?;
     let replays = run_checked(stream, cfg.timing.graph, rank, cfg.skew_us, &format!("{count} elements"), |s| {
-        (0..calls).try_for_each(|c| issue(m, s, c, true, true))
+        // SAFETY: the benchmark's own buffers or the method's registered ones, sized for the sweep's largest call.
+        (0..calls).try_for_each(|c| unsafe { issue(cfg, b, &way, m, s, c, true, true) })
     })?;
     let per_variant: Vec<u64> = (0..VARIANTS).map(|k| checks.variant_sum(k)).collect();
     let want_total = (0..calls).map(|c| per_variant[variant(c)]).fold(0u64, u64::wrapping_add).wrapping_mul(replays);
@@ -311,34 +355,101 @@ fn measure(
         Some((_, what)) => what,
         None => String::new(),
     };
+    let failed = |way: &Checked, what| Way::Done(Row::new(&way.label, cfg, count, world, Status::Failed(what)));
     let failures = rdv.all_gather("checked calls' waits", failure.as_bytes())?;
     if let Some((r, f)) = failures.iter().enumerate().find(|(_, f)| !f.is_empty()) {
         let n = calls * replays;
         let f = String::from_utf8_lossy(f);
-        return Ok(row(Status::Failed(format!("{n} consecutive checked calls: rank {r}'s wait ended: {f}"))));
+        return Ok(failed(&way, format!("{n} consecutive checked calls: rank {r}'s wait ended: {f}")));
     }
     let sums = rdv.all_gather("checked calls", &[u8::from(got_total == want_total)])?;
     if let Some(r) = sums.iter().position(|v| v[..] != [1]) {
         let n = calls * replays;
-        return Ok(row(Status::Failed(format!(
-            "{n} consecutive checked calls: rank {r}'s device-side checksum of its outputs is wrong (a stale or \
-             torn read of a peer's data)"
-        ))));
+        return Ok(failed(
+            &way,
+            format!(
+                "{n} consecutive checked calls: rank {r}'s device-side checksum of its outputs is wrong (a stale or \
+                 torn read of a peer's data)"
+            ),
+        ));
     }
+    Ok(Way::Timing(way))
+}
 
-    // Timed calls rotate among the variants too (a registered input keeps the last checked call's).
-    let mut c = calls;
-    let t = b.timer.time_calls(&cfg.timing, rdv, |s| {
-        c += 1;
-        issue(m, s, c, false, false)
-    })?;
-    let last = if registered { variant(calls - 1) } else { variant(c) };
-    if let Some(failure) = verify(m, checks.variant(last), "after the timed calls")? {
-        return Ok(row(Status::Failed(failure)));
+/// Issues call number `c` of `way` on `s`, its variant copied into a registered input first where `copy_in`, its
+/// output folded into the checksum where `fold`.
+///
+/// # Safety
+/// `way`'s buffers are the benchmark's own or `m`'s registered ones, sized for the sweep's largest call, and `s` is
+/// the benchmark's stream.
+#[allow(clippy::too_many_arguments)]
+unsafe fn issue(
+    cfg: &SweepConfig,
+    b: &Buffers,
+    way: &Checked,
+    m: &mut dyn Collective,
+    s: &Stream,
+    c: u64,
+    copy_in: bool,
+    fold: bool,
+) -> Result<(), BenchError> {
+    let count = way.calls[0].count();
+    // SAFETY: the caller's contract.
+    unsafe {
+        if way.registered && copy_in {
+            s.copy(way.input, b.variants[variant(c)].ptr(), count * cfg.dtype.size())?;
+        }
+        m.run(&way.calls[variant(c)], s)?;
+        if fold {
+            b.checksum.fold_at(s, way.output, cfg.op.output_count(count, way.calls[0].world()), cfg.dtype)?;
+        }
     }
-    let mut passed = row(Status::Passed).timed(t, cfg.report);
-    passed.ran = m.last_design();
-    Ok(passed)
+    Ok(())
+}
+
+/// One round of `way`'s timing: one repeat of the timed calls, rotating among the variants (a registered input holds
+/// the last checked call's, put back first, since the methods timed since may have written it). After its last
+/// round, its output is checked again: its row, timed or failed.
+fn time_round(
+    cfg: &SweepConfig,
+    rdv: &Rendezvous,
+    b: &Buffers,
+    checks: &mut SizeChecks,
+    way: &mut Checked,
+    m: &mut dyn Collective,
+    rounds: usize,
+) -> Result<Option<Row>, BenchError> {
+    let stream = &b.timer.stream;
+    if way.registered {
+        let bytes = checks.count * cfg.dtype.size();
+        // SAFETY: the registered input and a variant, both of at least the sweep's largest call.
+        unsafe { stream.copy(way.input, b.variants[way.kept].ptr(), bytes)? };
+    }
+    let once = TimingOptions { repeats: 1, ..cfg.timing };
+    let mut c = way.issued;
+    let t = b.timer.time_calls(&once, rdv, |s| {
+        c += 1;
+        // SAFETY: as the checked calls.
+        unsafe { issue(cfg, b, way, m, s, c, false, false) }
+    })?;
+    way.issued = c;
+    way.timings.push(t);
+    if way.timings.len() < rounds {
+        return Ok(None);
+    }
+    let last = if way.registered { way.kept } else { variant(way.issued) };
+    let output = pick(m.registered_output(), &b.output, way.registered);
+    let verdict = verify_output(rdv, stream, output, cfg.dtype, checks.variant(last), "after the timed calls")?;
+    let row = |status| Row::new(&way.label, cfg, checks.count, rdv.world(), status);
+    Ok(Some(match verdict {
+        Some(failure) => row(Status::Failed(failure)),
+        None => {
+            let timing = Timing::joined(std::mem::take(&mut way.timings)).expect("one timing a round");
+            let mut passed = row(Status::Passed).timed(timing, cfg.report);
+            passed.ran = m.last_design();
+            passed
+        }
+    }))
 }
 
 /// Past this, a rank's enqueueing of its consecutive checked calls is reported, while it lasts: far longer than

@@ -258,6 +258,31 @@ fn a_sweep_with_auto_measures_the_copy_floor_of_its_caller_bound_and_the_design_
     assert!(!text(&o).contains("against its bound"), "{}", text(&o));
 }
 
+/// A size's methods are timed in rounds (each one repeat a round, in turn), each checked again after its last round:
+/// designs whose caller-buffer calls copy into the registered input that their `+reg` calls read (the zero-copy
+/// ones, and `auto` on them) still pass, each with one timing a round, since every round puts that input back.
+#[test]
+fn methods_timed_in_rounds_pass_the_check_after_their_last_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap();
+    let methods = ["auto", "symm_zc_1shot", "symm_zc_2shot", "symm_zc_2shot_pull", "car_1shot"];
+    let joined = methods.join(",");
+    let mut args = vec!["--num_ranks", "3", "--counts", "4099,65536", "--num_iters", "2", "--num_warmup_iters", "1"];
+    args.extend(["--repeats", "3", "--export_csv", "--output_dir", out_dir, "--methods", &joined]);
+    let o = comm_bench(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("comm_ops_benchmark.json")).unwrap()).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let with_reg: Vec<String> = methods.iter().flat_map(|m| [m.to_string(), format!("{m}+reg")]).collect();
+    let names: Vec<&str> = with_reg.iter().map(String::as_str).filter(|m| *m != "car_1shot+reg").collect();
+    assert_passed(rows, &names, &[4099, 65536]);
+    assert_eq!(rows.len(), 2 * names.len(), "{rows:?}");
+    for r in rows {
+        assert_eq!(r["repeats_ms"].as_array().unwrap().len(), 3, "{r}");
+    }
+}
+
 #[test]
 fn world_above_eight_is_refused_up_front_with_a_reason() {
     for world in ["9", "16"] {

@@ -37,6 +37,19 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// The timings of one thing taken one repeat at a time (in rounds among others) as one: every repeat in order,
+    /// rank 0's own figure the first part's. `None` for no parts.
+    pub fn joined(parts: Vec<Timing>) -> Option<Timing> {
+        let mut parts = parts.into_iter();
+        let mut all = parts.next()?;
+        for part in parts {
+            all.repeats_ms.extend(part.repeats_ms);
+            all.issue_ms.extend(part.issue_ms);
+            all.ranks_ms.extend(part.ranks_ms);
+        }
+        Some(all)
+    }
+
     pub fn median_ms(&self) -> f64 {
         median(&self.repeats_ms)
     }
@@ -120,12 +133,8 @@ pub fn out_of_time(rdv: &Rendezvous, budget: Option<Duration>, started: Instant)
 /// Each of `n` candidates timed `rounds` times by `time(candidate)`, round by round (every candidate once, in turn,
 /// then the next round): a slow spell of the device (its clocks, another process's kernels under MPS) then falls on
 /// every candidate alike, not on whichever was being timed through it. Each candidate's timings, in order.
-pub fn in_rounds<E>(
-    n: usize,
-    rounds: usize,
-    mut time: impl FnMut(usize) -> Result<f64, E>,
-) -> Result<Vec<Vec<f64>>, E> {
-    let mut all = vec![Vec::with_capacity(rounds); n];
+pub fn in_rounds<T, E>(n: usize, rounds: usize, mut time: impl FnMut(usize) -> Result<T, E>) -> Result<Vec<Vec<T>>, E> {
+    let mut all: Vec<Vec<T>> = (0..n).map(|_| Vec::with_capacity(rounds)).collect();
     for _ in 0..rounds {
         for (i, timings) in all.iter_mut().enumerate() {
             timings.push(time(i)?);
@@ -147,13 +156,30 @@ pub fn median(v: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{in_rounds, median};
+    use super::{in_rounds, median, Timing};
 
     #[test]
     fn medians() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn timings_taken_in_rounds_join_in_order_with_the_first_rank_0_figure() {
+        let part = |ms: f64| Timing {
+            repeats_ms: vec![ms],
+            rank0_ms: ms - 0.5,
+            issue_ms: vec![ms / 10.0],
+            ranks_ms: vec![vec![ms - 0.5, ms]],
+        };
+        let all = Timing::joined(vec![part(3.0), part(1.0), part(2.0)]).unwrap();
+        assert_eq!(all.repeats_ms, [3.0, 1.0, 2.0]);
+        assert_eq!(all.rank0_ms, 2.5);
+        assert_eq!(all.issue_ms, [0.3, 0.1, 0.2]);
+        assert_eq!(all.ranks_ms, [[2.5, 3.0], [0.5, 1.0], [1.5, 2.0]]);
+        assert_eq!(all.median_ms(), 2.0);
+        assert!(Timing::joined(Vec::new()).is_none());
     }
 
     #[test]
