@@ -64,11 +64,11 @@ pub fn built_in(driver: DriverKind) -> (Vec<TuneTable>, &'static str) {
     let what = match driver {
         DriverKind::Cuda => {
             "cuda: measured under MPS (a proxy for NVLink). On one H100 under the spare-multiprocessor cap, on the \
-             current kernels: caller, registered and caller-registered buffers with 2, 3, 4, 6 and 8 ranks \
-             (results/h100-mps/s39); on earlier kernels caller and caller-registered with 5 and 7 ranks \
-             (results/h100-mps/s33, s34) and the calls with the residual add and RMSNorm with 8 (s34). On one \
-             H200 with 2, 3, 4, 6 and 8 ranks, all on earlier kernels: caller buffers with 3, 4, 6 and 8 ranks and \
-             registered with 8 under the cap, the rest and the norm calls (8 ranks only) before it"
+             current kernels, each size's candidates timed in rounds: caller, registered and caller-registered \
+             buffers with 2 to 8 ranks (results/h100-mps/s40); on earlier kernels the calls with the residual add \
+             and RMSNorm with 8 ranks (results/h100-mps/s34). On one H200 with 2, 3, 4, 6 and 8 ranks, all on \
+             earlier kernels: caller buffers with 3, 4, 6 and 8 ranks and registered with 8 under the cap, the \
+             rest and the norm calls (8 ranks only) before it"
         }
         DriverKind::Hip => "hip: car_1shot / car_2shot from the user's 8x MI300X comm_bench.py table",
         DriverKind::Host => "host: measured with 2 and 3 ranks on 2 shared cores (results/host-tune)",
