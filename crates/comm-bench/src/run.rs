@@ -182,7 +182,8 @@ fn sweep(cfg: &SweepConfig, comm: &Communicator, started: Instant) -> Result<Opt
     let bound =
         built.iter().any(|(name, _)| methods::lookup(name).is_some_and(|m| m.kind == methods::Kind::Communicator));
     let mut copy_floor = Vec::new();
-    let progress = crate::progress::Progress::new(sizes.len() * built.len(), rank == 0);
+    let rows_a_size = built.iter().map(|(_, m)| buffer_kinds(m.as_ref()).len()).sum::<usize>();
+    let progress = crate::progress::Progress::new(sizes.len() * rows_a_size, rank == 0);
     for (i, &count) in sizes.iter().enumerate() {
         if i > 0 && out_of_time(comm.rendezvous(), cfg.max_duration, started)? {
             not_run = sizes[i..].to_vec();
@@ -226,10 +227,13 @@ fn measure_size(
     let mut checks = SizeChecks::new(cfg, rdv, count)?;
     let mut ways = Vec::new();
     for (i, (name, m)) in built.iter_mut().enumerate() {
-        let registered: &[bool] = if m.registered_input().is_some() { &[true, false] } else { &[false] };
-        for &registered in registered {
+        for &registered in buffer_kinds(m.as_ref()) {
             let label = if registered { format!("{name}+reg") } else { name.to_string() };
-            ways.push(check(cfg, rdv, b, &mut checks, i, label, m.as_mut(), registered)?);
+            let way = check(cfg, rdv, b, &mut checks, i, label, m.as_mut(), registered)?;
+            if let Way::Done(row) = &way {
+                progress.inc(format!("{} {count}", row.method));
+            }
+            ways.push(way);
         }
     }
     let ready: Vec<usize> = (0..ways.len()).filter(|&k| matches!(ways[k], Way::Timing(_))).collect();
@@ -248,6 +252,16 @@ fn measure_size(
         Way::Timing(_) => unreachable!("every round ran"),
     };
     Ok(ways.into_iter().map(row).collect())
+}
+
+/// The buffers `m` is timed on, as `registered` flags: its registered ones first where it has them, then the
+/// benchmark's own.
+fn buffer_kinds(m: &dyn Collective) -> &'static [bool] {
+    if m.registered_input().is_some() {
+        &[true, false]
+    } else {
+        &[false]
+    }
 }
 
 /// A method on one kind of buffer at one size: checked and between its rounds of timing, or done (skipped, failed, or

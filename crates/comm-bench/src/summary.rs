@@ -229,6 +229,10 @@ fn render_auto(w: &mut String, outcome: &Outcome) {
             );
             if a.flagged() {
                 let _ = write!(w, "  <-- {auto} slower than {} by more than {over:.0}%", a.best_method);
+                // Which design the table gave this size, so the table to mend is named.
+                if let Some(ran) = &a.ran {
+                    let _ = write!(w, " (it ran {ran})");
+                }
             } else if a.slow_by_noise() {
                 let _ =
                     write!(w, "  ({auto} ran {} itself: two timings of one design)", a.ran.as_deref().unwrap_or("-"));
@@ -500,6 +504,10 @@ mod tests {
         let mut other = with_designs();
         other.rows.iter_mut().filter(|r| r.method == "auto").for_each(|r| r.ran = Some("car_2shot".into()));
         assert!(auto_ratios(&other).iter().any(|a| a.residency == Residency::Caller && a.count == 1024 && a.flagged()));
+        let text = render(&other);
+        let marked: Vec<&str> = text.lines().filter(|l| l.contains("<--")).collect();
+        assert_eq!(marked.len(), 1, "{text}");
+        assert!(marked[0].ends_with("<-- auto slower than car_1shot by more than 5% (it ran car_2shot)"), "{text}");
         // A design the tables do not know never counts as the same.
         other.rows.iter_mut().filter(|r| r.method == "auto").for_each(|r| r.ran = Some("car_1shot_push".into()));
         assert!(auto_ratios(&other).iter().any(|a| a.count == 1024 && a.flagged()));
