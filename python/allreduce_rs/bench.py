@@ -2,11 +2,13 @@
 (or one rank per process under torchrun / mpirun / srun).
 
 Sizes are comm_bench.py's: ``round_up(int(2**x), 256)`` (512 on ROCm) for ``--size_steps`` points of x in
-``[--min_size, --max_size]``. Per size and method: one call checked exactly (rank r's element i is ``i % 7 + r``, so
-every sum is an integer that bf16 holds), then warm-up calls, and per repeat a barrier so the ranks start together
-and ``--num_iters`` calls between two CUDA events on torch's current stream (``--graph``: one replay of a captured
-graph of them; host driver: ``time.perf_counter``); the slowest rank's time per call, median over repeats, and the
-host time spent issuing the calls (``issue_us``: what the Python path adds per eager call).
+``[--min_size, --max_size]``. Per size: each method's call checked exactly (rank r's element i is ``i % 7 + r``, so
+every sum is an integer that bf16 holds), then the methods timed in rounds, as comm-bench times them (each one repeat
+a round, in turn, so that a slow spell of the device falls on every method alike): per repeat warm-up calls, a
+barrier so the ranks start together and ``--num_iters`` calls between two CUDA events on torch's current stream
+(``--graph``: one replay of a graph of them, captured once; host driver: ``time.perf_counter``); the slowest rank's
+time per call, median over repeats, and the host time spent issuing the calls (``issue_us``: what the Python path
+adds per eager call).
 
 Methods: ``py`` (``all_reduce(x, out=y)``), ``py_inplace`` (``all_reduce(x)``), ``py+reg`` (input and output in the
 registered buffers, through DLPack), ``py_prepared`` (``prepare_all_reduce(x, out=y)`` once, then the prepared
@@ -16,9 +18,9 @@ the tensors in place on every rank), ``py_register`` (``--graph`` only: ``py`` o
 group, y)``, the operator's function, which skips torch's dispatcher when called eagerly), ``py_torch_op`` (GPU
 drivers only: ``torch.ops.allreduce_rs.all_reduce_out(x, group, y)`` through the dispatcher, as a graph compiled
 without CUDA graphs calls it), ``py_rs``
-(``reduce_scatter``; ``--op reduce_scatter``). In graph mode each
-output (but an in-place one, which each replay sums again) is checked again after the timed replays. ``--output FILE``
-writes the rows as JSON in comm-bench's row format (method, count, bytes, status, time_ms, repeats_ms, issue_us).
+(``reduce_scatter``; ``--op reduce_scatter``). In graph mode each output (but an in-place one, which each replay sums
+again) is checked again after its method's last round. ``--output FILE`` writes the rows as JSON in comm-bench's row
+format (method, count, bytes, status, time_ms, repeats_ms, issue_us).
 """
 
 import argparse
@@ -26,7 +28,7 @@ import json
 import struct
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import allreduce_rs as ar
 
@@ -117,12 +119,14 @@ class Arrays:
 
 
 class Timer:
-    """The slowest rank's time per call and issue time per call, timed as comm-bench times (allreduce::timing)."""
+    """The slowest rank's time per call and issue time per call, timed as comm-bench times (``measure::timing``)."""
 
     def __init__(self, arrays: Arrays, iters: int, warmup: int, repeats: int):
         self.a, self.iters, self.warmup, self.repeats = arrays, iters, warmup, repeats
 
-    def time(self, call: Callable[[], None], register_capture: bool = False):
+    def ready(self, call: Callable[[], None], register_capture: bool = False) -> Callable[[], Tuple[float, float]]:
+        """``call`` ready to time one repeat at a time (captured once in graph mode): a function that runs the
+        warm-up, then one repeat, and returns the slowest rank's milliseconds and seconds of issue per call."""
         comm, a = self.a.comm, self.a
         replay = call
         if a.graph:
@@ -148,11 +152,10 @@ class Timer:
             def replay():
                 graph.replay()
 
-        a.align()
-        for _ in range(self.warmup if not a.graph else max(1, -(-self.warmup // self.iters))):
-            replay()
-        times, issues = [], []
-        for _ in range(self.repeats):
+        def repeat() -> Tuple[float, float]:
+            a.align()
+            for _ in range(self.warmup if not a.graph else max(1, -(-self.warmup // self.iters))):
+                replay()
             if a.host:
                 comm.barrier()
                 t0 = time.perf_counter()
@@ -177,12 +180,41 @@ class Timer:
                 end.synchronize()
                 ms = start.elapsed_time(end) / self.iters
             everyone = [struct.unpack("dd", b) for b in comm.all_gather_bytes(struct.pack("dd", ms, issue))]
-            times.append(max(t for t, _ in everyone))
-            issues.append(max(i for _, i in everyone))
-        return median(times), median(issues) * 1e6, times
+            return max(t for t, _ in everyone), max(i for _, i in everyone)
+
+        return repeat
 
 
-def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -> Dict:
+class Pending:
+    """A method whose check passed, between its rounds of timing: ``repeat`` times one repeat, ``recheck`` (graph
+    mode, an output apart from the input) checks the output again after the last one."""
+
+    def __init__(self, row: Dict, repeat: Callable[[], Tuple[float, float]], recheck: Optional[Callable[[], Dict]]):
+        self.row, self.repeat, self.recheck = row, repeat, recheck
+        self.times: List[float] = []
+        self.issues: List[float] = []
+        self.algorithm = None
+        self.done: Optional[Dict] = None
+
+    def finish(self) -> Dict:
+        """Its row, after its last round."""
+        failed = self.recheck() if self.recheck else None
+        if failed:
+            return failed
+        time_ms = median(self.times)
+        return {
+            **self.row,
+            "status": "passed",
+            "algorithm": self.algorithm,
+            "time_ms": time_ms,
+            "repeats_ms": self.times,
+            "issue_us": median(self.issues) * 1e6,
+            "algbw_gbs": self.row["bytes"] / (time_ms * 1e-3) / 1e9,
+        }
+
+
+def check_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str):
+    """One call of ``method`` checked exactly: its row, where it is skipped or failed, else a ``Pending`` to time."""
     comm = arrays.comm
     rank, world = comm.rank, comm.world_size
     row = {
@@ -234,34 +266,52 @@ def run_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str) -
             call = comm.prepare_all_reduce(x, out=y)
 
         lo, hi = 0, count
-    arrays.align()
-    call()
-    wrong = arrays.wrong(y, arrays.expected(lo, hi, world))
-    verdicts = comm.all_gather_bytes(struct.pack("q", wrong))
-    bad = {r: struct.unpack("q", v)[0] for r, v in enumerate(verdicts) if struct.unpack("q", v)[0]}
-    if bad:
-        return {**row, "status": "failed", "reason": f"wrong elements by rank: {bad}"}
-    time_ms, issue_us, repeats = timer.time(call, register_capture=method == "py_capture")
-    # After the timed calls: in graph mode, the algorithm the capture chose.
-    algorithm = comm.last_algorithm
-    if arrays.graph and y is not x:
-        # The replays computed the same sums into the same output (in place, each replay sums the last one's sums).
+
+    def wrong_by_rank() -> Dict[int, int]:
         arrays.align()
         wrong = arrays.wrong(y, arrays.expected(lo, hi, world))
-        verdicts = comm.all_gather_bytes(struct.pack("q", wrong))
-        bad = {r: struct.unpack("q", v)[0] for r, v in enumerate(verdicts) if struct.unpack("q", v)[0]}
-        if bad:
-            return {**row, "status": "failed", "reason": f"after the replays, wrong elements by rank: {bad}"}
-    del x, y
-    return {
-        **row,
-        "status": "passed",
-        "algorithm": algorithm,
-        "time_ms": time_ms,
-        "repeats_ms": repeats,
-        "issue_us": issue_us,
-        "algbw_gbs": row["bytes"] / (time_ms * 1e-3) / 1e9,
-    }
+        verdicts = [struct.unpack("q", v)[0] for v in comm.all_gather_bytes(struct.pack("q", wrong))]
+        return {r: v for r, v in enumerate(verdicts) if v}
+
+    arrays.align()
+    call()
+    bad = wrong_by_rank()
+    if bad:
+        return {**row, "status": "failed", "reason": f"wrong elements by rank: {bad}"}
+
+    def recheck() -> Optional[Dict]:
+        # The replays computed the same sums into the same output (in place, each replay sums the last one's sums).
+        bad = wrong_by_rank()
+        if not bad:
+            return None
+        return {**row, "status": "failed", "reason": f"after the replays, wrong elements by rank: {bad}"}
+
+    pending = Pending(row, timer.ready(call, register_capture=method == "py_capture"), None)
+    if arrays.graph:
+        # The algorithm the capture chose (replays issue nothing the communicator sees).
+        pending.algorithm = comm.last_algorithm
+        if y is not x:
+            pending.recheck = recheck
+    return pending
+
+
+def measure_size(methods: List[str], count: int, arrays: Arrays, timer: Timer, op: str) -> List[Dict]:
+    """Every method at one size: each checked, then those that passed timed in rounds (each one repeat a round, in
+    turn, so that a slow spell of the device falls on every method alike), each finished after its last round. The
+    rows in method order."""
+    checked = [check_method(m, count, arrays, timer, op) for m in methods]
+    pending = [c for c in checked if isinstance(c, Pending)]
+    rounds = max(1, timer.repeats)
+    for r in range(rounds):
+        for p in pending:
+            ms, issue = p.repeat()
+            p.times.append(ms)
+            p.issues.append(issue)
+            if not arrays.graph:
+                p.algorithm = arrays.comm.last_algorithm
+            if r == rounds - 1:
+                p.done = p.finish()
+    return [c.done if isinstance(c, Pending) else c for c in checked]
 
 
 def main(args: Optional[List[str]] = None) -> int:
@@ -326,8 +376,7 @@ def main(args: Optional[List[str]] = None) -> int:
     for count in counts:
         line = f"{count:>10} {count * elem:>10}"
         algorithm = "-"
-        for m in methods:
-            row = run_method(m, count, arrays, timer, opts.op)
+        for m, row in zip(methods, measure_size(methods, count, arrays, timer, opts.op)):
             rows.append(row)
             if row["status"] == "passed":
                 line += f" {row['time_ms'] * 1e3:>14.2f} {row['issue_us']:>9.2f}"

@@ -179,6 +179,57 @@ def test_bench_prints_its_table():
         assert n in p.stdout, p.stdout
 
 
+def test_bench_times_each_sizes_methods_in_rounds(tmp_path):
+    """Three repeats: every method's row holds one timing a round, each passed after its rounds."""
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, "-m", "allreduce_rs.launch", "-n", "2", "--", sys.executable, "-m", "allreduce_rs.bench"]
+    cmd += ["--backend", "host", "--counts", "1024,4099", "--num_iters", "2", "--num_warmup_iters", "1"]
+    cmd += ["--repeats", "3", "--output", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["count"]) for r in rows] == [
+        (m, n) for n in [1024, 4099] for m in ["py", "py_inplace", "py+reg", "py_prepared"]
+    ], rows
+    for r in rows:
+        assert r["status"] == "passed" and len(r["repeats_ms"]) == 3 and r["algorithm"], r
+
+
+def test_bench_rounds_give_each_method_a_slow_spell_alike(monkeypatch):
+    """The rounds' order (every method once a round, in turn), a slow spell on the first round falling on both
+    methods alike, the design each ran, a skipped method passed through in place, and a check after the last round
+    that fails its method's row."""
+    from types import SimpleNamespace
+
+    from allreduce_rs import bench
+
+    order = []
+    arrays = SimpleNamespace(graph=False, comm=SimpleNamespace(last_algorithm=None))
+
+    def check(method, count, arrays_, timer, op):
+        if method == "skipped":
+            return {"method": method, "status": "skipped"}
+
+        def repeat():
+            order.append(method)
+            arrays.comm.last_algorithm = f"design of {method}"
+            return (1.0 + (5.0 if len(order) <= 2 else 0.0), 1e-6)
+
+        def recheck():
+            return {"method": method, "status": "failed", "reason": "after the replays"} if method == "b" else None
+
+        return bench.Pending({"method": method, "bytes": 2 * count}, repeat, recheck)
+
+    monkeypatch.setattr(bench, "check_method", check)
+    rows = bench.measure_size(["a", "skipped", "b"], 1024, arrays, SimpleNamespace(repeats=3), "allreduce")
+    assert order == ["a", "b"] * 3
+    assert [(r["method"], r["status"]) for r in rows] == [("a", "passed"), ("skipped", "skipped"), ("b", "failed")]
+    assert rows[0]["repeats_ms"] == [6.0, 1.0, 1.0] and rows[0]["time_ms"] == 1.0, rows
+    assert rows[0]["algorithm"] == "design of a" and rows[0]["issue_us"] == pytest.approx(1.0), rows
+
+
 def test_the_stub_matches_the_module():
     """Every class, method and function of _native.pyi exists at run time with the same parameter names."""
     import ast
