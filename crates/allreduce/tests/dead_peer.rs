@@ -80,6 +80,13 @@ fn a_peer_dies(test: &str, world: usize, signal: nix::sys::signal::Signal, timeo
         };
         assert!(matches!(&failed, Error::Peer { ranks, .. } if ranks == &[VICTIM]), "rank {rank}: {failed}");
         assert!(took < within, "rank {rank}: the failing call took {took:?} (at most {within:?})");
+        if signal == nix::sys::signal::Signal::SIGSTOP {
+            // Only the deadline finds a stopped peer: the error says how long the wait lasted (a host kernel's wait
+            // "timed out after", a device kernel's record "after waiting").
+            let text = failed.to_string();
+            let waited = text.contains("timed out after") || text.contains("after waiting");
+            assert!(text.contains("never arrived") && waited, "rank {rank}: {text}");
+        }
         // Failed for good: the next call says the same, and starts nothing.
         let again = all_reduce(&comm, buf.ptr(), 4096, &stream).unwrap_err();
         assert_eq!(again.to_string(), failed.to_string());

@@ -508,7 +508,11 @@ impl Communicator {
         };
         let failure = match fault {
             gpu::KernelFault::Wait(deadline::WaitError::TimedOut(t)) => {
-                Failure { ranks: t.missing.clone(), what: format!("never arrived ({})", t.what) }
+                // How long it waited, as a device kernel's record says it.
+                Failure {
+                    ranks: t.missing.clone(),
+                    what: format!("never arrived ({}; timed out after {:?})", t.what, t.timeout),
+                }
             }
             gpu::KernelFault::Wait(deadline::WaitError::Aborted { what, reason }) => {
                 Failure { ranks: Vec::new(), what: format!("{what}: {reason}") }
