@@ -189,7 +189,12 @@ class Pending:
     """A method whose check passed, between its rounds of timing: ``repeat`` times one repeat, ``recheck`` (graph
     mode, an output apart from the input) checks the output again after the last one."""
 
-    def __init__(self, row: Dict, repeat: Callable[[], Tuple[float, float]], recheck: Optional[Callable[[], Dict]]):
+    def __init__(
+        self,
+        row: Dict,
+        repeat: Callable[[], Tuple[float, float]],
+        recheck: Optional[Callable[[], Optional[Dict]]],
+    ):
         self.row, self.repeat, self.recheck = row, repeat, recheck
         self.times: List[float] = []
         self.issues: List[float] = []
@@ -286,12 +291,11 @@ def check_method(method: str, count: int, arrays: Arrays, timer: Timer, op: str)
             return None
         return {**row, "status": "failed", "reason": f"after the replays, wrong elements by rank: {bad}"}
 
-    pending = Pending(row, timer.ready(call, register_capture=method == "py_capture"), None)
+    repeat = timer.ready(call, register_capture=method == "py_capture")
+    pending = Pending(row, repeat, recheck if arrays.graph and y is not x else None)
     if arrays.graph:
         # The algorithm the capture chose (replays issue nothing the communicator sees).
         pending.algorithm = comm.last_algorithm
-        if y is not x:
-            pending.recheck = recheck
     return pending
 
 
@@ -301,7 +305,7 @@ def measure_size(methods: List[str], count: int, arrays: Arrays, timer: Timer, o
     rows in method order."""
     checked = [check_method(m, count, arrays, timer, op) for m in methods]
     pending = [c for c in checked if isinstance(c, Pending)]
-    rounds = max(1, timer.repeats)
+    rounds = timer.repeats
     for r in range(rounds):
         for p in pending:
             ms, issue = p.repeat()
@@ -338,6 +342,8 @@ def main(args: Optional[List[str]] = None) -> int:
     )
     p.add_argument("--output", help="write the rows to this JSON file (rank 0)")
     opts = p.parse_args(args)
+    if opts.repeats < 1 or opts.num_iters < 1 or opts.num_warmup_iters < 0:
+        p.error("--repeats and --num_iters take at least 1, --num_warmup_iters at least 0")
     elem = 4 if opts.dtype == "fp32" else 2
     known = ["py_rs"] if opts.op == "reduce_scatter" else ALLREDUCE_METHODS + (GRAPH_METHODS if opts.graph else [])
     if opts.op != "reduce_scatter" and opts.backend != "host":

@@ -197,6 +197,15 @@ def test_bench_times_each_sizes_methods_in_rounds(tmp_path):
         assert r["status"] == "passed" and len(r["repeats_ms"]) == 3 and r["algorithm"], r
 
 
+@pytest.mark.parametrize("flag", [["--repeats", "0"], ["--num_iters", "0"], ["--num_warmup_iters", "-1"]])
+def test_bench_refuses_counts_it_cannot_time_before_any_work(flag, capsys):
+    from allreduce_rs import bench
+
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--backend", "host", *flag])
+    assert e.value.code == 2 and "at least" in capsys.readouterr().err
+
+
 def test_bench_rounds_give_each_method_a_slow_spell_alike(monkeypatch):
     """The rounds' order (every method once a round, in turn), a slow spell on the first round falling on both
     methods alike, the design each ran, a skipped method passed through in place, and a check after the last round

@@ -343,7 +343,7 @@ fn sweep(args: &NormArgs, comm: &Communicator, capacity: usize, started: Instant
         }
         // In rounds, each way one repeat a round, so that a slow spell of the device falls on fused and unfused alike.
         let once = TimingOptions { repeats: 1, ..timing };
-        let rounds = in_rounds(ways.len(), timing.repeats.max(1) as usize, |k| {
+        let rounds = in_rounds(ways.len(), timing.repeats as usize, |k| {
             Ok::<_, BenchError>(timer.time_calls(&once, rdv, |s| issue(ways[k], s).map(|_| ()))?.median_ms())
         })?;
         let times: Vec<f64> = rounds.iter().map(|r| median(r) * 1e3).collect();

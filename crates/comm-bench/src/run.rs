@@ -237,7 +237,7 @@ fn measure_size(
         }
     }
     let ready: Vec<usize> = (0..ways.len()).filter(|&k| matches!(ways[k], Way::Timing(_))).collect();
-    let rounds = cfg.timing.repeats.max(1) as usize;
+    let rounds = cfg.timing.repeats as usize;
     in_rounds(ready.len(), rounds, |k| {
         let Way::Timing(checked) = &mut ways[ready[k]] else { unreachable!("timed until its last round") };
         let m = built[checked.method].1.as_mut();

@@ -508,11 +508,8 @@ impl Communicator {
         };
         let failure = match fault {
             gpu::KernelFault::Wait(deadline::WaitError::TimedOut(t)) => {
-                // How long it waited, as a device kernel's record says it.
-                Failure {
-                    ranks: t.missing.clone(),
-                    what: format!("never arrived ({}; timed out after {:?})", t.what, t.timeout),
-                }
+                let what = format!("never arrived ({}; timed out after {:?})", t.what, t.timeout);
+                Failure { ranks: t.missing.clone(), what }
             }
             gpu::KernelFault::Wait(deadline::WaitError::Aborted { what, reason }) => {
                 Failure { ranks: Vec::new(), what: format!("{what}: {reason}") }
